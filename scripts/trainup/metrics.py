@@ -1,0 +1,170 @@
+"""The run log every script writes: JSON lines in logs/<run>.jsonl (schema: logs/README.md).
+
+Also the small pieces of timing around it: a meter for loss and accuracy, peak memory, a
+progress bar, and the copy of stdout into logs/<run>.stdout.
+"""
+import json
+import os
+import platform
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SCHEMA_VERSION = 1
+# The fields each record type must have (every record also has type, run, time).
+SCHEMA = {
+    "config": ("schema_version", "script", "lesson", "args"),
+    "env": ("torch", "python", "host", "platform", "cpu_count", "threads", "device", "gpus",
+            "cuda", "world_size", "backend"),
+    "epoch": ("epoch", "loss", "accuracy", "test_loss", "test_accuracy", "wall_s", "samples",
+              "samples_per_s", "peak_mem_mb"),
+    "summary": ("status", "epochs", "loss", "accuracy", "test_accuracy", "wall_s", "samples_per_s",
+                "peak_mem_mb", "checkpoint"),
+}
+COMMON = ("type", "run", "time")
+
+
+def check_record(record):
+    """The list of what is wrong with one log record (empty when it follows the schema)."""
+    missing = [k for k in COMMON + SCHEMA.get(record.get("type"), ()) if k not in record]
+    return [f"{record.get('type')!r} record lacks {k!r}" for k in missing]
+
+
+def environment(device, world_size=1, backend="none"):
+    """What ran the job: the 'env' record."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return dict(torch=torch.__version__, python=platform.python_version(), host=socket.gethostname(),
+                platform=platform.platform(), cpu_count=os.cpu_count(), threads=torch.get_num_threads(),
+                device=str(device), gpus=gpus, cuda=torch.version.cuda, world_size=world_size,
+                backend=backend)
+
+
+def peak_memory_mb(device="cpu"):
+    """Peak memory of this process: GPU memory allocated by torch on a GPU, resident memory on CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class Meter:
+    """Sums of loss, correct predictions and samples over an epoch."""
+    def __init__(self):
+        self.loss, self.correct, self.samples = 0.0, 0, 0
+
+    def add(self, loss, logits, labels):
+        n = labels.numel()
+        self.loss += loss.item() * n
+        self.correct += (logits.argmax(1) == labels).sum().item()
+        self.samples += n
+
+    def as_tensor(self):
+        """The sums as one tensor, to add up across processes (all_reduce)."""
+        return torch.tensor([self.loss, self.correct, self.samples], dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, t):
+        m = cls()
+        m.loss, m.correct, m.samples = t[0].item(), int(t[1].item()), int(t[2].item())
+        return m
+
+    @property
+    def mean_loss(self):
+        return self.loss / max(self.samples, 1)
+
+    @property
+    def accuracy(self):
+        return self.correct / max(self.samples, 1)
+
+
+def progress(iterable, desc, enabled=True):
+    """A progress bar on stderr (so logs/<run>.stdout stays readable); off when disabled."""
+    from tqdm.auto import tqdm
+    return tqdm(iterable, desc=desc, disable=not enabled, file=sys.stderr, leave=False,
+                dynamic_ncols=True, mininterval=0.5)
+
+
+class _Tee:
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for s in self.streams:
+            s.write(text)
+            s.flush()
+        return len(text)
+
+    def flush(self):
+        for s in self.streams:
+            s.flush()
+
+    def isatty(self):
+        return False
+
+
+class RunLog:
+    """logs/<run>.jsonl and logs/<run>.stdout for one run. Only one process of a job writes them
+    (enabled=False on the others), so the log holds one job, not one copy per rank."""
+
+    def __init__(self, args, script, device, world_size=1, backend="none", enabled=True):
+        self.enabled, self.run, self.device = enabled, args.run_name, device
+        self.started = time.perf_counter()
+        self.path = Path(args.log_dir) / f"{args.run_name}.jsonl"
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "a" if getattr(args, "resume", False) else "w"
+        self._file = open(self.path, mode)
+        self._stdout = open(self.path.with_suffix(".stdout"), mode)
+        self._previous_stdout = sys.stdout
+        sys.stdout = _Tee(sys.stdout, self._stdout)
+        self.write("config", schema_version=SCHEMA_VERSION, script=Path(script).name, lesson=args.lesson,
+                   args={k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()})
+        self.write("env", **environment(device, world_size, backend))
+
+    def write(self, type, **fields):
+        if self.enabled:
+            record = dict(type=type, run=self.run, time=time.time(), **fields)
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        return fields
+
+    def epoch(self, epoch, train, test, wall_s):
+        """Log and print one epoch, from the train and test Meters."""
+        line = dict(epoch=epoch, loss=train.mean_loss, accuracy=train.accuracy, test_loss=test.mean_loss,
+                    test_accuracy=test.accuracy, wall_s=wall_s, samples=train.samples,
+                    samples_per_s=train.samples / wall_s, peak_mem_mb=peak_memory_mb(self.device))
+        self.epochs = getattr(self, "epochs", []) + [line]
+        if self.enabled:
+            print(f"epoch {epoch}: loss {line['loss']:.4f}  accuracy {line['accuracy']:.3f}  "
+                  f"test accuracy {line['test_accuracy']:.3f}  {line['wall_s']:.2f} s  "
+                  f"{line['samples_per_s']:.0f} samples/s")
+        return self.write("epoch", **line)
+
+    def summary(self, checkpoint=None, status="finished", **extra):
+        epochs = getattr(self, "epochs", [])
+        last = epochs[-1] if epochs else {}
+        wall = time.perf_counter() - self.started
+        samples = sum(e["samples"] for e in epochs)
+        train_wall = sum(e["wall_s"] for e in epochs)
+        line = dict(status=status, epochs=len(epochs), loss=last.get("loss"), accuracy=last.get("accuracy"),
+                    test_accuracy=last.get("test_accuracy"), wall_s=wall,
+                    samples_per_s=samples / train_wall if train_wall else None,
+                    peak_mem_mb=peak_memory_mb(self.device),
+                    checkpoint=str(checkpoint) if checkpoint else None, **extra)
+        self.write("summary", **line)
+        if self.enabled:
+            print(f"{status}: {len(epochs)} epochs in {wall:.1f} s; log {self.path}")
+            self.close()
+        return line
+
+    def close(self):
+        if self.enabled and not self._file.closed:
+            sys.stdout = self._previous_stdout
+            self._stdout.close()
+            self._file.close()

@@ -1,0 +1,38 @@
+"""Models: the pytorch/examples MNIST CNN (the default) and torchvision's ResNets."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODELS = ("cnn", "resnet18", "resnet50")
+
+
+class Net(nn.Module):
+    """pytorch/examples' MNIST CNN, sized from the input shape so it also takes CIFAR-10."""
+    def __init__(self, shape=(1, 28, 28), num_classes=10, dropout=0.25):
+        super().__init__()
+        c, h, w = shape
+        self.conv1 = nn.Conv2d(c, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(2 * dropout)
+        self.fc1 = nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return self.fc2(x)  # logits: F.cross_entropy applies the log-softmax
+
+
+def build(args, dataset):
+    """The model args ask for, shaped for dataset; the same seed gives the same weights."""
+    torch.manual_seed(args.seed)
+    if args.model == "cnn":
+        return Net(dataset.shape, dataset.num_classes, args.dropout)
+    import torchvision  # imported only here: it adds seconds to every start
+    model = getattr(torchvision.models, args.model)(weights=None, num_classes=dataset.num_classes)
+    if dataset.shape[0] != 3:  # grey images: a first layer that takes one channel
+        model.conv1 = nn.Conv2d(dataset.shape[0], 64, 7, 2, 3, bias=False)
+    return model

@@ -1,0 +1,150 @@
+"""What the notebooks use: run a lesson script, read run logs back into tables, draw plots.
+
+    from trainup import report
+    report.run("_trainup_cpu.py", "--threads", "1", name="cpu_t1")
+    runs = report.load_runs(["cpu_t1", "cpu_t2"])          # one row per run
+    epochs = report.load_epochs(["cpu_t1", "cpu_t2"])      # one row per epoch
+    report.plot(epochs, "epoch", "loss", "cpu_loss", title="Training loss")
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from . import IMAGE_DIR, LOG_DIR, ROOT
+from .metrics import check_record
+
+QUICK = os.environ.get("TRAINUP_QUICK", "0") == "1"  # the tests and the course command set it
+
+
+def read_run(path):
+    """One log as a dict: config, env, epochs (list), summary (None if the run did not finish), problems.
+
+    A resumed run appends to its log: the last config/env win and a repeated epoch keeps its last record.
+    """
+    run = dict(path=Path(path), config=None, env=None, epochs={}, summary=None, problems=[], extra=[])
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            run["problems"].append(f"line {n} is not JSON")
+            continue
+        run["problems"] += check_record(record)
+        kind = record.get("type")
+        if kind in ("config", "env", "summary"):
+            run[kind] = record
+        elif kind == "epoch":
+            run["epochs"][record["epoch"]] = record
+        else:
+            run["extra"].append(record)  # lesson-specific records (GPU samples, sweeps...)
+    run["epochs"] = [run["epochs"][k] for k in sorted(run["epochs"])]
+    for kind in ("config", "env", "summary"):
+        if run[kind] is None:
+            run["problems"].append(f"no {kind!r} record")
+    return run
+
+
+def _paths(runs, log_dir):
+    """Run names, log paths or glob patterns (relative to log_dir) -> log paths."""
+    log_dir = Path(log_dir)
+    out = []
+    for r in [runs] if isinstance(runs, (str, Path)) else runs:
+        r = str(r)
+        if any(c in r for c in "*?["):
+            out += sorted(log_dir.glob(r if r.endswith(".jsonl") else r + ".jsonl"))
+        else:
+            p = Path(r) if r.endswith(".jsonl") else log_dir / f"{r}.jsonl"
+            out.append(p)
+    return out
+
+
+def measured_on(path, log_dir=LOG_DIR):
+    """'here' for this machine's runs; the reference folder's name (machine and date) otherwise."""
+    rel = Path(path).resolve().relative_to(Path(log_dir).resolve()) if Path(path).is_absolute() else Path(path)
+    return rel.parts[-2] if len(rel.parts) > 1 and "reference" in rel.parts else "here"
+
+
+def load_runs(runs, log_dir=LOG_DIR):
+    """A table with one row per run: its configuration, environment and final summary."""
+    import pandas as pd
+    rows = []
+    for path in _paths(runs, log_dir):
+        r = read_run(path)
+        cfg, env, summary = r["config"] or {}, r["env"] or {}, r["summary"] or {}
+        args = cfg.get("args", {})
+        rows.append(dict(
+            run=cfg.get("run", path.stem), lesson=cfg.get("lesson"), measured_on=measured_on(path, log_dir),
+            dataset=args.get("dataset"), model=args.get("model"), batch_size=args.get("batch_size"),
+            threads=env.get("threads"), world_size=env.get("world_size"), backend=env.get("backend"),
+            device=env.get("device"), gpus=", ".join(env.get("gpus") or []) or None, host=env.get("host"),
+            cpu_count=env.get("cpu_count"), torch=env.get("torch"),
+            status=summary.get("status", "unfinished"), epochs=len(r["epochs"]),
+            first_loss=r["epochs"][0]["loss"] if r["epochs"] else None,
+            loss=summary.get("loss"), test_accuracy=summary.get("test_accuracy"),
+            epoch_s=sum(e["wall_s"] for e in r["epochs"]) / max(len(r["epochs"]), 1),
+            samples_per_s=summary.get("samples_per_s"), peak_mem_mb=summary.get("peak_mem_mb"),
+            wall_s=summary.get("wall_s"), problems="; ".join(r["problems"]), path=str(path)))
+    return pd.DataFrame(rows)
+
+
+def load_epochs(runs, log_dir=LOG_DIR):
+    """A table with one row per epoch of each run (column 'run' says which)."""
+    import pandas as pd
+    frames = [pd.DataFrame(read_run(p)["epochs"]) for p in _paths(runs, log_dir)]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def check(name, log_dir=LOG_DIR):
+    """One sentence that holds whatever the timings: finished, loss fell, log follows the schema."""
+    r = read_run(Path(log_dir) / f"{name}.jsonl")
+    finished = r["summary"] is not None and r["summary"]["status"] == "finished"
+    losses = [e["loss"] for e in r["epochs"]]
+    fell = len(losses) >= 2 and losses[-1] < losses[0]
+    parts = [f"{name}: " + ("finished" if finished else "DID NOT FINISH"),
+             f"{len(losses)} epochs",
+             "the training loss fell" if fell else "the training loss DID NOT FALL",
+             "the log follows the schema" if not r["problems"] else "LOG PROBLEMS: " + "; ".join(r["problems"])]
+    return ", ".join(parts) + "."
+
+
+def run(script, *args, name, quick=None, timeout=900, env=None):
+    """Run scripts/<script> from the course's top folder, as a learner would in a terminal.
+
+    Its output goes to logs/<name>.stdout (the script writes it); this prints the command and one
+    checked sentence, and raises with the end of the output if the script fails.
+    """
+    quick = QUICK if quick is None else quick
+    cmd = [sys.executable, f"scripts/{script}", *map(str, args), "--run-name", name] + (["--quick"] * quick)
+    print("$ python", shlex.join(cmd[1:]))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} exited with status {proc.returncode}:\n{proc.stderr[-3000:]}")
+    print(check(name))
+    return name
+
+
+def plot(df, x, y, name, hue="run", kind="line", title=None, xlabel=None, ylabel=None, ax=None, **kw):
+    """One line per value of hue (or bars), saved to images/<name>.png; returns the figure."""
+    import matplotlib.pyplot as plt
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.4, 3.6))
+    if kind == "bar":
+        ax.bar(df[x].astype(str), df[y], **kw)
+    else:
+        for key, group in df.groupby(hue, sort=False):
+            ax.plot(group[x], group[y], marker="o", label=str(key), **kw)
+        ax.legend(fontsize="small")
+    ax.set(title=title or f"{y} by {x}", xlabel=xlabel or x, ylabel=ylabel or y)
+    ax.grid(alpha=0.3)
+    save(fig, name)
+    return fig
+
+
+def save(fig, name):
+    IMAGE_DIR.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(IMAGE_DIR / f"{name}.png", dpi=100)
+    return IMAGE_DIR / f"{name}.png"

@@ -1,0 +1,92 @@
+"""The run log's schema, its reader, and the plots drawn from it."""
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+
+from trainup import checkpoint, metrics, models, report
+
+
+def fake_args(tmp_path, **kw):
+    return SimpleNamespace(run_name="unit", log_dir=str(tmp_path), lesson="test", resume=False, **kw)
+
+
+def write_run(tmp_path, losses=(2.0, 1.0), **kw):
+    log = metrics.RunLog(fake_args(tmp_path, **kw), "script.py", "cpu")
+    for epoch, loss in enumerate(losses, 1):
+        train, test = metrics.Meter(), metrics.Meter()
+        train.add(torch.tensor(loss), torch.eye(4), torch.arange(4))
+        test.add(torch.tensor(loss), torch.eye(4), torch.tensor([0, 1, 0, 0]))
+        log.epoch(epoch, train, test, wall_s=0.5)
+    log.summary(checkpoint=None)
+    return tmp_path / "unit.jsonl"
+
+
+def test_every_record_follows_the_schema(tmp_path):
+    path = write_run(tmp_path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["config", "env", "epoch", "epoch", "summary"]
+    assert all(metrics.check_record(r) == [] for r in records)
+    epoch = records[2]
+    assert epoch["accuracy"] == 1.0 and epoch["test_accuracy"] == 0.5 and epoch["samples_per_s"] == 8.0
+    assert records[1]["world_size"] == 1 and records[1]["torch"] == torch.__version__
+    lines = (tmp_path / "unit.stdout").read_text().splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["epoch 1", "epoch 2"] and "finished" in lines[2]
+    assert not hasattr(sys.stdout, "streams")  # the tee is undone when the run ends
+
+
+def test_schema_check_names_what_is_missing():
+    assert metrics.check_record({"type": "epoch", "run": "x", "time": 0, "epoch": 1}) != []
+    assert any("'loss'" in p for p in metrics.check_record({"type": "epoch", "run": "x", "time": 0}))
+
+
+def test_reader_tables_and_sentence(tmp_path):
+    write_run(tmp_path)
+    runs = report.load_runs(["unit"], log_dir=tmp_path)
+    assert runs.loc[0, "status"] == "finished" and runs.loc[0, "epochs"] == 2 and runs.loc[0, "problems"] == ""
+    epochs = report.load_epochs("unit*", log_dir=tmp_path)
+    assert list(epochs["loss"]) == [2.0, 1.0]
+    assert report.check("unit", log_dir=tmp_path) == \
+        "unit: finished, 2 epochs, the training loss fell, the log follows the schema."
+
+
+def test_reader_reports_a_run_that_did_not_finish_or_learn(tmp_path):
+    path = write_run(tmp_path, losses=(1.0, 2.0))
+    path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")  # drop the summary
+    sentence = report.check("unit", log_dir=tmp_path)
+    assert "DID NOT FINISH" in sentence and "DID NOT FALL" in sentence and "no 'summary' record" in sentence
+
+
+def test_a_resumed_run_keeps_one_record_per_epoch(tmp_path):
+    path = write_run(tmp_path)
+    text = path.read_text()
+    path.write_text(text + text)  # the same epochs logged again after a restart
+    assert len(report.read_run(path)["epochs"]) == 2
+
+
+def test_plot_is_saved_under_images(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "IMAGE_DIR", tmp_path / "images")
+    write_run(tmp_path)
+    report.plot(report.load_epochs("unit", log_dir=tmp_path), "epoch", "loss", "unit_loss")
+    assert (tmp_path / "images" / "unit_loss.png").stat().st_size > 1000
+
+
+def test_checkpoint_is_atomic_and_resumes(tmp_path):
+    args = SimpleNamespace(model="cnn", seed=0, dropout=0.0)
+    shape = SimpleNamespace(shape=(1, 28, 28), num_classes=10)
+    model = models.build(args, shape)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    path = checkpoint.save(tmp_path / "c.pt", model, opt, sched, epoch=3, args=args)
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
+    other = models.build(SimpleNamespace(model="cnn", seed=1, dropout=0.0), shape)
+    assert checkpoint.load(path, other, opt, sched) == 4
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    assert checkpoint.load(tmp_path / "none.pt", other, opt, sched) == 1
+
+
+def test_cnn_takes_mnist_and_cifar_shapes():
+    for shape in ((1, 28, 28), (3, 32, 32)):
+        net = models.Net(shape, 10)
+        assert net(torch.zeros(2, *shape)).shape == (2, 10)
