@@ -1,11 +1,13 @@
 """trainup's shared plumbing: every lesson script imports it, nothing copies it.
 
 - cli:        the flags every script shares, and clean one-sentence errors
-- data:       data sets (offline digits, MNIST, CIFAR-10, synthetic) and the shuffling sampler
+- data:       data sets (offline digits, MNIST, CIFAR-10, synthetic), the shuffling sampler
+- devices:    picking the device, clear errors when hardware is missing, mixed precision
 - models:     the pytorch/examples MNIST CNN and torchvision ResNets
 - metrics:    the JSON-lines run log (schema in logs/README.md), timing, stdout tee
 - checkpoint: atomic save and resume
 - report:     reading logs back into tables and drawing plots (used by the notebooks)
+- machine:    what this machine has (CPUs, GPUs through nvitop) and leftover training processes
 """
 import os
 from pathlib import Path

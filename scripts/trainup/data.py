@@ -61,6 +61,24 @@ class ShuffleSampler(Sampler):
         return len(range(self.rank, self.n, self.world))
 
 
+class ResidentLoader:
+    """Batches cut from tensors that already live on the device: no copy per step at all.
+
+    For data sets that fit in GPU memory (MNIST is 47 MB); yields what a DataLoader would.
+    """
+    def __init__(self, dataset, batch_size, sampler, device):
+        self.x, self.y = (t.to(device) for t in dataset.tensors)
+        self.batch_size, self.sampler = batch_size, sampler
+
+    def __iter__(self):
+        order = torch.tensor(list(self.sampler), device=self.x.device)
+        for batch in order.split(self.batch_size):
+            yield self.x[batch], self.y[batch]
+
+    def __len__(self):
+        return -(-len(self.sampler) // self.batch_size)
+
+
 def _normalize(x, mean, std):
     mean = torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
     std = torch.tensor(std, dtype=x.dtype).view(-1, 1, 1)

@@ -1,0 +1,140 @@
+"""Lesson 02, one GPU: the CPU baseline moved to one device, with what makes a GPU fast.
+
+    python scripts/_trainup_gpu.py --quick                       # the GPU if there is one, else the CPU
+    python scripts/_trainup_gpu.py --device cuda --workers 2 --precision bf16
+    python scripts/_trainup_gpu.py --device cuda --resident      # the whole data set in GPU memory
+    python scripts/_trainup_gpu.py --sweep 32,64,128,256,512     # throughput against batch size
+
+Compared with _trainup_cpu.py: a device; DataLoader workers, pinned memory and non-blocking copies
+so the GPU never waits for data; optionally the data resident on the GPU; mixed precision; and a
+batch-size sweep that finds where the GPU saturates.
+"""
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from trainup import checkpoint, cli, data, devices, metrics, models
+
+
+def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
+    model.train()
+    meter = metrics.Meter()
+    for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
+        optimizer.zero_grad()
+        with devices.autocast(device, precision):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+        scaler.scale(loss).backward()  # fp16 needs its loss scaled so small gradients survive
+        scaler.step(optimizer)
+        scaler.update()
+        meter.add(loss, logits, y)
+    return meter
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, precision):
+    model.eval()
+    meter = metrics.Meter()
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with devices.autocast(device, precision):
+            logits = model(x)
+        meter.add(F.cross_entropy(logits, y), logits, y)
+    return meter
+
+
+def optimizer_for(model, args):
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
+
+
+def loader_for(dataset, batch_size, sampler, args, device):
+    if args.resident:  # copied to the GPU once; every batch is then a slice in GPU memory
+        return data.ResidentLoader(dataset, batch_size, sampler, device)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
+                      pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
+
+
+def sweep(args, model, train_set, device, log):
+    """Train --sweep-steps steps at each batch size and log throughput: where does the GPU saturate?"""
+    for batch_size in args.sweep:
+        optimizer, _ = optimizer_for(model, args)
+        scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
+        sampler = data.ShuffleSampler(len(train_set), args.seed)
+        batches = iter(loader_for(train_set, batch_size, sampler, args, device))
+        steps = min(args.sweep_steps, len(train_set) // batch_size - 1)
+        if steps < 2:
+            print(f"batch size {batch_size}: skipped, the data set holds fewer than {3 * batch_size} samples")
+            continue
+        one = [next(batches)]  # warm-up step: kernels chosen, memory allocated
+        train_epoch(model, one, optimizer, 0, False, device, args.precision, scaler)
+        devices.synchronize(device)
+        tick = time.perf_counter()
+        train_epoch(model, [next(batches) for _ in range(steps)], optimizer, 0, False, device, args.precision, scaler)
+        devices.synchronize(device)
+        seconds = time.perf_counter() - tick
+        line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
+                         samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
+        print(f"batch size {batch_size}: {line['samples_per_s']:.0f} samples/s")
+
+
+def parse_args(argv=None):
+    p = cli.parser(__doc__, lesson="gpu")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
+    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
+    p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
+    p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
+    p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
+    args = cli.parse(p, argv)
+    if args.workers is not None and args.workers < 0:
+        p.error(f"--workers must be 0 or more, got {args.workers}")
+    if args.sweep:
+        try:
+            args.sweep = [int(b) for b in args.sweep.split(",")]
+            assert min(args.sweep) > 0
+        except (ValueError, AssertionError):
+            p.error(f"--sweep takes batch sizes like 32,64,128, got {args.sweep!r}")
+    args.show_progress = not args.no_progress
+    return args
+
+
+@cli.main_guard
+def main(argv=None):
+    args = parse_args(argv)
+    device = devices.pick(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.workers is None:
+        args.workers = 2 if device.type == "cuda" else 0
+    train_set, test_set = data.load(args)
+    model = models.build(args, train_set).to(device)
+    optimizer, scheduler = optimizer_for(model, args)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
+    ckpt = checkpoint.path_for(args)
+    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device) if args.resume else 1
+    log = metrics.RunLog(args, __file__, device)
+    if args.sweep:
+        sweep(args, model, train_set, device, log)
+        log.summary()
+        return
+
+    sampler = data.ShuffleSampler(len(train_set), args.seed)
+    train_loader = loader_for(train_set, args.batch_size, sampler, args, device)
+    test_loader = loader_for(test_set, 1000, range(len(test_set)), args, device)
+    for epoch in range(start_epoch, args.epochs + 1):
+        tick = time.perf_counter()
+        sampler.set_epoch(epoch)
+        train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress, device, args.precision, scaler)
+        scheduler.step()
+        devices.synchronize(device)
+        log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), time.perf_counter() - tick)
+        checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+    log.summary(checkpoint=ckpt)
+
+
+if __name__ == "__main__":
+    main()
