@@ -128,7 +128,10 @@ def run(script, *args, name, quick=None, timeout=900, env=None):
 
 
 def plot(df, x, y, name, hue="run", kind="line", title=None, xlabel=None, ylabel=None, ax=None, **kw):
-    """One line per value of hue (or bars), saved to images/<name>.png; returns the figure."""
+    """One line per value of hue (or bars), saved to images/<name>.png.
+
+    Returns the figure, closed: a notebook shows it once, as the cell's value (not again at cell end).
+    """
     import matplotlib.pyplot as plt
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.4, 3.6))
     if kind == "bar":
@@ -144,7 +147,10 @@ def plot(df, x, y, name, hue="run", kind="line", title=None, xlabel=None, ylabel
 
 
 def save(fig, name):
+    """Save to images/<name>.png and close the figure (so notebooks show it once, as the cell's value)."""
+    import matplotlib.pyplot as plt
     IMAGE_DIR.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(IMAGE_DIR / f"{name}.png", dpi=100)
+    plt.close(fig)
     return IMAGE_DIR / f"{name}.png"
