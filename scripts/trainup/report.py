@@ -141,6 +141,9 @@ def plot(df, x, y, name, hue="run", kind="line", title=None, xlabel=None, ylabel
             ax.plot(group[x], group[y], marker="o", label=str(key), **kw)
         ax.legend(fontsize="small")
     ax.set(title=title or f"{y} by {x}", xlabel=xlabel or x, ylabel=ylabel or y)
+    if kind != "bar" and df[x].dtype.kind in "iu":  # epochs, process counts: whole numbers on the axis
+        from matplotlib.ticker import MaxNLocator
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     save(fig, name)
     return fig
