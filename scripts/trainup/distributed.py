@@ -134,7 +134,10 @@ def setup(args):
         raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
                         f"{ctx.world_size} processes; use a multiple of {ctx.world_size}")
     ctx.backend = pick_backend(args.backend, args.device)
-    ctx.device = devices.pick("cuda" if ctx.backend == "nccl" else args.device, ctx.local_rank)
+    gpu = ctx.local_rank
+    if ctx.launcher == "slurm" and torch.cuda.is_available() and torch.cuda.device_count() == 1:
+        gpu = 0  # srun --gpus-per-task=1 shows each task its own GPU only, as GPU 0
+    ctx.device = devices.pick("cuda" if ctx.backend == "nccl" else args.device, gpu)
     if ctx.launcher == "python" and not ctx.master_port:
         ctx.master_port = free_port()
     if ctx.launcher != "torchrun" and ctx.rank == 0 and not port_is_free(ctx.master_port):
