@@ -1,4 +1,6 @@
 """Throughput, speedup and parallel efficiency of runs with 1, 2, 4... processes, against the ideal."""
+import os
+
 from .launch import cores
 
 
@@ -34,11 +36,17 @@ def plot(t, name):
 
 
 def cores_note(t):
-    """One honest sentence about this machine's cores against the processes, worked out, not typed."""
+    """Honest sentences about this machine's cores against the processes, worked out, not typed."""
     here, most = cores(), int(t["world_size"].max())
     if most > here:
-        return (f"This machine lets these runs use {here} CPU core(s), fewer than the {most} processes of the "
+        note = (f"This machine lets these runs use {here} CPU core(s), fewer than the {most} processes of the "
                 f"largest run: from {here + 1} processes on they take turns on the same cores, so that part of "
                 f"the curve measures an overloaded machine, not DDP.")
-    return (f"This machine lets these runs use {here} CPU cores, enough for the {most} processes of the largest "
-            f"run: each process could have a core to itself (if nothing else was running).")
+    else:
+        note = (f"This machine lets these runs use {here} CPU cores, enough for the {most} processes of the "
+                f"largest run: each process could have a core to itself.")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > here:
+        note += (f" Other programs were running too (load average {load:.1f} on {here} cores): then more processes "
+                 f"also win a larger share of the machine, which flatters the speedup.")
+    return note
