@@ -1,0 +1,168 @@
+"""Lesson 04, DistributedDataParallel: one process per device, a shard of the data each, gradients
+all-reduced every step; on one machine or many.
+
+    torchrun --standalone --nproc-per-node 2 scripts/_trainup_ddp.py --quick   # 2 processes (gloo on CPU)
+    torchrun --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 --nproc-per-node 4 \
+        scripts/_trainup_ddp.py                                                 # node 0 of 2 (node 1: rank 1)
+    srun python scripts/_trainup_ddp.py            # one SLURM task per process
+    python scripts/_trainup_ddp.py --quick         # one process (world size 1)
+
+Compared with _trainup_gpu.py: join the process group (trainup/distributed.py reads rank, world size
+and the meeting point from torchrun, SLURM or neither); the device from LOCAL_RANK; a
+DistributedSampler with set_epoch; the model wrapped in DDP; --batch-size is the GLOBAL batch (each
+process takes batch/world); metrics summed over the processes before logging; logs and checkpoints
+from rank 0 only; a torchrun restart resumes from the checkpoint; leaving the group together.
+"""
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from trainup import UserError, checkpoint, cli, data, devices, distributed, metrics, models
+
+
+def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
+    model.train()
+    meter = metrics.Meter()
+    for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
+        optimizer.zero_grad()
+        with devices.autocast(device, precision):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+        scaler.scale(loss).backward()  # fp16 needs its loss scaled so small gradients survive
+        scaler.step(optimizer)
+        scaler.update()
+        meter.add(loss, logits, y)
+    return meter
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, precision):
+    model.eval()
+    meter = metrics.Meter()
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with devices.autocast(device, precision):
+            logits = model(x)
+        meter.add(F.cross_entropy(logits, y), logits, y)
+    return meter
+
+
+def optimizer_for(model, args):
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
+
+
+def loader_for(dataset, batch_size, sampler, args, device):
+    if args.resident:  # copied to the GPU once; every batch is then a slice in GPU memory
+        return data.ResidentLoader(dataset, batch_size, sampler, device)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
+                      pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
+
+
+def sweep(args, model, train_set, device, log, ctx):
+    """Train --sweep-steps steps at each (global) batch size and log throughput: where does the job saturate?"""
+    for batch_size in args.sweep:
+        optimizer, _ = optimizer_for(model, args)
+        scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
+        sampler = data.ShuffleSampler(len(train_set), args.seed, ctx.rank, ctx.world_size)
+        batches = iter(loader_for(train_set, batch_size // ctx.world_size, sampler, args, device))
+        steps = min(args.sweep_steps, len(train_set) // batch_size - 1)
+        if steps < 2 and ctx.is_main:
+            print(f"batch size {batch_size}: skipped, the data set holds fewer than {3 * batch_size} samples")
+        if steps < 2:
+            continue
+        one = [next(batches)]  # warm-up step: kernels chosen, memory allocated
+        train_epoch(model, one, optimizer, 0, False, device, args.precision, scaler)
+        devices.synchronize(device)
+        tick = time.perf_counter()
+        train_epoch(model, [next(batches) for _ in range(steps)], optimizer, 0, False, device, args.precision, scaler)
+        devices.synchronize(device)
+        seconds = time.perf_counter() - tick
+        line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
+                         samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
+        if ctx.is_main:
+            print(f"batch size {batch_size}: {line['samples_per_s']:.0f} samples/s")
+
+
+def parse_args(argv=None):
+    p = cli.parser(__doc__, lesson="ddp")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
+    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
+    p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
+    p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
+    p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
+    p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
+    p.add_argument("--timeout", type=cli.positive(float), default=300,
+                   help="seconds a process waits for the others before the whole job fails")
+    p.add_argument("--no-set-epoch", action="store_true",
+                   help="forget sampler.set_epoch(), to see every epoch repeat the same order")
+    args = cli.parse(p, argv)
+    if args.workers is not None and args.workers < 0:
+        p.error(f"--workers must be 0 or more, got {args.workers}")
+    if args.sweep:
+        try:
+            args.sweep = [int(b) for b in args.sweep.split(",")]
+            assert min(args.sweep) > 0
+        except (ValueError, AssertionError):
+            p.error(f"--sweep takes batch sizes like 32,64,128, got {args.sweep!r}")
+    args.show_progress = not args.no_progress
+    return args
+
+
+@cli.main_guard
+def main(argv=None):
+    args = parse_args(argv)
+    ctx = distributed.setup(args)  # join the group; the device comes from LOCAL_RANK
+    device = ctx.device
+    if ctx.world_size > 1 and args.sweep and any(b % ctx.world_size for b in args.sweep):
+        raise UserError(f"every --sweep batch size is global and must split evenly over {ctx.world_size} processes")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.workers is None:
+        args.workers = 2 if device.type == "cuda" else 0
+    train_set, test_set = data.load(args)
+    model = models.build(args, train_set).to(device)
+    optimizer, scheduler = optimizer_for(model, args)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
+    ckpt = checkpoint.path_for(args)
+    args.resume = args.resume or ctx.restart_count > 0  # torchrun restarted us: carry on from the checkpoint
+    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device) if args.resume else 1
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # all-reduces gradients
+    log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
+    log.write("ddp", **distributed.describe(ctx, args))
+    if ctx.restart_count and ctx.is_main:
+        print(f"torchrun restart {ctx.restart_count}: resuming at epoch {start_epoch} from {ckpt}")
+    if args.sweep:
+        sweep(args, model, train_set, device, log, ctx)
+        log.summary()
+        distributed.cleanup(ctx)
+        return
+
+    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
+    train_loader = loader_for(train_set, args.batch_size // ctx.world_size, sampler, args, device)
+    test_loader = loader_for(test_set, 1000, range(ctx.rank, len(test_set), ctx.world_size), args, device)
+    for epoch in range(start_epoch, args.epochs + 1):
+        tick = time.perf_counter()
+        if not args.no_set_epoch:
+            sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
+        train = train_epoch(model, distributed.faults(train_loader, ctx, epoch), optimizer, epoch,
+                            args.show_progress and ctx.is_main, device, args.precision, scaler)
+        scheduler.step()
+        devices.synchronize(device)
+        log.write("ranks", **distributed.per_rank(epoch, train, sampler))  # what each rank alone saw
+        log.epoch(epoch, distributed.reduce(train),
+                  distributed.reduce(evaluate(model.module, test_loader, device, args.precision)),
+                  time.perf_counter() - tick)
+        if ctx.is_main:  # one writer; the others would race for the same file
+            checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args)
+    log.summary(checkpoint=ckpt)
+    distributed.cleanup(ctx)  # a barrier, then destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

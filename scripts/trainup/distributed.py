@@ -1,0 +1,229 @@
+"""One training job as many processes: who am I, how many are we, where do we meet, and goodbye.
+
+The processes can be started three ways; the first that applies wins:
+
+- torchrun (or anything that sets the env:// variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+  MASTER_PORT). Under `srun torchrun` every worker also sees SLURM_PROCID=0, so these win over SLURM's.
+- SLURM's `srun python ...`, one task per process: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+  SLURM_NNODES, SLURM_NODEID. MASTER_ADDR defaults to the job's first node, MASTER_PORT to a port
+  derived from the job id (the same in every task, without talking to each other).
+- plain `python script.py`: one process, world size 1, on a free port.
+"""
+import datetime
+import os
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from . import UserError, devices, metrics
+
+BACKENDS = ("auto", "gloo", "nccl")
+FAULT_ENV = "TRAINUP_FAIL_AT"  # test-only: RANK:STEP[:raise|exit|hang], see faults()
+
+
+@dataclass
+class Context:
+    """This process's place in the job."""
+    rank: int = 0               # 0 .. world_size-1, unique in the job; rank 0 logs and checkpoints
+    world_size: int = 1         # processes in the job
+    local_rank: int = 0         # 0 .. local_world_size-1 on this node: which GPU this process takes
+    local_world_size: int = 1   # processes on this node
+    node_rank: int = 0
+    nnodes: int = 1
+    launcher: str = "python"    # torchrun | slurm | env (RANK etc. set by hand) | python
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    restart_count: int = 0      # torchrun --max-restarts: how many times the workers were restarted
+    backend: str = "none"
+    device: object = None
+    timeout_s: float = 300.0
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+
+def _slurm_first_host(nodelist):
+    """The first host of a SLURM node list such as 'gpu[03-05,07]', through scontrol when it exists."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=10)
+        if out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    head = nodelist.split(",")[0]
+    if "[" in head:  # 'gpu[03-05]' -> 'gpu03'
+        base, rest = head.split("[", 1)
+        head = base + rest.split("-")[0].split(",")[0].rstrip("]")
+    return head
+
+
+def from_env(env=None):
+    """Read rank, world size and the meeting point from what the launcher set (see the module's doc)."""
+    env = os.environ if env is None else env
+    get = lambda name, default=None: int(env[name]) if env.get(name, "") != "" else default  # noqa: E731
+    restarts = get("TORCHELASTIC_RESTART_COUNT", 0)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world, local_world = get("WORLD_SIZE"), get("LOCAL_WORLD_SIZE", get("WORLD_SIZE"))
+        return Context(rank=get("RANK"), world_size=world, local_rank=get("LOCAL_RANK", 0),
+                       local_world_size=local_world, node_rank=get("GROUP_RANK", 0),
+                       nnodes=get("GROUP_WORLD_SIZE", max(world // max(local_world, 1), 1)),
+                       launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env",
+                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=get("MASTER_PORT", 0),
+                       restart_count=restarts)
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world, nnodes = get("SLURM_NTASKS"), get("SLURM_NNODES", 1)
+        addr = env.get("MASTER_ADDR") or (
+            "127.0.0.1" if nnodes == 1 else _slurm_first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
+        port = get("MASTER_PORT") or 20000 + get("SLURM_JOB_ID", 0) % 20000
+        return Context(rank=get("SLURM_PROCID"), world_size=world, local_rank=get("SLURM_LOCALID", 0),
+                       local_world_size=max(world // nnodes, 1), node_rank=get("SLURM_NODEID", 0), nnodes=nnodes,
+                       launcher="slurm", master_addr=addr, master_port=port, restart_count=restarts)
+    return Context(master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=get("MASTER_PORT", 0))
+
+
+def free_port(host="127.0.0.1"):
+    """A TCP port nobody listens on now: bind port 0 and let the kernel choose."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port, host=""):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is reusable
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def pick_backend(requested, device_request):
+    """gloo or nccl for --backend auto|gloo|nccl; a clear sentence when NCCL cannot work here."""
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if requested == "nccl":
+        if not dist.is_nccl_available():
+            raise UserError("--backend nccl needs a torch built with NCCL, and this one is not; "
+                            "use --backend gloo or --backend auto")
+        if not gpu:
+            raise UserError("--backend nccl needs NVIDIA GPUs (NCCL only moves GPU memory), and torch sees "
+                            "none on this machine; use --backend gloo or --backend auto")
+        if device_request == "cpu":
+            raise UserError("--backend nccl cannot work with --device cpu; use --backend gloo")
+        return "nccl"
+    if requested == "gloo":
+        return "gloo"
+    return "nccl" if gpu and device_request != "cpu" and dist.is_nccl_available() else "gloo"
+
+
+def setup(args):
+    """Join the job's process group: the Context, with this process's device pinned from LOCAL_RANK.
+
+    Checks first what would otherwise hang or fail deep inside torch: a global batch that does not
+    split over the processes, NCCL without GPUs, a port that is already taken.
+    """
+    ctx = from_env()
+    ctx.timeout_s = args.timeout
+    if args.batch_size % ctx.world_size:
+        raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
+                        f"{ctx.world_size} processes; use a multiple of {ctx.world_size}")
+    ctx.backend = pick_backend(args.backend, args.device)
+    ctx.device = devices.pick("cuda" if ctx.backend == "nccl" else args.device, ctx.local_rank)
+    if ctx.launcher == "python" and not ctx.master_port:
+        ctx.master_port = free_port()
+    if ctx.launcher != "torchrun" and ctx.rank == 0 and not port_is_free(ctx.master_port):
+        # torchrun's agent already holds MASTER_PORT for its workers; anywhere else rank 0 must open it
+        raise UserError(f"port {ctx.master_port} (MASTER_PORT) is already in use, by another job perhaps; "
+                        f"set MASTER_PORT to a free port, or unset it to get one")
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = ctx.master_addr, str(ctx.master_port)
+    try:
+        dist.init_process_group(ctx.backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size,
+                                timeout=datetime.timedelta(seconds=ctx.timeout_s))
+    except RuntimeError as e:  # the store's errors: a taken port, or the others never came
+        text = str(e)
+        if "EADDRINUSE" in text or "already in use" in text:
+            raise UserError(f"port {ctx.master_port} (MASTER_PORT) is already in use; set MASTER_PORT to a free "
+                            f"port, or unset it to get one") from None
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            raise UserError(f"rank {ctx.rank} waited {ctx.timeout_s:.0f} s for the other {ctx.world_size - 1} "
+                            f"process(es) at {ctx.master_addr}:{ctx.master_port} and they did not all come; "
+                            f"were all {ctx.world_size} started (srun, torchrun), with the same MASTER_ADDR "
+                            f"and MASTER_PORT?") from None
+        raise
+    return ctx
+
+
+def describe(ctx, args):
+    """The 'ddp' log record: how the job was started, and where each rank runs."""
+    me = dict(rank=ctx.rank, local_rank=ctx.local_rank, node_rank=ctx.node_rank, host=socket.gethostname(),
+              device=str(ctx.device), pid=os.getpid())
+    ranks = [None] * ctx.world_size
+    dist.all_gather_object(ranks, me)
+    fields = {k: v for k, v in asdict(ctx).items() if k not in ("rank", "local_rank", "node_rank", "device")}
+    return dict(fields, per_rank_batch=args.batch_size // ctx.world_size, global_batch=args.batch_size,
+                ranks=ranks)
+
+
+def reduce(meter):
+    """A Meter summed over every rank: loss, accuracy and samples of the whole job, not of one process."""
+    t = meter.as_tensor().to(_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return metrics.Meter.from_tensor(t.cpu())
+
+
+def per_rank(epoch, meter, sampler, first=8):
+    """The 'ranks' log record: each rank's own loss, accuracy and samples (before reduction), and the
+    first sample indices its sampler drew this epoch (its shard of the data)."""
+    t = torch.cat([meter.as_tensor(), torch.tensor(list(sampler)[:first], dtype=torch.float64)])
+    t = t.to(_comm_device())
+    parts = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    parts = [metrics.Meter.from_tensor(p.cpu()) for p in parts], [p[3:].long().tolist() for p in parts]
+    return dict(epoch=epoch, rank=list(range(len(parts[0]))), loss=[m.mean_loss for m in parts[0]],
+                accuracy=[m.accuracy for m in parts[0]], samples=[m.samples for m in parts[0]],
+                first_indices=parts[1])
+
+
+def _comm_device():
+    """NCCL moves GPU tensors only; gloo takes CPU tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def cleanup(ctx):
+    """Leave together: a barrier first, else a fast rank tearing down can abort a slow one's last step
+    (about one run in ten ended with 'terminate called without an active exception' here)."""
+    if dist.is_initialized():
+        dist.barrier(**({"device_ids": [ctx.device.index]} if ctx.backend == "nccl" else {}))
+        dist.destroy_process_group()
+
+
+class faults:
+    """Test-only fault injection, hidden from --help: with TRAINUP_FAIL_AT=RANK:STEP[:MODE], that rank
+    raises (MODE raise, the default), dies at once (exit) or hangs (hang) just before training step
+    STEP (counted from 1 over the whole run). Only on the first attempt: a torchrun restart runs clean."""
+
+    def __init__(self, loader, ctx, epoch):
+        self.loader, self.first_step = loader, (epoch - 1) * len(loader) + 1
+        spec = os.environ.get(FAULT_ENV, "").split(":")
+        self.at = None
+        if len(spec) >= 2 and int(spec[0]) == ctx.rank and ctx.restart_count == 0:
+            self.at, self.mode = int(spec[1]), (spec[2] if len(spec) > 2 else "raise")
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for step, batch in enumerate(self.loader, self.first_step):
+            if step == self.at:
+                if self.mode == "exit":
+                    os._exit(1)
+                if self.mode == "hang":
+                    time.sleep(3600)
+                raise RuntimeError(f"injected fault ({FAULT_ENV}) at step {step}")
+            yield batch
