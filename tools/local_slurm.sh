@@ -102,6 +102,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/log/jobs.txt
+# Up to two jobs may share a core (OverSubscribe=FORCE:2 below): a 1-node and a 2-node job run side by side.
 MinJobAge=3600
 KillWait=5
 EOF
@@ -110,7 +111,7 @@ EOF
     ctld=$p  # the next node looks above this one
     echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$p CPUs=$cpus RealMemory=$mem State=UNKNOWN" >>"$CONF"
   done
-  echo "PartitionName=local Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+  echo "PartitionName=local Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2" >>"$CONF"
 }
 
 start() {
