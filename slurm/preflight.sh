@@ -70,7 +70,9 @@ fi
 [ -n "$TRAINUP_PYTHON" ] && [ -x "$(command -v "$TRAINUP_PYTHON" || true)" ] ||
   trainup_error "no Python found (no .venv in $SLURM_SUBMIT_DIR, no python3 on PATH, TRAINUP_PYTHON=" \
     "'${TRAINUP_PYTHON:-}'): run tools/setup_env.sh in the course folder, or load your cluster's Python module"
-TRAINUP_TORCH=$("$TRAINUP_PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
+# Whether torch is installed, without importing it (an import costs seconds on every job).
+TRAINUP_TORCH=$("$TRAINUP_PYTHON" -c 'import importlib.metadata as m, importlib.util as u
+assert u.find_spec("torch"); print(m.version("torch"))' 2>/dev/null) ||
   trainup_error "$TRAINUP_PYTHON cannot import torch: run tools/setup_env.sh in the course folder (it creates" \
     ".venv), load your cluster's PyTorch module, or point TRAINUP_PYTHON at a python that has torch"
 export TRAINUP_PYTHON
@@ -98,4 +100,5 @@ export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
 echo "job $SLURM_JOB_ID ($SLURM_JOB_NAME): $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST," \
   "$TRAINUP_TASKS_PER_NODE task(s) per node, ${SLURM_CPUS_PER_TASK:-1} CPU(s) per task, $TRAINUP_WORLD_SIZE process(es)," \
   "$TRAINUP_GPUS_HERE GPU(s) per node (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none})"
-echo "rendezvous at $MASTER_ADDR:$MASTER_PORT; $TRAINUP_PYTHON (torch $TRAINUP_TORCH); OMP_NUM_THREADS=$OMP_NUM_THREADS"
+echo "rendezvous at $MASTER_ADDR:$MASTER_PORT; ${TRAINUP_PYTHON#"$SLURM_SUBMIT_DIR"/} (torch $TRAINUP_TORCH);" \
+  "OMP_NUM_THREADS=$OMP_NUM_THREADS"

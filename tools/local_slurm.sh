@@ -18,6 +18,7 @@ CONF=$DIR/slurm.conf
 SOCKET=$DIR/munge/munge.socket
 NODES=(n1 n2)
 export SLURM_CONF=$CONF
+export PATH=$PATH:/usr/sbin:/sbin  # where Debian puts munged, slurmctld and slurmd
 
 say() { echo "local_slurm: $*"; }
 cannot() { echo "local_slurm: $*" >&2; exit 3; }

@@ -243,3 +243,56 @@ def published_scaling():
     df["speedup"] = (base / df["minutes"]).round(1)
     df["efficiency"] = (df["speedup"] / df["gpus"]).round(2)
     return df
+
+
+def diff_directives(a, b):
+    """What changes between two templates' #SBATCH lines, one line per option."""
+    da, db = directives(TEMPLATES / a), directives(TEMPLATES / b)
+    lines = [f"  {k}: {da.get(k, '-')} -> {db.get(k, '-')}" for k in dict.fromkeys([*da, *db]) if da.get(k) != db.get(k)]
+    if launcher(TEMPLATES / a) != launcher(TEMPLATES / b):
+        lines.append(f"  launch: {launcher(TEMPLATES / a)} -> {launcher(TEMPLATES / b)}")
+    return f"{a} -> {b}\n" + "\n".join(lines)
+
+
+def sinfo():
+    """The nodes and their state, as sinfo shows them."""
+    return _run(["sinfo", "--Node", "--format=%.6N %.9P %.5c %.8m %.8T"]).stdout
+
+
+def log_text(job_id):
+    """What the job wrote to its output file (#SBATCH --output), with paths relative to the course folder."""
+    path = job(job_id).get("StdOut")
+    if not path or not Path(path).exists():
+        return f"(job {job_id} has no output file)"
+    return Path(path).read_text().replace(f"{ROOT}/", "")
+
+
+def plot_scaling(published, local=None, name="slurm_scaling"):
+    """Left: the published times against GPUs, with ideal scaling. Right: this machine's runs (samples/s by
+    nodes), when there are some. Saved to images/<name>.png; returns the (closed) figure: end the cell with it."""
+    import matplotlib.pyplot as plt
+    from . import report
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    base = published.loc[published["gpus"] == 1, "minutes"].iloc[0]
+    gpus = published["gpus"]
+    left.loglog(gpus, published["minutes"], "o-", label="published (supercomputer course)")
+    left.loglog(gpus, base / gpus, "--", color="grey", label="ideal: 1-GPU time / GPUs")
+    for g, m, n in zip(gpus, published["minutes"], published["nodes"]):
+        left.annotate(f"{m:g} min, {n} node(s)", (g, m), textcoords="offset points", xytext=(6, 4), fontsize="small")
+    left.set(title="ResNet-50 on ImageNet: PUBLISHED by the\nsupercomputer course, not measured here",
+             xlabel="GPUs", ylabel="training time (minutes)", xticks=list(gpus), xticklabels=[str(g) for g in gpus],
+             xlim=(0.7, gpus.max() * 3))
+    left.legend(fontsize="small")
+    if local is not None and len(local):
+        right.bar([f"{n} node(s)\n{w} processes" for n, w in zip(local["nodes"], local["world_size"])],
+                  local["samples_per_s"])
+        right.set(title="measured here: the CPU template through sbatch\n(both nodes share this machine's 2 cores)",
+                  ylabel="training samples/s")
+    else:
+        right.text(0.5, 0.5, "no local SLURM runs\n(no SLURM on this machine)", ha="center", va="center")
+        right.set(title="measured here", xticks=[], yticks=[])
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    report.save(fig, name)
+    plt.close(fig)  # shown once, as the cell's value: under nbval an open figure is also drawn a second time
+    return fig
