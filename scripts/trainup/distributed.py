@@ -142,10 +142,21 @@ def setup(args):
         raise UserError(f"port {ctx.master_port} (MASTER_PORT) is already in use, by another job perhaps; "
                         f"set MASTER_PORT to a free port, or unset it to get one")
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = ctx.master_addr, str(ctx.master_port)
+    timeout = datetime.timedelta(seconds=ctx.timeout_s)
     try:
-        dist.init_process_group(ctx.backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size,
-                                timeout=datetime.timedelta(seconds=ctx.timeout_s))
-    except RuntimeError as e:  # the store's errors: a taken port, or the others never came
+        if ctx.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # The workers meet in torchrun's own store, which outlives a restart: keys of the crashed
+            # attempt (the dead ranks' addresses) would still be there, so each attempt gets its own prefix.
+            # (Agents on several nodes may count restarts differently; there, launch torchrun with
+            # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, and rank 0 opens a fresh store for every attempt.)
+            store = dist.PrefixStore(f"trainup/attempt_{ctx.restart_count}", dist.TCPStore(
+                ctx.master_addr, ctx.master_port, ctx.world_size, is_master=False, timeout=timeout))
+            dist.init_process_group(ctx.backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
+                                    timeout=timeout)
+        else:  # rank 0 opens the store on MASTER_PORT, the others connect to it
+            dist.init_process_group(ctx.backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size,
+                                    timeout=timeout)
+    except dist.DistError as e:  # the store's errors: a taken port, or the others never came
         text = str(e)
         if "EADDRINUSE" in text or "already in use" in text:
             raise UserError(f"port {ctx.master_port} (MASTER_PORT) is already in use; set MASTER_PORT to a free "

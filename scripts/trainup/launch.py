@@ -1,0 +1,113 @@
+"""Starting DDP jobs from a notebook or a test: torchrun on this machine, or two nodes simulated on it.
+
+    from trainup import launch
+    launch.run("_trainup_ddp.py", name="ddp_n2", nproc=2)                 # torchrun --standalone
+    launch.two_nodes("_trainup_ddp.py", name="ddp_2nodes", rendezvous="c10d")
+
+torchrun is started as `python -m torch.distributed.run` (the very program the `torchrun` command
+runs), so it is this Python's torchrun whatever PATH holds; the printed command says `torchrun`.
+"""
+import difflib
+import os
+import shlex
+import subprocess
+import sys
+
+from . import ROOT
+from .distributed import free_port
+from .report import QUICK, check
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+HOST = "127.0.0.1"  # the simulated nodes meet on the loopback address
+
+
+def environment(extra=None):
+    # one thread per process (torchrun warns otherwise), and output as it comes
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def torchrun_flags(nproc=2, nnodes=1, node_rank=0, port=None, rendezvous="standalone", run_id="trainup",
+                   max_restarts=0):
+    """torchrun's flags: standalone (one node, it picks a free port), static (--node-rank,
+    --master-addr/--master-port) or c10d (nodes join through a store at --rdzv-endpoint; ranks assigned)."""
+    flags = []
+    if rendezvous == "standalone":
+        flags += ["--standalone"]
+    elif rendezvous == "static":
+        flags += ["--nnodes", nnodes, "--node-rank", node_rank, "--master-addr", HOST, "--master-port", port]
+    elif rendezvous == "c10d":
+        flags += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{port}",
+                  "--rdzv-id", run_id]
+    else:
+        raise ValueError(f"unknown rendezvous {rendezvous!r}")
+    flags += ["--nproc-per-node", nproc] + (["--max-restarts", max_restarts] if max_restarts else [])
+    return [str(f) for f in flags]
+
+
+def script_args(script, args, name, quick):
+    quick = QUICK if quick is None else quick
+    return [f"scripts/{script}", *map(str, args), "--run-name", name, "--no-progress"] + ["--quick"] * quick
+
+
+def shown(flags, script_part):
+    return "$ OMP_NUM_THREADS=1 " + shlex.join(["torchrun", *flags, *script_part])
+
+
+def _failed(what, output, code):
+    return RuntimeError(f"{what} exited with status {code}:\n{output[-3000:]}")
+
+
+def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags):
+    """One torchrun job on this machine; prints the command and one checked sentence (report.check)."""
+    part = script_args(script, args, name, quick)
+    f = torchrun_flags(nproc=nproc, **flags)
+    print(shown(f, part))
+    proc = subprocess.run(TORCHRUN + f + part, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=environment(env))
+    if proc.returncode != 0:
+        raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
+    print(check(name))
+    return name
+
+
+def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=None, timeout=900, env=None):
+    """Two torchrun launchers with --nnodes 2, started side by side as if on two machines.
+
+    On a cluster each command runs on its own node with --master-addr (or --rdzv-endpoint) set to the
+    first node's address; here both nodes are this machine and meet on the loopback address.
+    """
+    port = free_port(HOST)
+    part = script_args(script, args, name, quick)
+    procs = []
+    for node in (0, 1):
+        f = torchrun_flags(nproc=nproc_per_node, nnodes=2, node_rank=node, port=port, rendezvous=rendezvous,
+                           run_id=name)
+        print(f"# node {node}" + (" (its node rank is assigned when the two meet)" if rendezvous == "c10d" else ""))
+        print(shown(f, part))
+        procs.append(subprocess.Popen(TORCHRUN + f + part, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=environment(env)))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:  # one launcher failed or the time ran out: do not leave the other waiting
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for node, (p, out) in enumerate(zip(procs, outputs)):
+        if p.returncode != 0:
+            raise _failed(f"node {node}'s torchrun", out, p.returncode)
+    print(check(name))
+    return name
+
+
+def script_diff(old, new):
+    """`diff -u scripts/<old> scripts/<new>`: what one lesson adds to the previous script."""
+    a, b = ((ROOT / "scripts" / f).read_text().splitlines(keepends=True) for f in (old, new))
+    return "".join(difflib.unified_diff(a, b, f"scripts/{old}", f"scripts/{new}", n=1))
+
+
+def cores():
+    """CPU cores this process may run on (what the scheduler gives us, not what the machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

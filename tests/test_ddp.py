@@ -1,0 +1,185 @@
+"""_trainup_ddp.py run for real: 2 processes on gloo, started by torchrun or as srun starts them."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import ROOT, assert_clean_error, run_script
+from trainup import distributed, launch, models, report
+
+SCRIPT = str(ROOT / "scripts" / "_trainup_ddp.py")
+# Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
+TINY = ["--quick", "--dropout", "0", "--no-progress"]
+HANG_GUARD_S = 240  # far beyond a healthy run: reaching it means the job hung, and the test fails
+
+
+def start(cmd, env=None):
+    # a session of its own, so that a hung job can be ended with all its children
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=launch.environment(env), start_new_session=True)
+
+
+def finish(proc):
+    try:
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def torchrun(log_dir, name, *args, env=None, max_restarts=0):
+    return start(launch.TORCHRUN + launch.torchrun_flags(nproc=2, max_restarts=max_restarts)
+                 + [SCRIPT, *TINY, *map(str, args), "--run-name", name, "--log-dir", str(log_dir),
+                    "--checkpoint-dir", str(log_dir / "checkpoints")], env)
+
+
+def params(log_dir, name):
+    return torch.load(log_dir / "checkpoints" / f"{name}.pt", weights_only=True)["model"]
+
+
+def records(log_dir, name, kind):
+    return [r for r in report.read_run(log_dir / f"{name}.jsonl")["extra"] if r["type"] == kind]
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process with the whole batch (_trainup_gpu.py on the CPU), and 2 DDP ranks with half each.
+
+    The DDP run also sees SLURM_PROCID=0 as every worker does under `srun torchrun`: torchrun's RANK must win.
+    """
+    log_dir = tmp_path_factory.mktemp("ddp") / "logs"
+    slurm = dict(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0", SLURM_NNODES="1")
+    ddp = torchrun(log_dir, "ddp2", "--batch-size", 64, env=slurm)
+    one = start([sys.executable, str(ROOT / "scripts" / "_trainup_gpu.py"), "--device", "cpu", *TINY,
+                 "--batch-size", "64", "--run-name", "one", "--log-dir", str(log_dir),
+                 "--checkpoint-dir", str(log_dir / "checkpoints")])
+    ok(finish(one)), ok(finish(ddp))
+    return log_dir
+
+
+def test_two_ranks_with_half_the_batch_end_like_one_process_with_all_of_it(runs):
+    one, two = params(runs, "one"), params(runs, "ddp2")
+    init = models.build(SimpleNamespace(model="cnn", seed=1, dropout=0.0),
+                          SimpleNamespace(shape=(1, 28, 28), num_classes=10)).state_dict()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-4, msg=k)
+    assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-2  # they did train, far beyond atol
+    # the logged metrics are the whole job's, summed over both ranks: the same as one process's
+    run1, run2 = report.read_run(runs / "one.jsonl"), report.read_run(runs / "ddp2.jsonl")
+    assert run2["problems"] == [] and run2["summary"]["status"] == "finished"
+    for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):
+        assert e2["samples"] == e1["samples"] == 512
+        assert e2["loss"] == pytest.approx(e1["loss"], abs=1e-5)
+
+
+def test_torchrun_ranks_win_over_slurm_and_only_rank_0_writes(runs):
+    ddp = records(runs, "ddp2", "ddp")[0]
+    assert ddp["launcher"] == "torchrun" and ddp["world_size"] == 2 and ddp["per_rank_batch"] == 32
+    assert [r["rank"] for r in ddp["ranks"]] == [0, 1] and [r["local_rank"] for r in ddp["ranks"]] == [0, 1]
+    assert report.read_run(runs / "ddp2.jsonl")["env"]["backend"] == "gloo"
+    assert (runs / "ddp2.stdout").read_text().count("epoch 1:") == 1  # one writer, not one per rank
+
+
+def test_each_rank_draws_its_own_shard_and_a_new_order_each_epoch(runs):
+    per_epoch = records(runs, "ddp2", "ranks")
+    assert [r["epoch"] for r in per_epoch] == [1, 2]
+    for r in per_epoch:
+        assert r["samples"] == [256, 256]
+        assert not set(r["first_indices"][0]) & set(r["first_indices"][1])
+    assert per_epoch[0]["first_indices"] != per_epoch[1]["first_indices"]
+
+
+def test_plain_python_is_a_job_of_one_and_without_set_epoch_every_epoch_repeats(log_dir):
+    run_script("_trainup_ddp.py", "--quick", "--no-set-epoch", "--run-name", "solo", log_dir=log_dir,
+               env={"OMP_NUM_THREADS": "1"})
+    run = report.read_run(log_dir / "solo.jsonl")
+    assert run["problems"] == [] and run["env"]["world_size"] == 1 and run["env"]["backend"] == "gloo"
+    assert records(log_dir, "solo", "ddp")[0]["launcher"] == "python"
+    first = [r["first_indices"] for r in records(log_dir, "solo", "ranks")]
+    assert len(first) == 2 and first[0] == first[1]
+
+
+def test_a_restart_resumes_from_the_checkpoint_and_ends_like_an_uninterrupted_run(runs, log_dir):
+    # rank 1 dies (os._exit) at step 12, in epoch 2 (8 steps an epoch); torchrun restarts both once
+    proc = ok(finish(torchrun(log_dir, "ddp2", "--batch-size", 64, max_restarts=1,
+                              env={distributed.FAULT_ENV: "1:12:exit"})))
+    assert "torchrun restart 1: resuming at epoch 2" in proc.stdout
+    assert [r["restart_count"] for r in records(log_dir, "ddp2", "ddp")] == [0, 1]
+    run = report.read_run(log_dir / "ddp2.jsonl")
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2] and run["summary"]["status"] == "finished"
+    resumed, straight = params(log_dir, "ddp2"), params(runs, "ddp2")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
+
+
+def test_a_rank_that_raises_ends_the_whole_job(log_dir):
+    proc = finish(torchrun(log_dir, "boom", env={distributed.FAULT_ENV: "1:3"}))
+    assert proc.returncode != 0 and "injected fault" in proc.stderr
+    assert report.read_run(log_dir / "boom.jsonl")["summary"] is None
+
+
+def test_a_rank_that_hangs_fails_the_job_after_the_timeout(log_dir):
+    proc = finish(torchrun(log_dir, "stuck", "--timeout", 5, env={distributed.FAULT_ENV: "1:3:hang"}))
+    assert proc.returncode != 0 and "Timed out" in proc.stderr
+
+
+def test_srun_style_ranks_form_a_job_and_fail_together(log_dir):
+    """Two plain processes with SLURM's variables, as `srun -n 2 python ...` starts them: rank 1 raises,
+    rank 0 (waiting in an all-reduce) must exit too, with no launcher to stop it."""
+    port = distributed.free_port()
+    procs = [start([sys.executable, SCRIPT, *TINY, "--run-name", "srun", "--log-dir", str(log_dir),
+                    "--checkpoint-dir", str(log_dir / "checkpoints")],
+                   dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NNODES="1",
+                        SLURM_NODEID="0", SLURM_JOB_ID="1", MASTER_PORT=str(port), **{distributed.FAULT_ENV: "1:3"}))
+             for r in (0, 1)]
+    done = [finish(p) for p in procs]
+    assert done[0].returncode != 0 and done[1].returncode != 0
+    assert "injected fault" in done[1].stderr
+    ddp = records(log_dir, "srun", "ddp")[0]
+    assert ddp["launcher"] == "slurm" and ddp["world_size"] == 2 and ddp["master_port"] == port
+
+
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
+    busy = socket.socket()
+    busy.bind(("", 0))
+    busy.listen()
+    cases = [({"MASTER_PORT": str(busy.getsockname()[1])}, [], ["port", str(busy.getsockname()[1]), "in use"]),
+             # RANK and WORLD_SIZE set by hand (the env:// convention): the split is checked before waiting
+             ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, ["--batch-size", "63"], ["cannot be split"])]
+    if not torch.cuda.is_available():
+        cases.append(({}, ["--backend", "nccl"], ["--backend nccl", "GPU"]))
+    procs = [start([sys.executable, SCRIPT, "--quick", *flags, "--log-dir", str(log_dir)], env)
+             for env, flags, _ in cases]
+    with busy:
+        for proc, (_, _, words) in zip(procs, cases):
+            done = finish(proc)
+            assert done.returncode == 2
+            assert_clean_error(done, *words)
+
+
+def test_launchers_are_read_in_order_torchrun_then_slurm_then_none():
+    slurm = dict(SLURM_PROCID="3", SLURM_NTASKS="4", SLURM_LOCALID="1", SLURM_NNODES="2", SLURM_NODEID="1",
+                 SLURM_JOB_ID="1234", MASTER_ADDR="n1")
+    c = distributed.from_env(slurm)
+    assert (c.launcher, c.rank, c.world_size, c.local_rank, c.node_rank, c.nnodes) == ("slurm", 3, 4, 1, 1, 2)
+    assert (c.master_addr, c.master_port) == ("n1", 21234)  # the same port in every task of the job
+    torchrun_env = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", GROUP_RANK="1",
+                        GROUP_WORLD_SIZE="2", MASTER_ADDR="n1", MASTER_PORT="29500", TORCHELASTIC_RUN_ID="j",
+                        TORCHELASTIC_RESTART_COUNT="2")
+    c = distributed.from_env({**slurm, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", **torchrun_env})
+    assert (c.launcher, c.rank, c.local_rank, c.nnodes, c.restart_count) == ("torchrun", 3, 1, 2, 2)
+    c = distributed.from_env({})
+    assert (c.launcher, c.rank, c.world_size, c.master_port) == ("python", 0, 1, 0)
+    assert distributed._slurm_first_host("gpu[03-05,07],cpu01") == "gpu03"
