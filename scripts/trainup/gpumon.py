@@ -13,6 +13,8 @@ import threading
 import time
 
 INTERVAL_S = 0.25  # NVML averages utilisation over 1/6 s to 1 s, depending on the GPU
+# The fields of a 'gpu' record (logs/README.md), besides type, run and time.
+FIELDS = ("gpu", "utilization_pct", "memory_used_mb", "memory_total_mb", "sampled_at", "elapsed_s")
 
 
 def _number(value, scale=1):
