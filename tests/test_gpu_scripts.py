@@ -143,3 +143,17 @@ def test_a_sweep_logs_throughput_for_each_batch_size_that_fits(log_dir):
     assert report.check("sweep", log_dir) == "sweep: finished, 2 batch sizes measured, the log follows the schema."
     table = gpuplots.sweeps([log_dir / "sweep.jsonl"])
     assert list(table["batch_size"]) == [8, 32] and table["gpu_util_pct"].isna().all()
+
+    # the same log, committed as a reference measured elsewhere: the lesson's tables say where it ran
+    assert gpuplots.references("gpu_*", log_dir) == []
+    assert "No reference logs matching gpu_*.jsonl have been committed yet" in gpuplots.about_references("gpu_*", log_dir)
+    folder = log_dir / "reference" / "H100_2026-01-01"
+    folder.mkdir(parents=True)
+    (folder / "gpu_sweep.jsonl").write_text((log_dir / "sweep.jsonl").read_text())
+    assert gpuplots.references("gpu_*", log_dir) == [folder / "gpu_sweep.jsonl"]
+    assert "measured on H100_2026-01-01 (not here)" in gpuplots.about_references("gpu_*", log_dir)
+    both = gpuplots.sweeps([log_dir / "sweep.jsonl", folder / "gpu_sweep.jsonl"])
+    assert list(both["measured_on"]) == ["here", "here", "H100_2026-01-01", "H100_2026-01-01"]
+    assert list(both["label"])[-1] == "sweep (H100_2026-01-01)"
+    table = gpuplots.runs([folder / "gpu_sweep.jsonl"], log_dir)
+    assert list(table["measured_on"]) == ["H100_2026-01-01"] and list(table["device"]) == ["cpu"]

@@ -59,6 +59,7 @@ def runs(paths, log_dir=LOG_DIR):
         return table
     table["measured_on"] = [where(p) for p in table["path"]]
     args = pd.DataFrame([(report.read_run(p)["config"] or {}).get("args", {}) for p in table["path"]])
+    table = table.rename(columns={"gpus": "gpu_names"})
     for key in ARGS:
         if key not in ("batch_size", "model", "dataset"):
             table[key] = args[key] if key in args else None
@@ -96,10 +97,21 @@ def sweeps(paths):
 
 
 def plot_sweep(table, name, title="Throughput against batch size"):
-    """samples/s against batch size (log scale), one line per run; saved to images/<name>.png."""
-    fig = report.plot(table, "batch_size", "samples_per_s", name, hue="label", title=title,
-                      xlabel="batch size", ylabel="samples/s")
-    fig.axes[0].set_xscale("log", base=2)
+    """samples/s against batch size (log scale), one line per run, and beside it the mean GPU utilisation
+    at each batch size when the runs sampled any; saved to images/<name>.png."""
+    import matplotlib.pyplot as plt
+    util = table.dropna(subset=["gpu_util_pct"]) if "gpu_util_pct" in table else table.iloc[:0]
+    fig, axes = plt.subplots(1, 2 if len(util) else 1, figsize=(11 if len(util) else 6.4, 3.8), squeeze=False)
+    panels = [(table, "samples_per_s", "samples/s", title)]
+    if len(util):
+        panels.append((util, "gpu_util_pct", "GPU utilisation %", "GPU utilisation while it ran"))
+    for ax, (data, y, ylabel, text) in zip(axes[0], panels):
+        for label, group in data.groupby("label", sort=False):
+            ax.plot(group["batch_size"], group[y], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set(title=text, xlabel="batch size", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
     report.save(fig, name)
     return fig
 
@@ -142,5 +154,49 @@ def plot_utilisation(path, name, title=None):
         bottom.annotate(text, (start - t0 + width / 2, rate), ha="center", va="bottom", fontsize="x-small")
     bottom.set(xlabel="seconds since the run started training", ylabel="samples/s (sweeps: by batch size)")
     bottom.grid(alpha=0.3)
+    report.save(fig, name)
+    return fig
+
+
+def plot_scaling(table, name, title="DataParallel: throughput against GPU count"):
+    """samples/s against the number of GPUs, one line per model and machine; saved to images/<name>.png."""
+    table = table.assign(series=table["model"] + " (" + table["measured_on"] + ")").sort_values("gpus")
+    fig = report.plot(table, "gpus", "samples_per_s", name, hue="series", title=title, xlabel="GPUs",
+                      ylabel="samples/s")
+    fig.axes[0].set_xticks(sorted(table["gpus"].unique()))
+    report.save(fig, name)
+    return fig
+
+
+PHASES = ("scatter_s", "replicate_s", "forward_s", "gather_s", "backward_s")
+
+
+def phases(paths):
+    """The 'dp_phases' records (_trainup_dp.py --phases): milliseconds per phase of one DataParallel step."""
+    import pandas as pd
+    rows = []
+    for path in paths:
+        for e in (e for e in report.read_run(path)["extra"] if e.get("type") == "dp_phases"):
+            rows.append(dict(run=e["run"], measured_on=where(path), gpus=e["gpus"], batch_size=e["batch_size"],
+                             **{p[:-2] + "_ms": e[p] * 1000 for p in PHASES}))
+    table = pd.DataFrame(rows)
+    if len(table):
+        table["label"] = table.apply(_label, axis=1)
+    return table
+
+
+def plot_phases(table, name, title="One DataParallel step, phase by phase"):
+    """One stacked bar per run: where the time of a step goes; saved to images/<name>.png."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.5 * len(table)))
+    left = 0
+    for phase in PHASES:
+        column = phase[:-2] + "_ms"
+        ax.barh(table["label"], table[column], left=left, label=phase[:-2])
+        left = left + table[column]
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel="milliseconds per step")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(alpha=0.3, axis="x")
     report.save(fig, name)
     return fig
