@@ -134,11 +134,11 @@ def main(argv=None):
         args.workers = 2 * len(ids)
     train_set, test_set = data.load(args)
     net = models.build(args, train_set).to(device)
-    model = nn.DataParallel(net, device_ids=ids or None)  # no GPU: DataParallel just calls net
+    model = nn.DataParallel(dataparallel.Autocast(net, args.precision), device_ids=ids or None)  # no GPU: just calls it
     optimizer, scheduler = optimizer_for(model, args)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
     ckpt = checkpoint.path_for(args)
-    start_epoch = checkpoint.load(ckpt, model.module, optimizer, scheduler, device) if args.resume else 1
+    start_epoch = checkpoint.load(ckpt, net, optimizer, scheduler, device) if args.resume else 1
     log = metrics.RunLog(args, __file__, device, backend="dataparallel" if ids else "none")
     monitor = gpumon.start(log.write, device, ids)  # every GPU's utilisation and memory; nothing on CPU
     print(sentence)
@@ -159,7 +159,7 @@ def main(argv=None):
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), wall)
-        checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args)  # the model, not its wrapper
+        checkpoint.save(ckpt, net, optimizer, scheduler, epoch, args)  # the model, not its wrappers
     if args.phases:  # one more batch, with each phase of a DataParallel step timed apart
         x, y = (t.to(device) for t in next(iter(train_loader)))
         phases = log.write("dp_phases", gpus=len(ids), batch_size=len(y), **dataparallel.time_phases(net, x, y, ids))

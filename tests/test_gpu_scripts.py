@@ -67,6 +67,23 @@ def test_mixed_precision_contexts():
         assert torch.ones(2, 2).matmul(torch.ones(2, 2)).dtype == torch.float32
 
 
+def test_autocast_reaches_the_threads_data_parallel_runs_replicas_in():
+    """Autocast is per thread: a replica run in another thread loses it unless its forward turns it on."""
+    import threading
+    net = torch.nn.Linear(4, 2)
+    results = {}
+
+    def in_a_thread(name, module):
+        worker = threading.Thread(target=lambda: results.__setitem__(name, module(torch.ones(1, 4)).dtype))
+        worker.start()
+        worker.join()
+    with devices.autocast("cpu", "bf16"):
+        in_a_thread("plain", net)
+        in_a_thread("wrapped", dataparallel.Autocast(net, "bf16"))
+    assert results == {"plain": torch.float32, "wrapped": torch.bfloat16}
+    assert dataparallel.Autocast(net, "32")(torch.ones(1, 4)).dtype == torch.float32
+
+
 @NO_GPU
 def test_asking_for_absent_gpus_is_one_sentence_and_a_nonzero_exit(log_dir):
     proc = run_script("_trainup_gpu.py", "--quick", "--device", "cuda", log_dir=log_dir, check=False)

@@ -12,6 +12,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from . import devices
 
@@ -29,6 +30,19 @@ def choose(gpus=None):
     ids = devices.require_gpus(count if gpus is None else gpus)
     device = devices.pick("cuda", ids[0])  # the model and every batch start on the first GPU
     return device, ids, f"nn.DataParallel over {len(ids)} GPU(s) {ids}: every batch is split {len(ids)} ways."
+
+
+class Autocast(nn.Module):
+    """Runs the model under mixed precision from inside its forward. Autocast is set per thread, and
+    DataParallel runs each replica in a thread of its own, which would otherwise use fp16 whatever was asked."""
+
+    def __init__(self, net, precision):
+        super().__init__()
+        self.net, self.precision = net, precision
+
+    def forward(self, x):
+        with devices.autocast(x.device, self.precision):
+            return self.net(x)
 
 
 def time_phases(module, x, y, ids, steps=10):
