@@ -70,7 +70,11 @@ def runs(paths, log_dir=LOG_DIR):
 def samples(path):
     """The 'gpu' records of one log (utilisation and memory over time), as a table; empty when none."""
     import pandas as pd
-    return pd.DataFrame([e for e in report.read_run(path)["extra"] if e.get("type") == "gpu"])
+    table = pd.DataFrame([e for e in report.read_run(path)["extra"] if e.get("type") == "gpu"])
+    for column in ("utilization_pct", "memory_used_mb", "memory_total_mb"):  # None (not reported) -> NaN
+        if column in table:
+            table[column] = pd.to_numeric(table[column], errors="coerce")
+    return table
 
 
 def sweeps(paths):
@@ -142,7 +146,9 @@ def plot_utilisation(path, name, title=None):
         top.plot(g["elapsed_s"], g["utilization_pct"], label=f"GPU {index} utilisation")
         memory.plot(g["elapsed_s"], g["memory_used_mb"] / 1024, linestyle="--", label=f"GPU {index} memory")
     top.set(ylabel="utilisation %", ylim=(0, 105), title=title or f"{r['config']['run']} ({where(path)})")
-    memory.set(ylabel="memory used, GiB (dashed)", ylim=(0, gpu["memory_total_mb"].max() / 1024 * 1.05))
+    memory.set_ylabel("memory used, GiB (dashed)")
+    if gpu["memory_total_mb"].notna().any():  # some GPUs (MIG slices) report no total
+        memory.set_ylim(0, gpu["memory_total_mb"].max() / 1024 * 1.05)
     top.legend(fontsize="small", loc="lower right")
     top.grid(alpha=0.3)
     spans = [(e["time"] - e["step_s"] * e["steps"], e["step_s"] * e["steps"], e["samples_per_s"], str(e["batch_size"]))
