@@ -6,16 +6,18 @@
     python scripts/_trainup_gpu.py --sweep 32,64,128,256,512     # throughput against batch size
 
 Compared with _trainup_cpu.py: a device; DataLoader workers, pinned memory and non-blocking copies
-so the GPU never waits for data; optionally the data resident on the GPU; mixed precision; and a
-batch-size sweep that finds where the GPU saturates.
+so the GPU never waits for data; optionally the data resident on the GPU; mixed precision; a
+batch-size sweep that finds where the GPU saturates; and the GPU's utilisation and memory, sampled
+in the background into the run's log.
 """
+import itertools
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, devices, metrics, models
+from trainup import checkpoint, cli, data, devices, gpumon, metrics, models
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
@@ -55,26 +57,39 @@ def loader_for(dataset, batch_size, sampler, args, device):
     if args.resident:  # copied to the GPU once; every batch is then a slice in GPU memory
         return data.ResidentLoader(dataset, batch_size, sampler, device)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
-                      pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
+                      pin_memory=device.type == "cuda" and not args.no_pin_memory, persistent_workers=args.workers > 0)
+
+
+def full_batches(loader, batch_size):
+    """Full batches, endlessly: a sweep may time more steps than one pass over a small data set holds."""
+    while True:
+        for x, y in loader:
+            if len(y) == batch_size:
+                yield x, y
 
 
 def sweep(args, model, train_set, device, log):
     """Train --sweep-steps steps at each batch size and log throughput: where does the GPU saturate?"""
     for batch_size in args.sweep:
+        if batch_size > len(train_set):
+            print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
+            continue
         optimizer, _ = optimizer_for(model, args)
         scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
         sampler = data.ShuffleSampler(len(train_set), args.seed)
-        batches = iter(loader_for(train_set, batch_size, sampler, args, device))
-        steps = min(args.sweep_steps, len(train_set) // batch_size - 1)
-        if steps < 2:
-            print(f"batch size {batch_size}: skipped, the data set holds fewer than {3 * batch_size} samples")
-            continue
-        one = [next(batches)]  # warm-up step: kernels chosen, memory allocated
-        train_epoch(model, one, optimizer, 0, False, device, args.precision, scaler)
-        devices.synchronize(device)
-        tick = time.perf_counter()
-        train_epoch(model, [next(batches) for _ in range(steps)], optimizer, 0, False, device, args.precision, scaler)
-        devices.synchronize(device)
+        batches = full_batches(loader_for(train_set, batch_size, sampler, args, device), batch_size)
+        steps = args.sweep_steps
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
+        try:  # warm-up steps first: kernels chosen, memory allocated, loader workers started
+            train_epoch(model, itertools.islice(batches, 2), optimizer, 0, False, device, args.precision, scaler)
+            devices.synchronize(device)
+            tick = time.perf_counter()  # batches load while the GPU computes, as in training
+            train_epoch(model, itertools.islice(batches, steps), optimizer, 0, False, device, args.precision, scaler)
+            devices.synchronize(device)
+        except torch.cuda.OutOfMemoryError:
+            print(f"batch size {batch_size}: out of GPU memory, so the sweep stops here")
+            break
         seconds = time.perf_counter() - tick
         line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
                          samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
@@ -85,6 +100,7 @@ def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="gpu")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
+    p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
     p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
     p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
     p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
@@ -92,6 +108,8 @@ def parse_args(argv=None):
     args = cli.parse(p, argv)
     if args.workers is not None and args.workers < 0:
         p.error(f"--workers must be 0 or more, got {args.workers}")
+    if args.resident and args.dataset == "synthetic":
+        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made on the fly")
     if args.sweep:
         try:
             args.sweep = [int(b) for b in args.sweep.split(",")]
@@ -117,8 +135,10 @@ def main(argv=None):
     ckpt = checkpoint.path_for(args)
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device) if args.resume else 1
     log = metrics.RunLog(args, __file__, device)
+    monitor = gpumon.start(log.write, device)  # GPU utilisation and memory in the background; nothing on CPU
     if args.sweep:
         sweep(args, model, train_set, device, log)
+        monitor.stop()
         log.summary()
         return
 
@@ -131,8 +151,10 @@ def main(argv=None):
         train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress, device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)
-        log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), time.perf_counter() - tick)
+        wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
+        log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+    monitor.stop()
     log.summary(checkpoint=ckpt)
 
 

@@ -59,13 +59,17 @@ class Meter:
 
     def add(self, loss, logits, labels):
         n = labels.numel()
-        self.loss += loss.item() * n
-        self.correct += (logits.argmax(1) == labels).sum().item()
+        if loss.device.type == "cpu":
+            self.loss += loss.item() * n
+            self.correct += (logits.argmax(1) == labels).sum().item()
+        else:  # sums stay on the GPU: .item() would make the CPU wait for the GPU at every step
+            self.loss += loss.detach().double() * n
+            self.correct += (logits.argmax(1) == labels).sum()
         self.samples += n
 
     def as_tensor(self):
         """The sums as one tensor, to add up across processes (all_reduce)."""
-        return torch.tensor([self.loss, self.correct, self.samples], dtype=torch.float64)
+        return torch.tensor([float(self.loss), float(self.correct), self.samples], dtype=torch.float64)
 
     @classmethod
     def from_tensor(cls, t):
@@ -75,11 +79,11 @@ class Meter:
 
     @property
     def mean_loss(self):
-        return self.loss / max(self.samples, 1)
+        return float(self.loss) / max(self.samples, 1)
 
     @property
     def accuracy(self):
-        return self.correct / max(self.samples, 1)
+        return float(self.correct) / max(self.samples, 1)
 
 
 def progress(iterable, desc, enabled=True):

@@ -103,10 +103,13 @@ def check(name, log_dir=LOG_DIR):
     finished = r["summary"] is not None and r["summary"]["status"] == "finished"
     losses = [e["loss"] for e in r["epochs"]]
     fell = len(losses) >= 2 and losses[-1] < losses[0]
+    sweeps = [e for e in r["extra"] if e.get("type") == "sweep"]
     parts = [f"{name}: " + ("finished" if finished else "DID NOT FINISH"),
              f"{len(losses)} epochs",
              "the training loss fell" if fell else "the training loss DID NOT FALL",
              "the log follows the schema" if not r["problems"] else "LOG PROBLEMS: " + "; ".join(r["problems"])]
+    if sweeps and not losses:  # a throughput sweep (--sweep) trains no epochs
+        parts[1:3] = [f"{len(sweeps)} batch sizes measured"]
     return ", ".join(parts) + "."
 
 

@@ -1,0 +1,173 @@
+"""Lesson 03, every GPU of one machine: the one-GPU script with its model wrapped in nn.DataParallel.
+
+    python scripts/_trainup_dp.py --quick                  # every visible GPU (the CPU where there is none)
+    python scripts/_trainup_dp.py --gpus 2 --batch-size 256   # 2 GPUs, 128 samples each per step
+    python scripts/_trainup_dp.py --gpus 2 --phases           # also time scatter, replicate, forward, gather
+
+Compared with _trainup_gpu.py: --gpus instead of --device, and the model wrapped in nn.DataParallel,
+which splits each global batch across the GPUs in one process (trainup/dataparallel.py says how).
+"""
+import itertools
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from torch import nn
+
+from trainup import UserError, checkpoint, cli, data, dataparallel, devices, gpumon, metrics, models
+
+
+def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
+    model.train()
+    meter = metrics.Meter()
+    for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
+        optimizer.zero_grad()
+        with devices.autocast(device, precision):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+        scaler.scale(loss).backward()  # fp16 needs its loss scaled so small gradients survive
+        scaler.step(optimizer)
+        scaler.update()
+        meter.add(loss, logits, y)
+    return meter
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, precision):
+    model.eval()
+    meter = metrics.Meter()
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with devices.autocast(device, precision):
+            logits = model(x)
+        meter.add(F.cross_entropy(logits, y), logits, y)
+    return meter
+
+
+def optimizer_for(model, args):
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
+
+
+def loader_for(dataset, batch_size, sampler, args, device):
+    if args.resident:  # copied to the GPU once; every batch is then a slice in GPU memory
+        return data.ResidentLoader(dataset, batch_size, sampler, device)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
+                      pin_memory=device.type == "cuda" and not args.no_pin_memory, persistent_workers=args.workers > 0)
+
+
+def full_batches(loader, batch_size):
+    """Full batches, endlessly: a sweep may time more steps than one pass over a small data set holds."""
+    while True:
+        for x, y in loader:
+            if len(y) == batch_size:
+                yield x, y
+
+
+def sweep(args, model, train_set, device, log):
+    """Train --sweep-steps steps at each batch size and log throughput: where does the GPU saturate?"""
+    for batch_size in args.sweep:
+        if batch_size > len(train_set):
+            print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
+            continue
+        optimizer, _ = optimizer_for(model, args)
+        scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
+        sampler = data.ShuffleSampler(len(train_set), args.seed)
+        batches = full_batches(loader_for(train_set, batch_size, sampler, args, device), batch_size)
+        steps = args.sweep_steps
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
+        try:  # warm-up steps first: kernels chosen, memory allocated, loader workers started
+            train_epoch(model, itertools.islice(batches, 2), optimizer, 0, False, device, args.precision, scaler)
+            devices.synchronize(device)
+            tick = time.perf_counter()  # batches load while the GPU computes, as in training
+            train_epoch(model, itertools.islice(batches, steps), optimizer, 0, False, device, args.precision, scaler)
+            devices.synchronize(device)
+        except torch.cuda.OutOfMemoryError:
+            print(f"batch size {batch_size}: out of GPU memory, so the sweep stops here")
+            break
+        seconds = time.perf_counter() - tick
+        line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
+                         samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
+        print(f"batch size {batch_size}: {line['samples_per_s']:.0f} samples/s")
+
+
+def parse_args(argv=None):
+    p = cli.parser(__doc__, lesson="dp")
+    p.add_argument("--gpus", type=cli.positive(int), default=None, help="how many GPUs (default: every visible one)")
+    p.add_argument("--phases", action="store_true", help="after training, time each phase of a step (2+ GPUs)")
+    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
+    p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
+    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
+    p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
+    p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
+    p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
+    args = cli.parse(p, argv)
+    if args.workers is not None and args.workers < 0:
+        p.error(f"--workers must be 0 or more, got {args.workers}")
+    if args.resident and args.dataset == "synthetic":
+        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made on the fly")
+    if args.sweep:
+        try:
+            args.sweep = [int(b) for b in args.sweep.split(",")]
+            assert min(args.sweep) > 0
+        except (ValueError, AssertionError):
+            p.error(f"--sweep takes batch sizes like 32,64,128, got {args.sweep!r}")
+    args.show_progress = not args.no_progress
+    return args
+
+
+@cli.main_guard
+def main(argv=None):
+    args = parse_args(argv)
+    device, ids, sentence = dataparallel.choose(args.gpus)
+    args.gpus = len(ids)
+    if args.phases and len(ids) < 2:
+        raise UserError(f"--phases times how DataParallel splits a step across GPUs, so it needs 2 or more, "
+                        f"and this run has {len(ids)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.workers is None:
+        args.workers = 2 * len(ids)
+    train_set, test_set = data.load(args)
+    net = models.build(args, train_set).to(device)
+    model = nn.DataParallel(dataparallel.Autocast(net, args.precision), device_ids=ids or None)  # no GPU: just calls it
+    optimizer, scheduler = optimizer_for(model, args)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
+    ckpt = checkpoint.path_for(args)
+    start_epoch = checkpoint.load(ckpt, net, optimizer, scheduler, device) if args.resume else 1
+    log = metrics.RunLog(args, __file__, device, backend="dataparallel" if ids else "none")
+    monitor = gpumon.start(log.write, device, ids)  # every GPU's utilisation and memory; nothing on CPU
+    print(sentence)
+    if args.sweep:
+        sweep(args, model, train_set, device, log)
+        monitor.stop()
+        log.summary()
+        return
+
+    sampler = data.ShuffleSampler(len(train_set), args.seed)
+    train_loader = loader_for(train_set, args.batch_size, sampler, args, device)
+    test_loader = loader_for(test_set, 1000, range(len(test_set)), args, device)
+    for epoch in range(start_epoch, args.epochs + 1):
+        tick = time.perf_counter()
+        sampler.set_epoch(epoch)
+        train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress, device, args.precision, scaler)
+        scheduler.step()
+        devices.synchronize(device)
+        wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
+        log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), wall)
+        checkpoint.save(ckpt, net, optimizer, scheduler, epoch, args)  # the model, not its wrappers
+    if args.phases:  # one more batch, with each phase of a DataParallel step timed apart
+        x, y = (t.to(device) for t in next(iter(train_loader)))
+        phases = log.write("dp_phases", gpus=len(ids), batch_size=len(y), **dataparallel.time_phases(net, x, y, ids))
+        print("one DataParallel step: " + ", ".join(f"{k[:-2]} {v * 1000:.2f} ms" for k, v in phases.items()
+                                                    if k.endswith("_s")))
+    monitor.stop()
+    log.summary(checkpoint=ckpt)
+
+
+if __name__ == "__main__":
+    main()

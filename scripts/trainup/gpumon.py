@@ -1,0 +1,103 @@
+"""Watching the GPUs during a run: utilisation and memory, sampled in a background thread.
+
+    monitor = gpumon.start(log.write, device)   # nothing at all on a CPU, or where NVML is missing
+    ...train...
+    monitor.stop()                              # writes the samples as 'gpu' records into the run's log
+
+The samples come from nvitop's Python API (NVML, the library behind nvidia-smi). The thread only
+collects them; stop() writes them from the main thread, so two threads never write the log at once.
+"""
+import contextlib
+import io
+import threading
+import time
+
+INTERVAL_S = 0.25  # NVML averages utilisation over 1/6 s to 1 s, depending on the GPU
+# The fields of a 'gpu' record (logs/README.md), besides type, run and time.
+FIELDS = ("gpu", "utilization_pct", "memory_used_mb", "memory_total_mb", "sampled_at", "elapsed_s")
+
+
+def _number(value, scale=1):
+    """nvitop answers NA (a string) for what a GPU does not report: None in the log."""
+    return value / scale if isinstance(value, (int, float)) else None
+
+
+def nvitop_source(cuda_indices):
+    """A function that reads these GPUs (torch's numbering) through nvitop; None where that cannot work."""
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            from nvitop import Device  # NVML missing: nvitop prints an error and finds no devices
+            visible = Device.from_cuda_visible_devices()  # CUDA_VISIBLE_DEVICES order, as torch counts
+            chosen = [(i, visible[i]) for i in cuda_indices]
+            chosen[0][1].gpu_utilization()  # one read, to find out now whether NVML answers
+        except Exception:
+            return None
+
+    def read():
+        return [dict(gpu=i, utilization_pct=_number(d.gpu_utilization()),
+                     memory_used_mb=_number(d.memory_used(), 2**20), memory_total_mb=_number(d.memory_total(), 2**20))
+                for i, d in chosen]
+    return read
+
+
+class Monitor:
+    """Calls source() every interval seconds in a daemon thread; stop() hands the samples to write()."""
+
+    def __init__(self, write, source, interval=INTERVAL_S, clock=time.time):
+        self.write, self.source, self.interval, self.clock = write, source, interval, clock
+        self.samples, self.errors = [], 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpumon", daemon=True)
+        self.started = None
+
+    def start(self):
+        self.started = self.clock()
+        self._thread.start()
+        return self
+
+    def _loop(self):
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def sample(self):
+        """One reading of every GPU; a failed reading is counted and skipped, never raised in the thread."""
+        now = self.clock()
+        try:
+            readings = self.source()
+        except Exception:
+            self.errors += 1
+            return
+        self.samples += [dict(r, sampled_at=now, elapsed_s=now - self.started) for r in readings]
+
+    def stop(self):
+        """End the thread and write every sample as a 'gpu' record; the samples, in order."""
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+        samples, self.samples = self.samples, []
+        for s in samples:
+            self.write("gpu", **s)
+        return samples
+
+
+class _Nothing:
+    """What start() gives where there is no GPU to watch: stop() does nothing."""
+    samples = []
+
+    def stop(self):
+        return []
+
+
+def start(write, device, indices=None, source=None, interval=INTERVAL_S):
+    """Watch the GPUs this run uses (device's, or indices for several) until stop(); quietly nothing on a
+    CPU, or where nvitop cannot read the GPUs. source replaces nvitop (tests pass a fake one)."""
+    import torch
+    if source is None:
+        if torch.device(device).type != "cuda":
+            return _Nothing()
+        source = nvitop_source(indices if indices is not None else [torch.device(device).index or 0])
+        if source is None:
+            return _Nothing()
+    return Monitor(write, source, interval).start()

@@ -1,0 +1,208 @@
+"""Tables and plots for the GPU lessons (02 one GPU, 03 DataParallel): runs made here and reference logs.
+
+    paths = gpuplots.logs("gpu_cpu") + gpuplots.references("gpu_*")   # here, and measured elsewhere
+    gpuplots.runs(paths)                    # one row per run, with the flags that matter on a GPU
+    gpuplots.sweeps(paths)                  # one row per batch size of each --sweep run
+    gpuplots.plot_utilisation(path, "x")    # GPU utilisation and memory over time, beside throughput
+
+A reference log lives in logs/reference/<machine>_<date>/; its rows say so in 'measured_on'.
+"""
+from pathlib import Path
+
+from . import LOG_DIR, report
+
+ARGS = ("device", "gpus", "batch_size", "workers", "no_pin_memory", "resident", "precision", "model", "dataset")
+NO_GPU = ("No NVIDIA GPU here, so this notebook runs its scripts on the CPU; the GPU runs, the batch sweep "
+          "on a GPU and the utilisation plots need one, and come from reference logs when any are committed.")
+
+
+def has_gpu():
+    import torch
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def logs(*names, log_dir=LOG_DIR):
+    """This machine's logs of these runs (those that exist)."""
+    return [p for p in (Path(log_dir) / f"{n}.jsonl" for n in names) if p.exists()]
+
+
+def references(pattern, log_dir=LOG_DIR):
+    """Committed logs measured elsewhere, logs/reference/<machine>_<date>/<pattern>.jsonl; [] when none."""
+    return sorted(Path(log_dir).glob(f"reference/*/{pattern}.jsonl"))
+
+
+def about_references(pattern, log_dir=LOG_DIR):
+    """One sentence: which reference logs there are for pattern, or that none have been committed yet."""
+    found = references(pattern, log_dir)
+    if not found:
+        return (f"No reference logs matching {pattern}.jsonl have been committed yet under logs/reference/: "
+                f"run tools/gpu_reference_runs.sh on a machine with a GPU to measure them.")
+    where = sorted({p.parent.name for p in found})
+    return f"{len(found)} reference logs matching {pattern}.jsonl, measured on {', '.join(where)} (not here)."
+
+
+def where(path):
+    """'here', or for a committed reference log its folder's name (<machine>_<date>)."""
+    path = Path(path)
+    return path.parent.name if path.parent.parent.name == "reference" else "here"
+
+
+def _label(row):
+    return row["run"] if row["measured_on"] == "here" else f"{row['run']} ({row['measured_on']})"
+
+
+def runs(paths, log_dir=LOG_DIR):
+    """report.load_runs, with the flags of lessons 02 and 03 and a label that says where each run ran."""
+    import pandas as pd
+    table = report.load_runs([str(p) for p in paths], log_dir)
+    if table.empty:
+        return table
+    table["measured_on"] = [where(p) for p in table["path"]]
+    args = pd.DataFrame([(report.read_run(p)["config"] or {}).get("args", {}) for p in table["path"]])
+    table = table.rename(columns={"gpus": "gpu_names"})
+    for key in ARGS:
+        if key not in ("batch_size", "model", "dataset"):
+            table[key] = args[key] if key in args else None
+    table["label"] = table.apply(_label, axis=1)
+    return table
+
+
+def samples(path):
+    """The 'gpu' records of one log (utilisation and memory over time), as a table; empty when none."""
+    import pandas as pd
+    table = pd.DataFrame([e for e in report.read_run(path)["extra"] if e.get("type") == "gpu"])
+    for column in ("utilization_pct", "memory_used_mb", "memory_total_mb"):  # None (not reported) -> NaN
+        if column in table:
+            table[column] = pd.to_numeric(table[column], errors="coerce")
+    return table
+
+
+def sweeps(paths):
+    """One row per batch size of each sweep, with the mean GPU utilisation while it ran (None without samples)."""
+    import pandas as pd
+    rows = []
+    for path in paths:
+        r = report.read_run(path)
+        gpu = samples(path)
+        args = (r["config"] or {}).get("args", {})
+        for s in (e for e in r["extra"] if e.get("type") == "sweep"):
+            start = s["time"] - s["step_s"] * s["steps"]  # the record is written when its timed steps end
+            during = gpu[(gpu["sampled_at"] >= start) & (gpu["sampled_at"] <= s["time"])] if len(gpu) else gpu
+            rows.append(dict(run=r["config"]["run"], measured_on=where(path),
+                             device=(r["env"] or {}).get("device"), precision=args.get("precision"),
+                             resident=args.get("resident"), workers=args.get("workers"),
+                             batch_size=s["batch_size"], samples_per_s=s["samples_per_s"],
+                             step_ms=s["step_s"] * 1000, peak_mem_mb=s["peak_mem_mb"],
+                             gpu_util_pct=during["utilization_pct"].mean() if len(during) else None))
+    table = pd.DataFrame(rows)
+    if len(table):
+        table["label"] = table.apply(_label, axis=1)
+    return table
+
+
+def plot_sweep(table, name, title="Throughput against batch size"):
+    """samples/s against batch size (log scale), one line per run, and beside it the mean GPU utilisation
+    at each batch size when the runs sampled any; saved to images/<name>.png."""
+    import matplotlib.pyplot as plt
+    util = table.dropna(subset=["gpu_util_pct"]) if "gpu_util_pct" in table else table.iloc[:0]
+    fig, axes = plt.subplots(1, 2 if len(util) else 1, figsize=(11 if len(util) else 6.4, 3.8), squeeze=False)
+    panels = [(table, "samples_per_s", "samples/s", title)]
+    if len(util):
+        panels.append((util, "gpu_util_pct", "GPU utilisation %", "GPU utilisation while it ran"))
+    for ax, (data, y, ylabel, text) in zip(axes[0], panels):
+        for label, group in data.groupby("label", sort=False):
+            ax.plot(group["batch_size"], group[y], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set(title=text, xlabel="batch size", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    report.save(fig, name)
+    return fig
+
+
+def plot_bars(table, y, name, title, ylabel, x="label"):
+    """One bar per run (labelled with where it ran); saved to images/<name>.png."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 0.5 + 0.45 * len(table)))
+    ax.barh(table[x].astype(str), table[y])
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel=ylabel)
+    ax.grid(alpha=0.3, axis="x")
+    report.save(fig, name)
+    return fig
+
+
+def plot_utilisation(path, name, title=None):
+    """Top: each GPU's utilisation and memory over the run. Bottom: throughput over the same time
+    (each epoch, or each batch size of a sweep, as a bar as wide as it lasted). Saved to images/<name>.png."""
+    import matplotlib.pyplot as plt
+    r, gpu = report.read_run(path), samples(path)
+    if gpu.empty:
+        raise ValueError(f"{path} holds no GPU samples (a CPU run, or nvitop could not read the GPU)")
+    t0 = (gpu["sampled_at"] - gpu["elapsed_s"]).iloc[0]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    memory = top.twinx()
+    for index, g in gpu.groupby("gpu"):
+        top.plot(g["elapsed_s"], g["utilization_pct"], label=f"GPU {index} utilisation")
+        memory.plot(g["elapsed_s"], g["memory_used_mb"] / 1024, linestyle="--", label=f"GPU {index} memory")
+    top.set(ylabel="utilisation %", ylim=(0, 105), title=title or f"{r['config']['run']} ({where(path)})")
+    memory.set_ylabel("memory used, GiB (dashed)")
+    if gpu["memory_total_mb"].notna().any():  # some GPUs (MIG slices) report no total
+        memory.set_ylim(0, gpu["memory_total_mb"].max() / 1024 * 1.05)
+    top.legend(fontsize="small", loc="lower right")
+    top.grid(alpha=0.3)
+    spans = [(e["time"] - e["step_s"] * e["steps"], e["step_s"] * e["steps"], e["samples_per_s"], str(e["batch_size"]))
+             for e in r["extra"] if e.get("type") == "sweep"]
+    # an epoch's record is written after its test pass, so its bar ends a little after its training did
+    spans += [(e["time"] - e["wall_s"], e["wall_s"], e["samples_per_s"], f"epoch {e['epoch']}") for e in r["epochs"]]
+    for start, width, rate, text in spans:
+        bottom.bar(start - t0, rate, width=width, align="edge", color="tab:green", alpha=0.6, edgecolor="black")
+        bottom.annotate(text, (start - t0 + width / 2, rate), ha="center", va="bottom", fontsize="x-small")
+    bottom.set(xlabel="seconds since the run started training", ylabel="samples/s (sweeps: by batch size)")
+    bottom.grid(alpha=0.3)
+    report.save(fig, name)
+    return fig
+
+
+def plot_scaling(table, name, title="DataParallel: throughput against GPU count"):
+    """samples/s against the number of GPUs, one line per model and machine; saved to images/<name>.png."""
+    table = table.assign(series=table["model"] + " (" + table["measured_on"] + ")").sort_values("gpus")
+    fig = report.plot(table, "gpus", "samples_per_s", name, hue="series", title=title, xlabel="GPUs",
+                      ylabel="samples/s")
+    fig.axes[0].set_xticks(sorted(table["gpus"].unique()))
+    report.save(fig, name)
+    return fig
+
+
+PHASES = ("scatter_s", "replicate_s", "forward_s", "gather_s", "backward_s")
+
+
+def phases(paths):
+    """The 'dp_phases' records (_trainup_dp.py --phases): milliseconds per phase of one DataParallel step."""
+    import pandas as pd
+    rows = []
+    for path in paths:
+        for e in (e for e in report.read_run(path)["extra"] if e.get("type") == "dp_phases"):
+            rows.append(dict(run=e["run"], measured_on=where(path), gpus=e["gpus"], batch_size=e["batch_size"],
+                             **{p[:-2] + "_ms": e[p] * 1000 for p in PHASES}))
+    table = pd.DataFrame(rows)
+    if len(table):
+        table["label"] = table.apply(_label, axis=1)
+    return table
+
+
+def plot_phases(table, name, title="One DataParallel step, phase by phase"):
+    """One stacked bar per run: where the time of a step goes; saved to images/<name>.png."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.5 * len(table)))
+    left = 0
+    for phase in PHASES:
+        column = phase[:-2] + "_ms"
+        ax.barh(table["label"], table[column], left=left, label=phase[:-2])
+        left = left + table[column]
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel="milliseconds per step")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(alpha=0.3, axis="x")
+    report.save(fig, name)
+    return fig

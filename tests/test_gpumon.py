@@ -1,0 +1,118 @@
+"""The GPU sampler (trainup/gpumon.py) with a fake source of readings: the thread, the records, the log.
+
+No GPU is needed or touched: a fake source stands in for nvitop, so what is tested is the sampling and
+logging logic, and that a machine without a GPU gets nothing at all, quietly.
+"""
+import json
+import threading
+import time
+from argparse import Namespace
+
+import pytest
+
+from trainup import gpumon, gpuplots, metrics, report
+
+
+class FakeGPUs:
+    """Readings of two GPUs whose utilisation climbs by 10 % at each call."""
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        return [dict(gpu=i, utilization_pct=min(10.0 * self.calls, 100.0), memory_used_mb=100.0 * (i + 1),
+                     memory_total_mb=1000.0) for i in (0, 1)]
+
+
+def wait_for(condition, timeout=30):
+    end = time.time() + timeout
+    while not condition():
+        assert time.time() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_thread_samples_until_stopped_and_then_writes_every_sample():
+    written, source = [], FakeGPUs()
+    monitor = gpumon.start(lambda kind, **f: written.append((kind, f)), "cuda", source=source, interval=0.01)
+    wait_for(lambda: source.calls >= 3)
+    assert written == []  # the thread never writes the log: the main thread does, in stop()
+    samples = monitor.stop()
+    assert not monitor._thread.is_alive()
+    calls = source.calls
+    time.sleep(0.05)
+    assert source.calls == calls  # stopped means stopped
+    assert len(samples) == 2 * calls and len(written) == len(samples)
+    assert {kind for kind, _ in written} == {"gpu"}
+    assert all(set(f) == set(gpumon.FIELDS) for _, f in written)
+    assert [f["gpu"] for _, f in written[:4]] == [0, 1, 0, 1]
+    util = [f["utilization_pct"] for _, f in written if f["gpu"] == 0]
+    assert util == sorted(util) and util[0] == 10.0
+    elapsed = [f["elapsed_s"] for _, f in written if f["gpu"] == 1]
+    assert elapsed == sorted(elapsed) and elapsed[0] >= 0
+    assert monitor.stop() == [] and len(written) == len(samples)  # a second stop writes nothing more
+
+
+def test_a_failing_reading_is_counted_and_skipped_not_raised():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) % 2:
+            raise RuntimeError("NVML hiccup")
+        return [dict(gpu=0, utilization_pct=50.0, memory_used_mb=1.0, memory_total_mb=2.0)]
+    monitor = gpumon.start(lambda kind, **f: None, "cuda", source=flaky, interval=0.01)
+    wait_for(lambda: len(calls) >= 4)
+    samples = monitor.stop()
+    assert monitor.errors >= 2 and len(samples) >= 1
+    assert monitor.errors + len(samples) == len(calls)
+
+
+def test_on_a_cpu_there_is_no_thread_and_nothing_is_written():
+    before = threading.active_count()
+    written = []
+    monitor = gpumon.start(lambda kind, **f: written.append(kind), "cpu")
+    assert threading.active_count() == before
+    assert monitor.stop() == [] and written == []
+
+
+@pytest.mark.skipif(gpuplots.has_gpu(), reason="this machine has a GPU, so NVML is there")
+def test_without_nvml_asking_for_a_gpu_gives_nothing_quietly(capfd):
+    assert gpumon.nvitop_source([0]) is None
+    monitor = gpumon.start(lambda kind, **f: None, "cuda:0")
+    assert monitor.stop() == []
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""  # nvitop's "NVML not found" banner is swallowed
+
+
+def test_samples_in_a_run_log_line_up_with_the_sweep_that_ran(tmp_path, monkeypatch):
+    """Samples go through a real RunLog; the lesson's table gives each batch size the samples of its window."""
+    monkeypatch.setattr(report, "IMAGE_DIR", tmp_path / "images")
+    args = Namespace(run_name="fake", log_dir=str(tmp_path), lesson="gpu", resume=False)
+    log = metrics.RunLog(args, "_trainup_gpu.py", "cuda:0")
+    clock = iter(range(100, 200)).__next__  # one Unix second per sample, from 100 on
+    readings = iter([10.0, 20.0, 30.0, 80.0, 90.0, 100.0])
+    monitor = gpumon.Monitor(log.write, lambda: [dict(gpu=0, utilization_pct=next(readings), memory_used_mb=5.0,
+                                                      memory_total_mb=10.0)], clock=clock)
+    monitor.started = 99
+    for _ in range(6):
+        monitor.sample()  # at 100, 101, ..., 105
+    log.write("sweep", batch_size=8, steps=2, step_s=1.0, samples_per_s=8.0, peak_mem_mb=1.0)
+    log.write("sweep", batch_size=64, steps=2, step_s=1.0, samples_per_s=64.0, peak_mem_mb=2.0)
+    monitor.stop()
+    log.summary()
+    path = tmp_path / "fake.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    first, second = [r for r in records if r["type"] == "sweep"]
+    first["time"], second["time"] = 102.0, 105.0  # they ran from 100 to 102, and from 103 to 105
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    run = report.read_run(path)
+    assert run["problems"] == [] and [r["type"] for r in records][-1] == "summary"
+    gpu = gpuplots.samples(path)
+    assert list(gpu["utilization_pct"]) == [10.0, 20.0, 30.0, 80.0, 90.0, 100.0]
+    assert list(gpu["elapsed_s"]) == [1, 2, 3, 4, 5, 6]
+    table = gpuplots.sweeps([path])
+    assert list(table["batch_size"]) == [8, 64]
+    assert list(table["gpu_util_pct"]) == [20.0, 90.0]  # the mean of each batch size's own samples
+    gpuplots.plot_utilisation(path, "utilisation")
+    assert (tmp_path / "images" / "utilisation.png").exists()
