@@ -13,6 +13,7 @@ DistributedSampler with set_epoch; the model wrapped in DDP; --batch-size is the
 process takes batch/world); metrics summed over the processes before logging; logs and checkpoints
 from rank 0 only; a torchrun restart resumes from the checkpoint; leaving the group together.
 """
+import itertools
 import time
 
 import torch
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, metrics, models
+from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
@@ -60,26 +61,37 @@ def loader_for(dataset, batch_size, sampler, args, device):
     if args.resident:  # copied to the GPU once; every batch is then a slice in GPU memory
         return data.ResidentLoader(dataset, batch_size, sampler, device)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
-                      pin_memory=device.type == "cuda", persistent_workers=args.workers > 0)
+                      pin_memory=device.type == "cuda" and not args.no_pin_memory, persistent_workers=args.workers > 0)
+
+
+def full_batches(loader, batch_size):
+    """Full batches, endlessly: a sweep may time more steps than one pass over a small data set holds."""
+    while True:
+        for x, y in loader:
+            if len(y) == batch_size:
+                yield x, y
 
 
 def sweep(args, model, train_set, device, log, ctx):
     """Train --sweep-steps steps at each (global) batch size and log throughput: where does the job saturate?"""
     for batch_size in args.sweep:
+        if batch_size > len(train_set):
+            if ctx.is_main:
+                print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
+            continue
         optimizer, _ = optimizer_for(model, args)
         scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
         sampler = data.ShuffleSampler(len(train_set), args.seed, ctx.rank, ctx.world_size)
-        batches = iter(loader_for(train_set, batch_size // ctx.world_size, sampler, args, device))
-        steps = min(args.sweep_steps, len(train_set) // batch_size - 1)
-        if steps < 2 and ctx.is_main:
-            print(f"batch size {batch_size}: skipped, the data set holds fewer than {3 * batch_size} samples")
-        if steps < 2:
-            continue
-        one = [next(batches)]  # warm-up step: kernels chosen, memory allocated
-        train_epoch(model, one, optimizer, 0, False, device, args.precision, scaler)
+        per_rank = batch_size // ctx.world_size
+        batches = full_batches(loader_for(train_set, per_rank, sampler, args, device), per_rank)
+        steps = args.sweep_steps
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
+        # No out-of-memory catch here: one rank stopping alone would leave the others waiting.
+        train_epoch(model, itertools.islice(batches, 2), optimizer, 0, False, device, args.precision, scaler)
         devices.synchronize(device)
-        tick = time.perf_counter()
-        train_epoch(model, [next(batches) for _ in range(steps)], optimizer, 0, False, device, args.precision, scaler)
+        tick = time.perf_counter()  # batches load while the GPU computes, as in training
+        train_epoch(model, itertools.islice(batches, steps), optimizer, 0, False, device, args.precision, scaler)
         devices.synchronize(device)
         seconds = time.perf_counter() - tick
         line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
@@ -92,6 +104,7 @@ def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="ddp")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
+    p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
     p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
     p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
     p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
@@ -104,6 +117,8 @@ def parse_args(argv=None):
     args = cli.parse(p, argv)
     if args.workers is not None and args.workers < 0:
         p.error(f"--workers must be 0 or more, got {args.workers}")
+    if args.resident and args.dataset == "synthetic":
+        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made on the fly")
     if args.sweep:
         try:
             args.sweep = [int(b) for b in args.sweep.split(",")]
@@ -135,10 +150,12 @@ def main(argv=None):
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # all-reduces gradients
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **distributed.describe(ctx, args))
+    monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
     if ctx.restart_count and ctx.is_main:
         print(f"torchrun restart {ctx.restart_count}: resuming at epoch {start_epoch} from {ckpt}")
     if args.sweep:
         sweep(args, model, train_set, device, log, ctx)
+        monitor.stop()
         log.summary()
         distributed.cleanup(ctx)
         return
@@ -154,12 +171,13 @@ def main(argv=None):
                             args.show_progress and ctx.is_main, device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)
+        wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.write("ranks", **distributed.per_rank(epoch, train, sampler))  # what each rank alone saw
         log.epoch(epoch, distributed.reduce(train),
-                  distributed.reduce(evaluate(model.module, test_loader, device, args.precision)),
-                  time.perf_counter() - tick)
+                  distributed.reduce(evaluate(model.module, test_loader, device, args.precision)), wall)
         if ctx.is_main:  # one writer; the others would race for the same file
             checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args)
+    monitor.stop()
     log.summary(checkpoint=ckpt)
     distributed.cleanup(ctx)  # a barrier, then destroy_process_group()
 

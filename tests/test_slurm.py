@@ -5,7 +5,6 @@ is started once for this module with its state in a scratch folder, and stopped 
 also when a test fails. Where it cannot run (not root, no Debian registry), those tests skip and say why.
 """
 import os
-import re
 import socket
 import subprocess
 import sys
