@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 tools/setup_env.sh
-export TRAINUP_QUICK=1
+# TRAINUP_START_SLURM: the SLURM lesson may start (and, as root, install) a local SLURM for its jobs.
+export TRAINUP_QUICK=1 TRAINUP_START_SLURM=1
 exec .venv/bin/python -m pytest "$@"

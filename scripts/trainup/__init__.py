@@ -8,6 +8,9 @@
 - checkpoint: atomic save and resume
 - report:     reading logs back into tables and drawing plots (used by the notebooks)
 - machine:    what this machine has (CPUs, GPUs through nvitop) and leftover training processes
+- gpumon:     GPU utilisation and memory sampled in the background during a run (nvitop)
+- dataparallel, distributed: the plumbing of nn.DataParallel and of DDP (ranks, backends, ports, faults)
+- gpuplots, ranks, scaling, launch, slurm: what notebooks 02-04b read, run and draw
 """
 import os
 from pathlib import Path

@@ -12,9 +12,11 @@ import io
 import threading
 import time
 
+from .metrics import SCHEMA
+
 INTERVAL_S = 0.25  # NVML averages utilisation over 1/6 s to 1 s, depending on the GPU
 # The fields of a 'gpu' record (logs/README.md), besides type, run and time.
-FIELDS = ("gpu", "utilization_pct", "memory_used_mb", "memory_total_mb", "sampled_at", "elapsed_s")
+FIELDS = SCHEMA["gpu"]
 
 
 def _number(value, scale=1):

@@ -24,6 +24,13 @@ SCHEMA = {
               "samples_per_s", "peak_mem_mb"),
     "summary": ("status", "epochs", "loss", "accuracy", "test_accuracy", "wall_s", "samples_per_s",
                 "peak_mem_mb", "checkpoint"),
+    # Lesson-specific records (logs/README.md, second table)
+    "sweep": ("batch_size", "steps", "step_s", "samples_per_s", "peak_mem_mb"),
+    "gpu": ("gpu", "utilization_pct", "memory_used_mb", "memory_total_mb", "sampled_at", "elapsed_s"),
+    "dp_phases": ("gpus", "batch_size", "scatter_s", "replicate_s", "forward_s", "gather_s", "backward_s"),
+    "ddp": ("launcher", "world_size", "local_world_size", "nnodes", "master_addr", "master_port",
+            "restart_count", "backend", "timeout_s", "global_batch", "per_rank_batch", "ranks"),
+    "ranks": ("epoch", "rank", "loss", "accuracy", "samples", "first_indices"),
 }
 COMMON = ("type", "run", "time")
 
