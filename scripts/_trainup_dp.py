@@ -12,9 +12,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
-
 from torch import nn
+from torch.utils.data import DataLoader
 
 from trainup import UserError, checkpoint, cli, data, dataparallel, devices, gpumon, metrics, models
 
