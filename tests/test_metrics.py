@@ -90,3 +90,8 @@ def test_cnn_takes_mnist_and_cifar_shapes():
     for shape in ((1, 28, 28), (3, 32, 32)):
         net = models.Net(shape, 10)
         assert net(torch.zeros(2, *shape)).shape == (2, 10)
+
+
+def test_reference_logs_say_where_they_were_measured(tmp_path):
+    assert report.measured_on(tmp_path / "cpu_t1.jsonl") == "here"
+    assert report.measured_on(tmp_path / "reference" / "H100_2026-11-21" / "gpu_sweep.jsonl") == "H100_2026-11-21"

@@ -41,12 +41,6 @@ def about_references(pattern, log_dir=LOG_DIR):
     return f"{len(found)} reference logs matching {pattern}.jsonl, measured on {', '.join(where)} (not here)."
 
 
-def where(path):
-    """'here', or for a committed reference log its folder's name (<machine>_<date>)."""
-    path = Path(path)
-    return path.parent.name if path.parent.parent.name == "reference" else "here"
-
-
 def _label(row):
     return row["run"] if row["measured_on"] == "here" else f"{row['run']} ({row['measured_on']})"
 
@@ -57,7 +51,7 @@ def runs(paths, log_dir=LOG_DIR):
     table = report.load_runs([str(p) for p in paths], log_dir)
     if table.empty:
         return table
-    table["measured_on"] = [where(p) for p in table["path"]]
+    table["measured_on"] = [report.measured_on(p) for p in table["path"]]
     args = pd.DataFrame([(report.read_run(p)["config"] or {}).get("args", {}) for p in table["path"]])
     table = table.rename(columns={"gpus": "gpu_names"})
     for key in ARGS:
@@ -88,7 +82,7 @@ def sweeps(paths):
         for s in (e for e in r["extra"] if e.get("type") == "sweep"):
             start = s["time"] - s["step_s"] * s["steps"]  # the record is written when its timed steps end
             during = gpu[(gpu["sampled_at"] >= start) & (gpu["sampled_at"] <= s["time"])] if len(gpu) else gpu
-            rows.append(dict(run=r["config"]["run"], measured_on=where(path),
+            rows.append(dict(run=r["config"]["run"], measured_on=report.measured_on(path),
                              device=(r["env"] or {}).get("device"), precision=args.get("precision"),
                              resident=args.get("resident"), workers=args.get("workers"),
                              batch_size=s["batch_size"], samples_per_s=s["samples_per_s"],
@@ -145,7 +139,7 @@ def plot_utilisation(path, name, title=None):
     for index, g in gpu.groupby("gpu"):
         top.plot(g["elapsed_s"], g["utilization_pct"], label=f"GPU {index} utilisation")
         memory.plot(g["elapsed_s"], g["memory_used_mb"] / 1024, linestyle="--", label=f"GPU {index} memory")
-    top.set(ylabel="utilisation %", ylim=(0, 105), title=title or f"{r['config']['run']} ({where(path)})")
+    top.set(ylabel="utilisation %", ylim=(0, 105), title=title or f"{r['config']['run']} ({report.measured_on(path)})")
     memory.set_ylabel("memory used, GiB (dashed)")
     if gpu["memory_total_mb"].notna().any():  # some GPUs (MIG slices) report no total
         memory.set_ylim(0, gpu["memory_total_mb"].max() / 1024 * 1.05)
@@ -183,7 +177,7 @@ def phases(paths):
     rows = []
     for path in paths:
         for e in (e for e in report.read_run(path)["extra"] if e.get("type") == "dp_phases"):
-            rows.append(dict(run=e["run"], measured_on=where(path), gpus=e["gpus"], batch_size=e["batch_size"],
+            rows.append(dict(run=e["run"], measured_on=report.measured_on(path), gpus=e["gpus"], batch_size=e["batch_size"],
                              **{p[:-2] + "_ms": e[p] * 1000 for p in PHASES}))
     table = pd.DataFrame(rows)
     if len(table):

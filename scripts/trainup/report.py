@@ -60,10 +60,10 @@ def _paths(runs, log_dir):
     return out
 
 
-def measured_on(path, log_dir=LOG_DIR):
-    """'here' for this machine's runs; the reference folder's name (machine and date) otherwise."""
-    rel = Path(path).resolve().relative_to(Path(log_dir).resolve()) if Path(path).is_absolute() else Path(path)
-    return rel.parts[-2] if len(rel.parts) > 1 and "reference" in rel.parts else "here"
+def measured_on(path):
+    """'here' for this machine's runs; for a committed reference log, its folder's name (<machine>_<date>)."""
+    path = Path(path)
+    return path.parent.name if path.parent.parent.name == "reference" else "here"
 
 
 def load_runs(runs, log_dir=LOG_DIR):
@@ -75,7 +75,7 @@ def load_runs(runs, log_dir=LOG_DIR):
         cfg, env, summary = r["config"] or {}, r["env"] or {}, r["summary"] or {}
         args = cfg.get("args", {})
         rows.append(dict(
-            run=cfg.get("run", path.stem), lesson=cfg.get("lesson"), measured_on=measured_on(path, log_dir),
+            run=cfg.get("run", path.stem), lesson=cfg.get("lesson"), measured_on=measured_on(path),
             dataset=args.get("dataset"), model=args.get("model"), batch_size=args.get("batch_size"),
             threads=env.get("threads"), world_size=env.get("world_size"), backend=env.get("backend"),
             device=env.get("device"), gpus=", ".join(env.get("gpus") or []) or None, host=env.get("host"),
