@@ -1,6 +1,7 @@
 """_trainup_cpu.py run for real on tiny data, standalone, as a learner runs it."""
 from conftest import assert_clean_error, run_script
-from trainup import data, report
+from lessons import report
+from trainup import data
 
 
 def test_quick_run_learns_and_writes_its_log(log_dir):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import ROOT, assert_clean_error, run_script
-from trainup import distributed, launch, models, report
+from lessons import launch, report
+from trainup import distributed, models
 
 SCRIPT = str(ROOT / "scripts" / "_trainup_ddp.py")
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from conftest import assert_clean_error, run_script
-from trainup import UserError, dataparallel, devices, gpuplots, report
+from lessons import gpu, report
+from trainup import UserError, dataparallel, devices
 
-NO_GPU = pytest.mark.skipif(gpuplots.has_gpu(), reason="this machine has GPUs, so the no-GPU errors cannot happen")
+NO_GPU = pytest.mark.skipif(gpu.has_gpu(), reason="this machine has GPUs, so the no-GPU errors cannot happen")
 
 
 @pytest.fixture
@@ -131,7 +132,7 @@ def test_one_device_on_the_cpu_and_data_parallel_pass_through_train_the_same_mod
         assert run["env"]["device"] == "cpu"
         assert not [e for e in run["extra"] if e["type"] == "gpu"]  # no GPU, no samples, no error
     assert one["config"]["args"]["workers"] == 0
-    if not gpuplots.has_gpu():
+    if not gpu.has_gpu():
         assert "No GPU here, so this run trains on the CPU" in proc.stdout
         assert dp["config"]["args"]["gpus"] == 0 and dp["env"]["backend"] == "none"
         assert [e["loss"] for e in dp["epochs"]] == pytest.approx([e["loss"] for e in one["epochs"]], rel=1e-5)
@@ -158,19 +159,19 @@ def test_a_sweep_logs_throughput_for_each_batch_size_that_fits(log_dir):
     assert all(s["steps"] == 3 and s["samples_per_s"] > 0 and s["step_s"] > 0 for s in sweeps)
     assert "batch size 1024: skipped" in proc.stdout
     assert report.check("sweep", log_dir) == "sweep: finished, 2 batch sizes measured, the log follows the schema."
-    table = gpuplots.sweeps([log_dir / "sweep.jsonl"])
+    table = gpu.sweeps([log_dir / "sweep.jsonl"])
     assert list(table["batch_size"]) == [8, 32] and table["gpu_util_pct"].isna().all()
 
     # the same log, committed as a reference measured elsewhere: the lesson's tables say where it ran
-    assert gpuplots.references("gpu_*", log_dir) == []
-    assert "No reference logs matching gpu_*.jsonl have been committed yet" in gpuplots.about_references("gpu_*", log_dir)
+    assert gpu.references("gpu_*", log_dir) == []
+    assert "No reference logs matching gpu_*.jsonl have been committed yet" in gpu.about_references("gpu_*", log_dir)
     folder = log_dir / "reference" / "H100_2026-01-01"
     folder.mkdir(parents=True)
     (folder / "gpu_sweep.jsonl").write_text((log_dir / "sweep.jsonl").read_text())
-    assert gpuplots.references("gpu_*", log_dir) == [folder / "gpu_sweep.jsonl"]
-    assert "measured on H100_2026-01-01 (not here)" in gpuplots.about_references("gpu_*", log_dir)
-    both = gpuplots.sweeps([log_dir / "sweep.jsonl", folder / "gpu_sweep.jsonl"])
+    assert gpu.references("gpu_*", log_dir) == [folder / "gpu_sweep.jsonl"]
+    assert "measured on H100_2026-01-01 (not here)" in gpu.about_references("gpu_*", log_dir)
+    both = gpu.sweeps([log_dir / "sweep.jsonl", folder / "gpu_sweep.jsonl"])
     assert list(both["measured_on"]) == ["here", "here", "H100_2026-01-01", "H100_2026-01-01"]
     assert list(both["label"])[-1] == "sweep (H100_2026-01-01)"
-    table = gpuplots.runs([folder / "gpu_sweep.jsonl"], log_dir)
+    table = gpu.runs([folder / "gpu_sweep.jsonl"], log_dir)
     assert list(table["measured_on"]) == ["H100_2026-01-01"] and list(table["device"]) == ["cpu"]

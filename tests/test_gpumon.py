@@ -10,7 +10,8 @@ from argparse import Namespace
 
 import pytest
 
-from trainup import gpumon, gpuplots, metrics, report
+from lessons import gpu, report
+from trainup import gpumon, metrics
 
 
 class FakeGPUs:
@@ -75,7 +76,7 @@ def test_on_a_cpu_there_is_no_thread_and_nothing_is_written():
     assert monitor.stop() == [] and written == []
 
 
-@pytest.mark.skipif(gpuplots.has_gpu(), reason="this machine has a GPU, so NVML is there")
+@pytest.mark.skipif(gpu.has_gpu(), reason="this machine has a GPU, so NVML is there")
 def test_without_nvml_asking_for_a_gpu_gives_nothing_quietly(capfd):
     assert gpumon.nvitop_source([0]) is None
     monitor = gpumon.start(lambda kind, **f: None, "cuda:0")
@@ -108,11 +109,11 @@ def test_samples_in_a_run_log_line_up_with_the_sweep_that_ran(tmp_path, monkeypa
 
     run = report.read_run(path)
     assert run["problems"] == [] and [r["type"] for r in records][-1] == "summary"
-    gpu = gpuplots.samples(path)
-    assert list(gpu["utilization_pct"]) == [10.0, 20.0, 30.0, 80.0, 90.0, 100.0]
-    assert list(gpu["elapsed_s"]) == [1, 2, 3, 4, 5, 6]
-    table = gpuplots.sweeps([path])
+    samples = gpu.samples(path)
+    assert list(samples["utilization_pct"]) == [10.0, 20.0, 30.0, 80.0, 90.0, 100.0]
+    assert list(samples["elapsed_s"]) == [1, 2, 3, 4, 5, 6]
+    table = gpu.sweeps([path])
     assert list(table["batch_size"]) == [8, 64]
     assert list(table["gpu_util_pct"]) == [20.0, 90.0]  # the mean of each batch size's own samples
-    gpuplots.plot_utilisation(path, "utilisation")
+    gpu.plot_utilisation(path, "utilisation")
     assert (tmp_path / "images" / "utilisation.png").exists()

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import torch
 
-from trainup import checkpoint, metrics, models, report
+from lessons import report
+from trainup import checkpoint, metrics, models
 
 
 def fake_args(tmp_path, **kw):

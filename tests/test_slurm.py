@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from trainup import report, slurm
+from lessons import report, slurm
 
 TEMPLATES = sorted((ROOT / "slurm").glob("*.sbatch"))
 GPU_TEMPLATES = [t for t in TEMPLATES if not t.name.startswith("cpu")]

@@ -6,11 +6,11 @@
 - models:     the pytorch/examples MNIST CNN and torchvision ResNets
 - metrics:    the JSON-lines run log (schema in logs/README.md), timing, stdout tee
 - checkpoint: atomic save and resume
-- report:     reading logs back into tables and drawing plots (used by the notebooks)
-- machine:    what this machine has (CPUs, GPUs through nvitop) and leftover training processes
 - gpumon:     GPU utilisation and memory sampled in the background during a run (nvitop)
 - dataparallel, distributed: the plumbing of nn.DataParallel and of DDP (ranks, backends, ports, faults)
-- gpuplots, ranks, scaling, launch, slurm: what notebooks 02-04b read, run and draw
+
+What only the notebooks use (running lessons, tables, plots, one module per lesson) is the package
+beside this one, `lessons`.
 """
 import os
 from pathlib import Path

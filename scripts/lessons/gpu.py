@@ -1,15 +1,17 @@
 """Tables and plots for the GPU lessons (02 one GPU, 03 DataParallel): runs made here and reference logs.
 
-    paths = gpuplots.logs("gpu_cpu") + gpuplots.references("gpu_*")   # here, and measured elsewhere
-    gpuplots.runs(paths)                    # one row per run, with the flags that matter on a GPU
-    gpuplots.sweeps(paths)                  # one row per batch size of each --sweep run
-    gpuplots.plot_utilisation(path, "x")    # GPU utilisation and memory over time, beside throughput
+    paths = gpu.logs("gpu_cpu") + gpu.references("gpu_*")   # here, and measured elsewhere
+    gpu.runs(paths)                    # one row per run, with the flags that matter on a GPU
+    gpu.sweeps(paths)                  # one row per batch size of each --sweep run
+    gpu.plot_utilisation(path, "x")    # GPU utilisation and memory over time, beside throughput
 
 A reference log lives in logs/reference/<machine>_<date>/; its rows say so in 'measured_on'.
 """
 from pathlib import Path
 
-from . import LOG_DIR, report
+from trainup import LOG_DIR
+
+from . import report
 
 ARGS = ("device", "gpus", "batch_size", "workers", "no_pin_memory", "resident", "precision", "model", "dataset")
 NO_GPU = ("No NVIDIA GPU here, so this notebook runs its scripts on the CPU; the GPU runs, the batch sweep "

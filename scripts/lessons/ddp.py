@@ -1,13 +1,18 @@
-"""What each rank of a DDP job did: its shard of the data, and its own numbers before they were summed.
+"""Lesson 04 (DDP): what each rank did, and how the job scaled.
+
+What each rank of a DDP job did: its shard of the data, and its own numbers before they were summed.
 
 A DDP run's log holds them (logs/README.md): the 'ddp' record says where each rank ran, the 'ranks'
 records hold each rank's loss, accuracy, samples and first sample indices per epoch. shards() shows
 DistributedSampler alone, without any process group.
 """
+import os
 from pathlib import Path
 
-from . import LOG_DIR
-from .report import read_run
+from trainup import LOG_DIR
+
+from .launch import cores
+from .report import read_run, save
 
 
 def shards(n, world, epochs=(1, 2), seed=0, set_epoch=True):
@@ -77,3 +82,52 @@ def same_order_every_epoch(name, log_dir=LOG_DIR):
     """For each rank: did every epoch begin with the same sample indices?"""
     ranks = per_rank(name, log_dir)
     return {rank: g["first_indices"].map(tuple).nunique() == 1 for rank, g in ranks.groupby("rank")}
+
+
+# Throughput, speedup and parallel efficiency of runs with 1, 2, 4... processes, against the ideal.
+
+def scaling_table(runs):
+    """From report.load_runs(...): per machine (measured_on) and world size, throughput, speedup over
+    one process, the ideal speedup (= processes) and the efficiency (speedup / processes)."""
+    t = runs[["measured_on", "run", "world_size", "batch_size", "samples_per_s"]].sort_values(["measured_on", "world_size"])
+    base = t.groupby("measured_on")["samples_per_s"].transform(
+        lambda s: s[t.loc[s.index, "world_size"] == 1].iloc[0] if (t.loc[s.index, "world_size"] == 1).any() else float("nan"))
+    t = t.assign(speedup=t["samples_per_s"] / base, ideal=t["world_size"].astype(float))
+    return t.assign(efficiency=t["speedup"] / t["world_size"]).reset_index(drop=True)
+
+
+def scaling_plot(t, name):
+    """Three panels: throughput with its ideal line, speedup against ideal, efficiency against 100%."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for where, g in t.groupby("measured_on", sort=False):
+        base = g["samples_per_s"].iloc[0] / g["speedup"].iloc[0]
+        axes[0].plot(g["world_size"], g["samples_per_s"], "o-", label=f"measured ({where})")
+        axes[0].plot(g["world_size"], base * g["world_size"], "k--", alpha=0.5, label="ideal")
+        axes[1].plot(g["world_size"], g["speedup"], "o-", label=f"measured ({where})")
+        axes[2].plot(g["world_size"], 100 * g["efficiency"], "o-", label=f"measured ({where})")
+    axes[1].plot(t["world_size"], t["ideal"], "k--", alpha=0.5, label="ideal")
+    axes[2].axhline(100, color="k", ls="--", alpha=0.5, label="ideal")
+    for ax, ylabel in zip(axes, ("samples/s (whole job)", "speedup over 1 process", "efficiency (%)")):
+        ax.set(xlabel="processes", ylabel=ylabel, xticks=sorted(t["world_size"].unique()))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    save(fig, name)
+    return fig
+
+
+def cores_note(t):
+    """Honest sentences about this machine's cores against the processes, worked out, not typed."""
+    here, most = cores(), int(t["world_size"].max())
+    if most > here:
+        note = (f"This machine lets these runs use {here} CPU core(s), fewer than the {most} processes of the "
+                f"largest run: from {here + 1} processes on they take turns on the same cores, so that part of "
+                f"the curve measures an overloaded machine, not DDP.")
+    else:
+        note = (f"This machine lets these runs use {here} CPU cores, enough for the {most} processes of the "
+                f"largest run: each process could have a core to itself.")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > here:
+        note += (f" Other programs were running too (load average {load:.1f} on {here} cores): then more processes "
+                 f"also win a larger share of the machine, which flatters the speedup.")
+    return note

@@ -1,6 +1,6 @@
 """Starting DDP jobs from a notebook or a test: torchrun on this machine, or two nodes simulated on it.
 
-    from trainup import launch
+    from lessons import launch
     launch.run("_trainup_ddp.py", name="ddp_n2", nproc=2)                 # torchrun --standalone
     launch.two_nodes("_trainup_ddp.py", name="ddp_2nodes", rendezvous="c10d")
 
@@ -13,8 +13,8 @@ import shlex
 import subprocess
 import sys
 
-from . import ROOT
-from .distributed import free_port
+from trainup import ROOT
+from trainup.distributed import free_port
 from .report import QUICK, check
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

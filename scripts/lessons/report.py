@@ -1,6 +1,6 @@
 """What the notebooks use: run a lesson script, read run logs back into tables, draw plots.
 
-    from trainup import report
+    from lessons import report
     report.run("_trainup_cpu.py", "--threads", "1", name="cpu_t1")
     runs = report.load_runs(["cpu_t1", "cpu_t2"])          # one row per run
     epochs = report.load_epochs(["cpu_t1", "cpu_t2"])      # one row per epoch
@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import IMAGE_DIR, LOG_DIR, ROOT
-from .metrics import check_record
+from trainup import IMAGE_DIR, LOG_DIR, ROOT
+from trainup.metrics import check_record
 
 QUICK = os.environ.get("TRAINUP_QUICK", "0") == "1"  # the tests and the course command set it
 

@@ -1,6 +1,6 @@
 """SLURM for the lesson and its tests: the templates in slurm/, and a real SLURM on this machine.
 
-    from trainup import slurm
+    from lessons import slurm
     slurm.template_table()                      # the #SBATCH lines of every template, one row each
     slurm.check_counts("slurm/1node_4gpu.sbatch")  # tasks = GPUs per node, CPUs fit the node: sentences
     state, message = slurm.start()              # tools/local_slurm.sh start: controller + nodes n1, n2
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import ROOT
+from trainup import ROOT
 
 TOOL = ROOT / "tools" / "local_slurm.sh"
 TEMPLATES = ROOT / "slurm"

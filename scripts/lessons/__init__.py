@@ -1,0 +1,12 @@
+"""What only the notebooks (and the tests) use: running lessons, reading their logs, tables and plots.
+
+The lesson scripts never import this package; they import `trainup` (data, models, cli, metrics,
+checkpoint, devices, distributed...). Here:
+
+- report:  run a lesson script, read run logs back into tables, draw and save plots
+- launch:  start torchrun jobs from a notebook (one node, or two nodes simulated on this machine)
+- machine: lesson 00, what this machine has (CPUs, GPUs, backends) and leftover training processes
+- gpu:     lessons 02-03, GPU runs here and reference logs: tables, sweeps, utilisation plots
+- ddp:     lesson 04, what each rank did, and scaling (throughput, speedup, efficiency)
+- slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
+"""

@@ -1,0 +1,93 @@
+"""What must hold after a lesson's run. Each check raises AssertionError with one sentence, or returns one.
+
+Notebooks call these in every cell that runs a job or shows a result, so that nbval fails on a wrong
+result, not only on a crash. A cell whose output varies is marked NBVAL_IGNORE_OUTPUT, but its
+asserts still run and still fail the cell. The margins fit quick mode (512 training samples, 2 epochs).
+
+    from lessons import checks
+    checks.finished("cpu_t1")                    # the run finished and its log follows the schema
+    checks.learned("cpu_t1")                     # test accuracy well above chance, loss fell
+    checks.same_parameters("ddp_n2", "gpu_one")  # two strategies ended with the same model
+    checks.figure(fig, "cpu_loss")               # the plot has data and its PNG was written
+"""
+from pathlib import Path
+
+from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR
+
+from .report import read_run
+
+CLASSES = 10  # every data set of the course has 10 classes (digits, MNIST, CIFAR-10, synthetic by default)
+# Quick mode reaches about 70-90 % on the digits; chance is 10 %. Twice chance is far from both.
+MIN_ACCURACY = 2.0 / CLASSES
+
+
+def _fail(sentence):
+    raise AssertionError(sentence)
+
+
+def finished(name, log_dir=LOG_DIR):
+    """The run's log has a config, env and a 'finished' summary, and every record follows the schema."""
+    path = Path(log_dir) / f"{name}.jsonl"
+    if not path.exists():
+        _fail(f"{name}: no log at {path.name}: the run did not start or wrote elsewhere")
+    run = read_run(path)
+    if run["problems"]:
+        _fail(f"{name}: the log does not follow the schema: " + "; ".join(run["problems"]))
+    if run["summary"].get("status") != "finished":
+        _fail(f"{name}: the run did not finish (status {run['summary'].get('status')!r})")
+    return run
+
+
+def learned(name, min_accuracy=MIN_ACCURACY, log_dir=LOG_DIR):
+    """Finished, the training loss fell, and the test accuracy is well above chance."""
+    run = finished(name, log_dir)
+    losses = [e["loss"] for e in run["epochs"]]
+    if len(losses) >= 2 and not losses[-1] < losses[0]:
+        _fail(f"{name}: the training loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})")
+    accuracy = run["summary"].get("test_accuracy")
+    if accuracy is None or not accuracy >= min_accuracy:
+        _fail(f"{name}: test accuracy {accuracy} is not above {min_accuracy:.0%} (chance is {1 / CLASSES:.0%})")
+    return f"{name}: finished, loss fell, test accuracy {accuracy:.0%} (chance {1 / CLASSES:.0%})."
+
+
+def same_parameters(a, b, atol=1e-5, checkpoint_dir=CHECKPOINT_DIR):
+    """Two runs' checkpoints hold the same model: every tensor within atol. Returns the largest difference."""
+    import torch
+    states = []
+    for name in (a, b):
+        path = Path(checkpoint_dir) / f"{name}.pt"
+        if not path.exists():
+            _fail(f"{name}: no checkpoint at {path.name}")
+        states.append(torch.load(path, map_location="cpu", weights_only=True)["model"])
+    sa, sb = states
+    if sa.keys() != sb.keys():
+        _fail(f"{a} and {b} hold different models (parameter names differ)")
+    worst = max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa if sa[k].numel())
+    if not worst <= atol:
+        _fail(f"{a} and {b} ended with different parameters (largest difference {worst:.2e} > {atol:.0e})")
+    return worst
+
+
+def figure(fig, name):
+    """The figure has at least one axis with data, and images/<name>.png was written and is not empty."""
+    path = IMAGE_DIR / f"{name}.png"
+    if fig is None or not fig.axes:
+        _fail(f"figure {name}: nothing was drawn")
+    if not any(ax.lines or ax.patches or ax.collections or ax.images for ax in fig.axes):
+        _fail(f"figure {name}: its axes hold no data")
+    if not path.exists() or path.stat().st_size == 0:
+        _fail(f"figure {name}: {path.name} was not saved")
+    return fig
+
+
+def columns(table, *names, rows=1):
+    """A table has these columns and at least `rows` rows, with no missing values in them."""
+    missing = [c for c in names if c not in table.columns]
+    if missing:
+        _fail(f"the table lacks column(s) {', '.join(missing)}")
+    if len(table) < rows:
+        _fail(f"the table has {len(table)} row(s), expected at least {rows}")
+    empty = [c for c in names if table[c].isna().any()]
+    if empty:
+        _fail(f"the table has missing values in {', '.join(empty)}")
+    return table
