@@ -48,7 +48,7 @@ def evaluate(model, loader, device, precision):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with devices.autocast(device, precision):
             logits = model(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
+        meter.add(F.cross_entropy(logits.float(), y), logits, y)  # the loss in fp32, as autocast computes it
     return meter
 
 
@@ -146,7 +146,7 @@ def main(argv=None):
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
     ckpt = checkpoint.path_for(args)
     args.resume = args.resume or ctx.restart_count > 0  # torchrun restarted us: carry on from the checkpoint
-    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device) if args.resume else 1
+    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler) if args.resume else 1
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # all-reduces gradients
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **distributed.describe(ctx, args))
@@ -176,7 +176,7 @@ def main(argv=None):
         log.epoch(epoch, distributed.reduce(train),
                   distributed.reduce(evaluate(model.module, test_loader, device, args.precision)), wall)
         if ctx.is_main:  # one writer; the others would race for the same file
-            checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args)
+            checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args, scaler)
     monitor.stop()
     log.summary(checkpoint=ckpt)
     distributed.cleanup(ctx)  # a barrier, then destroy_process_group()

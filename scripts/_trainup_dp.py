@@ -42,7 +42,7 @@ def evaluate(model, loader, device, precision):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with devices.autocast(device, precision):
             logits = model(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
+        meter.add(F.cross_entropy(logits.float(), y), logits, y)  # the loss in fp32, as autocast computes it
     return meter
 
 
@@ -137,7 +137,7 @@ def main(argv=None):
     optimizer, scheduler = optimizer_for(model, args)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
     ckpt = checkpoint.path_for(args)
-    start_epoch = checkpoint.load(ckpt, net, optimizer, scheduler, device) if args.resume else 1
+    start_epoch = checkpoint.load(ckpt, net, optimizer, scheduler, device, scaler) if args.resume else 1
     log = metrics.RunLog(args, __file__, device, backend="dataparallel" if ids else "none")
     monitor = gpumon.start(log.write, device, ids)  # every GPU's utilisation and memory; nothing on CPU
     print(sentence)
@@ -158,10 +158,11 @@ def main(argv=None):
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), wall)
-        checkpoint.save(ckpt, net, optimizer, scheduler, epoch, args)  # the model, not its wrappers
+        checkpoint.save(ckpt, net, optimizer, scheduler, epoch, args, scaler)  # the model, not its wrappers
     if args.phases:  # one more batch, with each phase of a DataParallel step timed apart
         x, y = (t.to(device) for t in next(iter(train_loader)))
-        phases = log.write("dp_phases", gpus=len(ids), batch_size=len(y), **dataparallel.time_phases(net, x, y, ids))
+        timed = dataparallel.time_phases(model.module, x, y, ids)  # the Autocast-wrapped net: --precision holds
+        phases = log.write("dp_phases", gpus=len(ids), batch_size=len(y), **timed)
         print("one DataParallel step: " + ", ".join(f"{k[:-2]} {v * 1000:.2f} ms" for k, v in phases.items()
                                                     if k.endswith("_s")))
     monitor.stop()

@@ -44,7 +44,7 @@ def evaluate(model, loader, device, precision):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with devices.autocast(device, precision):
             logits = model(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
+        meter.add(F.cross_entropy(logits.float(), y), logits, y)  # the loss in fp32, as autocast computes it
     return meter
 
 
@@ -133,7 +133,7 @@ def main(argv=None):
     optimizer, scheduler = optimizer_for(model, args)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
     ckpt = checkpoint.path_for(args)
-    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device) if args.resume else 1
+    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler) if args.resume else 1
     log = metrics.RunLog(args, __file__, device)
     monitor = gpumon.start(log.write, device)  # GPU utilisation and memory in the background; nothing on CPU
     if args.sweep:
@@ -153,7 +153,7 @@ def main(argv=None):
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), wall)
-        checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+        checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args, scaler)
     monitor.stop()
     log.summary(checkpoint=ckpt)
 

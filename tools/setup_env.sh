@@ -18,4 +18,5 @@ echo "Setting up .venv from requirements.txt (the first time takes a few minutes
 import torch, torchvision, pytorch_lightning
 print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, Lightning {pytorch_lightning.__version__}")
 PY
+(cd scripts && ../.venv/bin/python -m trainup.devices)  # one sentence if a GPU here is too old for this CUDA build
 echo "$want" > .venv/.requirements.sha256

@@ -1,37 +1,65 @@
 """Checkpoints that survive a crash: written by one process, to a temporary file, then renamed.
 
 os.replace is atomic on POSIX: a reader (or a restarted run) sees the old checkpoint or the new
-one, never half of one.
+one, never half of one. A checkpoint that cannot be read, or holds another model, is one sentence.
 """
 import os
+import pickle
+import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
 
+from . import UserError
+
 
 def path_for(args):
-    return Path(args.checkpoint_dir) / f"{args.run_name}.pt"
+    """Where this run's checkpoint goes; the folder is made and checked writable now, before any training."""
+    folder = Path(args.checkpoint_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # root passes os.access even on a read-only file system
+            pass
+    except OSError as e:
+        raise UserError(f"--checkpoint-dir {folder} cannot be created or written ({e.strerror or e}); "
+                        f"point --checkpoint-dir at a folder you can write") from None
+    return folder / f"{args.run_name}.pt"
 
 
-def save(path, model, optimizer, scheduler, epoch, args):
+def save(path, model, optimizer, scheduler, epoch, args, scaler=None):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "epoch": epoch,
+                # fp16's loss scale, learned over the run: without it a resumed run starts again at 65536
+                "scaler": scaler.state_dict() if scaler is not None else {},
                 "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}},
                tmp)
     os.replace(tmp, path)
     return path
 
 
-def load(path, model, optimizer, scheduler, map_location="cpu"):
+def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     """Restore a checkpoint if there is one; the epoch to start from (1 when there is none)."""
     path = Path(path)
     if not path.exists():
         return 1
-    state = torch.load(path, map_location=map_location, weights_only=True)
-    model.load_state_dict(state["model"])
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+        epoch = state["epoch"] + 1
+    except (RuntimeError, OSError, EOFError, KeyError, TypeError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}): it is damaged or not a trainup "
+                        f"checkpoint; delete it, or run without --resume") from None
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError:
+        saved = state.get("args", {}).get("model", "another model")
+        raise UserError(f"checkpoint {path} holds a {saved} whose weights do not fit this run's model; resume "
+                        f"with the flags it was saved with, or use another --run-name") from None
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    return state["epoch"] + 1
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    return epoch

@@ -9,6 +9,7 @@ Images are decoded once into tensors: a small data set then costs nothing per st
 measure training, not JPEG decoding.
 """
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -114,15 +115,24 @@ def _digits():
     return Images(x[:4000], y[:4000], 10), Images(x[4000:], y[4000:], 10)
 
 
+def _damaged(name, where, error):
+    return UserError(f"the {name} files in {where} are damaged or truncated ({type(error).__name__} while reading "
+                     f"them); delete them and fetch them again with --download")
+
+
 def _torchvision(name, root, download):
     import torchvision  # imported only here: it adds seconds to every start
     cls = {"mnist": torchvision.datasets.MNIST, "cifar10": torchvision.datasets.CIFAR10}[name]
+    where = Path(root) / ("MNIST/raw" if name == "mnist" else "cifar-10-batches-py")
     try:
         train, test = (cls(root, train=t, download=download) for t in (True, False))
-    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted..."
-        where = Path(root) / ("MNIST/raw" if name == "mnist" else "cifar-10-batches-py")
+    except RuntimeError as e:
+        if "not found" not in str(e).lower():  # torchvision's "Dataset not found or corrupted..."; else damaged
+            raise _damaged(name, where, e) from None
         raise UserError(f"{name} is not in {where} ({e}); add --download to fetch it (needs a network), "
                         f"or use --dataset digits, which needs no download") from None
+    except (AssertionError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:  # truncated, wrong magic
+        raise _damaged(name, where, e) from None
     out = []
     for ds in (train, test):
         if name == "mnist":

@@ -87,6 +87,14 @@ def from_env(env=None):
     return Context(master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=get("MASTER_PORT", 0))
 
 
+def launched_by_srun(env=None):
+    """True in a process that srun started (a job step); False in the sbatch script itself, which also sees
+    SLURM_PROCID=0 and SLURM_NTASKS=N but is one process: as rank 0 of N it would wait for N-1 that never come."""
+    env = os.environ if env is None else env
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", ""))
+    return step.isdigit() and int(step) < 0xFFFFFFF0  # SLURM's batch and extern steps use ids near 2**32
+
+
 def free_port(host="127.0.0.1"):
     """A TCP port nobody listens on now: bind port 0 and let the kernel choose."""
     with socket.socket() as s:
@@ -130,6 +138,10 @@ def setup(args):
     """
     ctx = from_env()
     ctx.timeout_s = args.timeout
+    if ctx.launcher == "slurm" and ctx.world_size > 1 and not launched_by_srun():
+        raise UserError(f"SLURM_NTASKS={ctx.world_size} but srun did not start this process (python was run "
+                        f"directly in the batch script), so the other {ctx.world_size - 1} process(es) would never "
+                        f"come; start it as srun python ..., one task per process")
     if args.batch_size % ctx.world_size:
         raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
                         f"{ctx.world_size} processes; use a multiple of {ctx.world_size}")

@@ -3,6 +3,7 @@
     monitor = gpumon.start(log.write, device)   # nothing at all on a CPU, or where NVML is missing
     ...train...
     monitor.stop()                              # writes the samples as 'gpu' records into the run's log
+                                                # (and a 'gpumon' record if readings failed)
 
 The samples come from nvitop's Python API (NVML, the library behind nvidia-smi). The thread only
 collects them; stop() writes them from the main thread, so two threads never write the log at once.
@@ -26,13 +27,19 @@ def _number(value, scale=1):
 
 def nvitop_source(cuda_indices):
     """A function that reads these GPUs (torch's numbering) through nvitop; None where that cannot work."""
+    try:
+        from nvitop import Device, libnvml
+    except ImportError:  # nvitop not installed: nothing to sample with
+        return None
+    # Only "no NVML, no such GPU" means None; any other error is a bug and is raised, not hidden.
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            from nvitop import Device  # NVML missing: nvitop prints an error and finds no devices
+        try:  # NVML missing: nvitop prints a banner (swallowed here) and finds no devices
             visible = Device.from_cuda_visible_devices()  # CUDA_VISIBLE_DEVICES order, as torch counts
+            if not cuda_indices or max(cuda_indices) >= len(visible):
+                return None
             chosen = [(i, visible[i]) for i in cuda_indices]
             chosen[0][1].gpu_utilization()  # one read, to find out now whether NVML answers
-        except Exception:
+        except libnvml.NVMLError:
             return None
 
     def read():
@@ -47,7 +54,7 @@ class Monitor:
 
     def __init__(self, write, source, interval=INTERVAL_S, clock=time.time):
         self.write, self.source, self.interval, self.clock = write, source, interval, clock
-        self.samples, self.errors = [], 0
+        self.samples, self.errors, self.last_error, self._errors_logged = [], 0, None, False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpumon", daemon=True)
         self.started = None
@@ -68,8 +75,9 @@ class Monitor:
         now = self.clock()
         try:
             readings = self.source()
-        except Exception:
+        except Exception as e:  # counted, and written to the log by stop(): never silent
             self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
             return
         self.samples += [dict(r, sampled_at=now, elapsed_s=now - self.started) for r in readings]
 
@@ -81,6 +89,9 @@ class Monitor:
         samples, self.samples = self.samples, []
         for s in samples:
             self.write("gpu", **s)
+        if self.errors and not self._errors_logged:
+            self.write("gpumon", samples=len(samples), errors=self.errors, last_error=self.last_error)
+            self._errors_logged = True
         return samples
 
 

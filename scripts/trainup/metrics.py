@@ -31,14 +31,58 @@ SCHEMA = {
     "ddp": ("launcher", "world_size", "local_world_size", "nnodes", "master_addr", "master_port",
             "restart_count", "backend", "timeout_s", "global_batch", "per_rank_batch", "ranks"),
     "ranks": ("epoch", "rank", "loss", "accuracy", "samples", "first_indices"),
+    "gpumon": ("samples", "errors", "last_error"),
 }
 COMMON = ("type", "run", "time")
 
+# The JSON type of each field, by name (a field of this name has this type in every record type; a field
+# not listed here is not type-checked). 'ranks' records hold one value per rank: lists.
+INT, NUMBER, TEXT = ("int",), ("int", "float"), ("str",)
+TYPES = {
+    "type": TEXT, "run": TEXT, "time": NUMBER, "schema_version": INT, "script": TEXT, "lesson": TEXT,
+    "args": ("dict",), "torch": TEXT, "python": TEXT, "host": TEXT, "platform": TEXT, "cpu_count": INT,
+    "threads": INT, "device": TEXT, "gpus": ("list",), "cuda": TEXT + ("None",), "world_size": INT,
+    "backend": TEXT, "wall_s": NUMBER, "peak_mem_mb": NUMBER, "status": TEXT, "checkpoint": TEXT + ("None",),
+    "batch_size": INT, "steps": INT, "step_s": NUMBER, "gpu": INT, "sampled_at": NUMBER, "elapsed_s": NUMBER,
+    "utilization_pct": NUMBER + ("None",), "memory_used_mb": NUMBER + ("None",),
+    "memory_total_mb": NUMBER + ("None",), "errors": INT, "last_error": TEXT + ("None",),
+    "launcher": TEXT, "local_world_size": INT, "nnodes": INT, "master_addr": TEXT, "master_port": INT,
+    "restart_count": INT, "timeout_s": NUMBER, "global_batch": INT, "per_rank_batch": INT,
+    "first_indices": ("list",),
+}
+# Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
+# a run without epochs (a sweep) has no loss.
+TYPES_IN = {
+    "epoch": dict(epoch=INT, loss=NUMBER, accuracy=NUMBER, test_loss=NUMBER, test_accuracy=NUMBER,
+                  samples=INT, samples_per_s=NUMBER),
+    "summary": dict(epochs=INT, loss=NUMBER + ("None",), accuracy=NUMBER + ("None",),
+                    test_accuracy=NUMBER + ("None",), samples_per_s=NUMBER + ("None",)),
+    "ranks": dict(epoch=INT, rank=("list",), loss=("list",), accuracy=("list",), samples=("list",)),
+    "sweep": dict(samples_per_s=NUMBER),
+    "dp_phases": dict(gpus=INT, scatter_s=NUMBER, replicate_s=NUMBER, forward_s=NUMBER, gather_s=NUMBER,
+                      backward_s=NUMBER),
+    "ddp": dict(world_size=INT, ranks=("list",)),
+    "gpumon": dict(samples=INT),
+}
+
+
+def _json_type(value):
+    """int, float, str, bool, None, list or dict: as JSON holds it (a bool is not a number here)."""
+    return "None" if value is None else type(value).__name__
+
 
 def check_record(record):
-    """The list of what is wrong with one log record (empty when it follows the schema)."""
-    missing = [k for k in COMMON + SCHEMA.get(record.get("type"), ()) if k not in record]
-    return [f"{record.get('type')!r} record lacks {k!r}" for k in missing]
+    """The list of what is wrong with one log record (empty when it follows the schema): an unknown type,
+    a missing field, or a field whose value has the wrong type."""
+    kind = record.get("type")
+    if kind not in SCHEMA:
+        return [f"unknown record type {kind!r} (logs/README.md lists the types)"]
+    problems = [f"{kind!r} record lacks {k!r}" for k in COMMON + SCHEMA[kind] if k not in record]
+    for k, value in record.items():
+        want = TYPES_IN.get(kind, {}).get(k) or TYPES.get(k)
+        if want and k in COMMON + SCHEMA[kind] and _json_type(value) not in want:
+            problems.append(f"{kind!r} record's {k!r} is {_json_type(value)} {value!r:.40}, not {' or '.join(want)}")
+    return problems
 
 
 def environment(device, world_size=1, backend="none"):
