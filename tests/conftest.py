@@ -1,24 +1,40 @@
-"""Shared test plumbing: the course's module on sys.path, and running a script for real."""
+"""Shared test plumbing: the course's module on sys.path, and running a script for real.
+
+TRAINUP_SCRIPTS_DIR points the tests at another copy of scripts/ (tests/test_breakages.py runs tests
+against copies with one deliberate defect each, to prove that the tests catch it).
+"""
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPTS = Path(os.environ.get("TRAINUP_SCRIPTS_DIR", ROOT / "scripts"))
+sys.path.insert(0, str(SCRIPTS))
 
 
-def run_script(script, *args, log_dir, timeout=300, env=None, check=True):
+def run_script(script, *args, log_dir, timeout=300, env=None, check=True, checkpoint_dir=None):
     """Run scripts/<script> in a fresh interpreter, as a learner would; logs and checkpoints go to log_dir."""
-    cmd = [sys.executable, str(ROOT / "scripts" / script), *map(str, args),
-           "--log-dir", str(log_dir), "--checkpoint-dir", str(Path(log_dir) / "checkpoints"), "--no-progress"]
+    cmd = [sys.executable, str(SCRIPTS / script), *map(str, args),
+           "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir or Path(log_dir) / "checkpoints"),
+           "--no-progress"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def in_process(main, flags, capsys):
+    """Run a script's main() in this interpreter (seconds faster than a new one) where it must stop early:
+    its exit status and output, shaped like subprocess's answer so that assert_clean_error reads it."""
+    with pytest.raises(SystemExit) as exit:
+        main([str(f) for f in flags])
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=exit.value.code, stdout=out, stderr=err)
 
 
 def assert_clean_error(proc, *words):
@@ -29,6 +45,34 @@ def assert_clean_error(proc, *words):
     assert len(err.splitlines()) == 1, err
     for w in words:
         assert w in err, err
+
+
+# Written into a folder put first on PYTHONPATH: Python imports it at start-up in every process (torchrun's
+# workers too) and logs each os.replace/os.rename with the process id. Nothing in scripts/ is changed.
+_RENAME_WATCH = '''import os, sys
+_log = os.environ.get("TRAINUP_TEST_RENAMES")
+if _log:
+    def _hook(event, args):
+        if event == "os.rename":
+            with open(_log, "a") as f:
+                f.write(f"{os.getpid()}\\t{os.fspath(args[0])}\\t{os.fspath(args[1])}\\n")
+    sys.addaudithook(_hook)
+'''
+
+
+def rename_watch(folder):
+    """(env, read): run a job with env, then read() gives the (pid, source, destination) of its renames."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_RENAME_WATCH)
+    log = folder / "renames.tsv"
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "TRAINUP_TEST_RENAMES": str(log)}
+
+    def read():
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [(int(pid), Path(src), Path(dst)) for pid, src, dst in (line.split("\t") for line in lines)]
+    return env, read
 
 
 @pytest.fixture
