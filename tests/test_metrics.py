@@ -1,10 +1,13 @@
 """The run log's schema, its reader, and the plots drawn from it."""
 import json
+import re
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+from conftest import ROOT
 from lessons import report
 from trainup import checkpoint, metrics, models
 
@@ -42,6 +45,48 @@ def test_schema_check_names_what_is_missing():
     assert any("'loss'" in p for p in metrics.check_record({"type": "epoch", "run": "x", "time": 0}))
 
 
+def test_schema_check_catches_wrong_types_and_unknown_records(tmp_path):
+    good = [json.loads(line) for line in write_run(tmp_path).read_text().splitlines()]
+    epoch = good[2]
+    for field, bad in [("loss", "0.5"), ("epoch", "1"), ("epoch", 1.0), ("samples", True), ("test_accuracy", None),
+                       ("run", 3), ("time", "now")]:
+        problems = metrics.check_record({**epoch, field: bad})
+        assert len(problems) == 1 and f"'{field}'" in problems[0], (field, bad, problems)
+    assert metrics.check_record({**good[1], "world_size": "2"}) != []
+    assert metrics.check_record({**good[0], "args": ["--quick"]}) != []
+    assert metrics.check_record({"type": "epoc", "run": "x", "time": 0}) == [
+        "unknown record type 'epoc' (logs/README.md lists the types)"]
+    # what may be null is null-able: a sweep's summary has no epochs, a GPU may not report a value
+    assert metrics.check_record({**good[-1], "loss": None, "accuracy": None, "test_accuracy": None,
+                                 "samples_per_s": None, "epochs": 0}) == []
+    ranks = dict(type="ranks", run="x", time=0.0, epoch=1, rank=[0, 1], loss=[0.5, 0.6], accuracy=[0.1, 0.2],
+                 samples=[4, 4], first_indices=[[1], [2]])
+    assert metrics.check_record(ranks) == [] and metrics.check_record({**ranks, "loss": 0.5}) != []
+
+
+def _readme_tables():
+    """{record type: set of field names} from logs/README.md's two tables: the `names` of the fields column,
+    leaving out text in parentheses and after a semicolon (values and notes)."""
+    tables = {}
+    for line in (ROOT / "logs" / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| `") or len(cells) != 3:
+            continue
+        fields = cells[2]
+        while re.search(r"\([^()]*\)", fields):
+            fields = re.sub(r"\([^()]*\)", "", fields)
+        fields = fields.split(";")[0]  # after a semicolon: a note on when records are written
+        tables[cells[0].strip("`")] = set(re.findall(r"`(\w+)`", fields))
+    return tables
+
+
+def test_logs_readme_names_exactly_the_schemas_records_and_fields():
+    documented = _readme_tables()
+    assert set(documented) == set(metrics.SCHEMA)
+    for kind, fields in metrics.SCHEMA.items():
+        assert documented[kind] == set(fields), kind
+
+
 def test_reader_tables_and_sentence(tmp_path):
     write_run(tmp_path)
     runs = report.load_runs(["unit"], log_dir=tmp_path)
@@ -71,6 +116,41 @@ def test_plot_is_saved_under_images(tmp_path, monkeypatch):
     write_run(tmp_path)
     report.plot(report.load_epochs("unit", log_dir=tmp_path), "epoch", "loss", "unit_loss")
     assert (tmp_path / "images" / "unit_loss.png").stat().st_size > 1000
+
+
+def test_a_checkpoint_being_written_never_replaces_the_last_good_one_until_it_is_whole(tmp_path, monkeypatch):
+    """While save() writes, the checkpoint on disk is still the previous one, whole; the new one appears at
+    once (os.replace). A plain torch.save(path) would leave a half-written file if the job died meanwhile."""
+    args = SimpleNamespace(model="cnn", seed=0, dropout=0.0)
+    model = models.build(args, SimpleNamespace(shape=(1, 28, 28), num_classes=10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    path = checkpoint.save(tmp_path / "c.pt", model, opt, sched, epoch=1, args=args)
+    real_save, seen = torch.save, []
+
+    def save_and_look(obj, f, *a, **kw):
+        real_save(obj, f, *a, **kw)
+        seen.append((Path(f), torch.load(path, weights_only=True)["epoch"]))  # the last good one, meanwhile
+    monkeypatch.setattr(checkpoint.torch, "save", save_and_look)
+    checkpoint.save(path, model, opt, sched, epoch=2, args=args)
+    assert len(seen) == 1
+    written, on_disk_meanwhile = seen[0]
+    assert written != path and written.parent == path.parent and on_disk_meanwhile == 1
+    assert torch.load(path, weights_only=True)["epoch"] == 2 and not written.exists()
+
+
+def test_checkpoint_keeps_the_loss_scale_of_fp16(tmp_path):
+    args = SimpleNamespace(model="cnn", seed=0, dropout=0.0)
+    model = models.build(args, SimpleNamespace(shape=(1, 28, 28), num_classes=10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(()))  # the scale is made at first use
+    scaler.update(256.0)  # as after a few overflows
+    checkpoint.save(tmp_path / "c.pt", model, opt, sched, 1, args, scaler)
+    fresh = torch.amp.GradScaler("cpu")
+    assert checkpoint.load(tmp_path / "c.pt", model, opt, sched, scaler=fresh) == 2
+    assert fresh.get_scale() == 256.0
 
 
 def test_checkpoint_is_atomic_and_resumes(tmp_path):
