@@ -1,4 +1,5 @@
 """_trainup_ddp.py run for real: 2 processes on gloo, started by torchrun or as srun starts them."""
+import json
 import os
 import signal
 import socket
@@ -9,13 +10,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error, run_script
+from conftest import ROOT, SCRIPTS, assert_clean_error, in_process, rename_watch, run_script
 from lessons import launch, report
 from trainup import distributed, models
 
-SCRIPT = str(ROOT / "scripts" / "_trainup_ddp.py")
+SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
-TINY = ["--quick", "--dropout", "0", "--no-progress"]
+# --device cpu: these tests are about gloo on the CPU, also on a machine with GPUs.
+TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+RENAMES = {}  # the runs fixture's os.replace calls: (pid, source, destination)
 HANG_GUARD_S = 240  # far beyond a healthy run: reaching it means the job hung, and the test fails
 
 
@@ -61,12 +65,14 @@ def runs(tmp_path_factory):
     The DDP run also sees SLURM_PROCID=0 as every worker does under `srun torchrun`: torchrun's RANK must win.
     """
     log_dir = tmp_path_factory.mktemp("ddp") / "logs"
+    watch, renames = rename_watch(log_dir.parent / "watch")  # every os.replace of the job, with its pid
     slurm = dict(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0", SLURM_NNODES="1")
-    ddp = torchrun(log_dir, "ddp2", "--batch-size", 64, env=slurm)
-    one = start([sys.executable, str(ROOT / "scripts" / "_trainup_gpu.py"), "--device", "cpu", *TINY,
+    ddp = torchrun(log_dir, "ddp2", "--batch-size", 64, env={**slurm, **watch})
+    one = start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY,
                  "--batch-size", "64", "--run-name", "one", "--log-dir", str(log_dir),
                  "--checkpoint-dir", str(log_dir / "checkpoints")])
     ok(finish(one)), ok(finish(ddp))
+    RENAMES[log_dir] = renames()
     return log_dir
 
 
@@ -93,6 +99,17 @@ def test_torchrun_ranks_win_over_slurm_and_only_rank_0_writes(runs):
     assert (runs / "ddp2.stdout").read_text().count("epoch 1:") == 1  # one writer, not one per rank
 
 
+def test_only_rank_0_writes_the_checkpoint_and_always_through_a_rename(runs):
+    """Each epoch's checkpoint is written whole to a temporary file by rank 0 alone, then renamed over the
+    last one (atomic): rank 1 writing too, or a plain torch.save to the final name, would show here."""
+    pids = {r["rank"]: r["pid"] for r in records(runs, "ddp2", "ddp")[0]["ranks"]}
+    folder = runs / "checkpoints"
+    into = [(pid, src, dst) for pid, src, dst in RENAMES[runs] if dst.parent == folder]
+    assert [(pid, dst.name) for pid, _, dst in into] == [(pids[0], "ddp2.pt")] * 2  # one per epoch, rank 0's
+    assert all(src.parent == folder and src.name.endswith(".tmp") for _, src, _ in into)
+    assert sorted(p.name for p in folder.iterdir()) == ["ddp2.pt", "one.pt"]  # no temporary file left
+
+
 def test_each_rank_draws_its_own_shard_and_a_new_order_each_epoch(runs):
     per_epoch = records(runs, "ddp2", "ranks")
     assert [r["epoch"] for r in per_epoch] == [1, 2]
@@ -103,13 +120,28 @@ def test_each_rank_draws_its_own_shard_and_a_new_order_each_epoch(runs):
 
 
 def test_plain_python_is_a_job_of_one_and_without_set_epoch_every_epoch_repeats(log_dir):
-    run_script("_trainup_ddp.py", "--quick", "--no-set-epoch", "--run-name", "solo", log_dir=log_dir,
-               env={"OMP_NUM_THREADS": "1"})
+    """Also --resume of the DDP script: one epoch, then the second from the checkpoint."""
+    for epochs in ("--epochs", "1"), ("--epochs", "2", "--resume"):
+        run_script("_trainup_ddp.py", "--quick", "--device", "cpu", "--no-set-epoch", *epochs, "--run-name", "solo",
+                   log_dir=log_dir, env={"OMP_NUM_THREADS": "1"})
     run = report.read_run(log_dir / "solo.jsonl")
     assert run["problems"] == [] and run["env"]["world_size"] == 1 and run["env"]["backend"] == "gloo"
-    assert records(log_dir, "solo", "ddp")[0]["launcher"] == "python"
+    assert [r["launcher"] for r in records(log_dir, "solo", "ddp")] == ["python"] * 2
+    raw = [json.loads(line) for line in (log_dir / "solo.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in raw if r["type"] == "epoch"] == [1, 2]  # the second run only ran epoch 2
+    assert run["epochs"][-1]["loss"] < run["epochs"][0]["loss"]
     first = [r["first_indices"] for r in records(log_dir, "solo", "ranks")]
     assert len(first) == 2 and first[0] == first[1]
+
+
+def test_a_sweep_of_the_ddp_script(log_dir):
+    proc = run_script("_trainup_ddp.py", *TINY, "--sweep", "8,16,1024", "--sweep-steps", "2", "--run-name", "sw",
+                      log_dir=log_dir, env={"OMP_NUM_THREADS": "1"})
+    run = report.read_run(log_dir / "sw.jsonl")
+    assert run["problems"] == [] and run["summary"]["status"] == "finished" and run["epochs"] == []
+    sweeps = records(log_dir, "sw", "sweep")
+    assert [s["batch_size"] for s in sweeps] == [8, 16] and all(s["samples_per_s"] > 0 for s in sweeps)
+    assert "batch size 1024: skipped" in proc.stdout
 
 
 def test_a_restart_resumes_from_the_checkpoint_and_ends_like_an_uninterrupted_run(runs, log_dir):
@@ -143,7 +175,7 @@ def test_srun_style_ranks_form_a_job_and_fail_together(log_dir):
     procs = [start([sys.executable, SCRIPT, *TINY, "--run-name", "srun", "--log-dir", str(log_dir),
                     "--checkpoint-dir", str(log_dir / "checkpoints")],
                    dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NNODES="1",
-                        SLURM_NODEID="0", SLURM_JOB_ID="1", MASTER_PORT=str(port), **{distributed.FAULT_ENV: "1:3"}))
+                        SLURM_NODEID="0", SLURM_JOB_ID="1", SLURM_STEP_ID="0", MASTER_PORT=str(port), **{distributed.FAULT_ENV: "1:3"}))
              for r in (0, 1)]
     done = [finish(p) for p in procs]
     assert done[0].returncode != 0 and done[1].returncode != 0
@@ -161,7 +193,9 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
              ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, ["--batch-size", "63"], ["cannot be split"])]
     if not torch.cuda.is_available():
         cases.append(({}, ["--backend", "nccl"], ["--backend nccl", "GPU"]))
-    procs = [start([sys.executable, SCRIPT, "--quick", *flags, "--log-dir", str(log_dir)], env)
+    else:
+        cases.append(({}, ["--backend", "nccl"], ["--backend nccl", "--device cpu"]))
+    procs = [start([sys.executable, SCRIPT, "--quick", "--device", "cpu", *flags, "--log-dir", str(log_dir)], env)
              for env, flags, _ in cases]
     with busy:
         for proc, (_, _, words) in zip(procs, cases):
@@ -184,3 +218,57 @@ def test_launchers_are_read_in_order_torchrun_then_slurm_then_none():
     c = distributed.from_env({})
     assert (c.launcher, c.rank, c.world_size, c.master_port) == ("python", 0, 1, 0)
     assert distributed._slurm_first_host("gpu[03-05,07],cpu01") == "gpu03"
+
+
+def test_python_run_directly_in_an_sbatch_script_says_so_instead_of_waiting(monkeypatch, capsys, log_dir):
+    """The batch script itself sees SLURM_PROCID=0 and SLURM_NTASKS=2 but no job step (srun sets SLURM_STEP_ID):
+    as rank 0 of 2 it would wait for a rank 1 that never comes."""
+    import _trainup_ddp
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_")) or k in ("RANK", "WORLD_SIZE")]:
+        monkeypatch.delenv(k)
+    for k, v in dict(SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NNODES="1", SLURM_JOB_ID="9").items():
+        monkeypatch.setenv(k, v)
+    proc = in_process(_trainup_ddp.main, [*TINY, "--log-dir", log_dir], capsys)
+    assert proc.returncode == 2
+    assert_clean_error(proc, "SLURM_NTASKS=2", "srun did not start this process", "srun python")
+    assert not log_dir.exists()
+    assert distributed.launched_by_srun({"SLURM_STEP_ID": "0"}) and distributed.launched_by_srun({"SLURM_STEPID": "3"})
+    assert not distributed.launched_by_srun({}) and not distributed.launched_by_srun({"SLURM_STEP_ID": "4294967294"})
+
+
+def test_setup_turns_the_stores_errors_into_one_sentence(monkeypatch, capsys, log_dir):
+    """The two errors init_process_group can raise before any training: the others never came (timeout),
+    and a MASTER_PORT taken between the check and the bind."""
+    import _trainup_ddp
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(k)
+    port = distributed.free_port()
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("MASTER_PORT", str(port))
+    proc = in_process(_trainup_ddp.main, [*TINY, "--timeout", "2", "--log-dir", log_dir], capsys)
+    assert proc.returncode == 2
+    assert_clean_error(proc, "rank 0 waited 2 s for the other 1 process(es)", f"127.0.0.1:{port}")
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("MASTER_PORT", str(taken))
+        monkeypatch.setattr(distributed, "port_is_free", lambda port, host="": True)  # as if taken just after
+        proc = in_process(_trainup_ddp.main, [*TINY, "--log-dir", log_dir], capsys)
+    assert proc.returncode == 2
+    assert_clean_error(proc, f"port {taken} (MASTER_PORT) is already in use")
+    assert not log_dir.exists()
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 NVIDIA GPUs: DDP over NCCL against one process on one GPU")
+def test_on_two_gpus_nccl_ranks_end_like_one_gpu(log_dir):
+    gpu_flags = ["--quick", "--dropout", "0", "--no-progress", "--device", "cuda", "--batch-size", "64"]
+    ddp = start(launch.TORCHRUN + launch.torchrun_flags(nproc=2)
+                + [SCRIPT, *gpu_flags, "--run-name", "nccl", "--log-dir", str(log_dir),
+                   "--checkpoint-dir", str(log_dir / "checkpoints")])
+    ok(finish(ddp))
+    run_script("_trainup_gpu.py", *gpu_flags, "--run-name", "g1", log_dir=log_dir)
+    run = report.read_run(log_dir / "nccl.jsonl")
+    assert run["problems"] == [] and run["env"]["backend"] == "nccl" and run["env"]["world_size"] == 2
+    one, two = params(log_dir, "g1"), params(log_dir, "nccl")
+    for k in one:  # cuDNN picks its kernels per shape: close, not bit-equal
+        torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-3, msg=k)
