@@ -3,14 +3,24 @@
 Device selection is tested against torch's own answers, and against a machine with GPUs by making
 torch.cuda report some (selection logic only: nothing runs on them). The script runs are real, on the CPU.
 """
+import json
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from conftest import assert_clean_error, run_script
+from conftest import assert_clean_error, in_process, run_script
 from lessons import gpu, report
 from trainup import UserError, dataparallel, devices
 
 NO_GPU = pytest.mark.skipif(gpu.has_gpu(), reason="this machine has GPUs, so the no-GPU errors cannot happen")
+GPU = pytest.mark.skipif(not gpu.has_gpu(), reason="needs an NVIDIA GPU: the scripts' CUDA paths")
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs: DataParallel's split")
+
+
+def epochs_logged(path):
+    """Every epoch record of a log, in order (report.read_run keeps only the last of each epoch)."""
+    return [r["epoch"] for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "epoch"]
 
 
 @pytest.fixture
@@ -20,6 +30,8 @@ def fake_gpus(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
         monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake GPU")
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))  # an H100: new enough
     return install
 
 
@@ -93,20 +105,13 @@ def test_asking_for_absent_gpus_is_one_sentence_and_a_nonzero_exit(log_dir):
     assert not list(log_dir.glob("*.jsonl"))  # it stopped before it began a log
 
 
-def in_process(main, flags, capsys):
-    """Run a script's main() here (faster than a new interpreter): its exit status and its stderr."""
-    with pytest.raises(SystemExit) as exit:
-        main(flags)
-    return exit.value.code, capsys.readouterr().err.strip()
-
-
 @NO_GPU
 def test_data_parallel_without_the_gpus_asked_for_is_one_sentence(log_dir, capsys):
     import _trainup_dp
     for flags, words in [(["--gpus", "2"], ["--gpus 2", "has 0"]), (["--phases"], ["--phases", "2 or more"])]:
-        status, err = in_process(_trainup_dp.main, ["--quick", "--log-dir", str(log_dir), *flags], capsys)
-        assert status == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
-        assert all(w in err for w in words), err
+        proc = in_process(_trainup_dp.main, ["--quick", "--log-dir", str(log_dir), *flags], capsys)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
+        assert_clean_error(proc, *words)
     assert not log_dir.exists()
 
 
@@ -116,26 +121,32 @@ def test_bad_lesson_flags_are_one_sentence(capsys):
                          (["--workers", "-1"], ["--workers", "0 or more"]),
                          (["--precision", "8"], ["--precision", "invalid choice"]),
                          (["--dataset", "synthetic", "--resident"], ["--resident", "synthetic"])]:
-        status, err = in_process(_trainup_gpu.parse_args, ["--quick", *flags], capsys)
-        assert status == 2 and len(err.splitlines()) == 1, err
-        assert all(w in err for w in words), err
+        proc = in_process(_trainup_gpu.parse_args, ["--quick", *flags], capsys)
+        assert proc.returncode == 2
+        assert_clean_error(proc, *words)
 
 
 def test_one_device_on_the_cpu_and_data_parallel_pass_through_train_the_same_model(log_dir):
-    """The same flags give the same losses: without GPUs, nn.DataParallel just calls the model."""
-    run_script("_trainup_gpu.py", "--quick", "--device", "cpu", "--run-name", "one", log_dir=log_dir)
-    proc = run_script("_trainup_dp.py", "--quick", "--run-name", "dp", log_dir=log_dir)
+    """The same flags give the same losses: without GPUs, nn.DataParallel just calls the model. The
+    DataParallel run stops after one epoch and resumes (--resume): it must still match, epoch for epoch."""
+    flags = ["--quick", "--dropout", "0"]  # dropout draws from the RNG, which a checkpoint does not keep
+    run_script("_trainup_gpu.py", *flags, "--device", "cpu", "--run-name", "one", log_dir=log_dir)
+    run_script("_trainup_dp.py", *flags, "--epochs", "1", "--run-name", "dp", log_dir=log_dir)
+    proc = run_script("_trainup_dp.py", *flags, "--epochs", "2", "--resume", "--run-name", "dp", log_dir=log_dir)
     one, dp = report.read_run(log_dir / "one.jsonl"), report.read_run(log_dir / "dp.jsonl")
     for run in (one, dp):
         assert run["problems"] == [] and run["summary"]["status"] == "finished"
         assert run["epochs"][-1]["loss"] < run["epochs"][0]["loss"]
-        assert run["env"]["device"] == "cpu"
-        assert not [e for e in run["extra"] if e["type"] == "gpu"]  # no GPU, no samples, no error
+    assert one["env"]["device"] == "cpu" and not [e for e in one["extra"] if e["type"] == "gpu"]
     assert one["config"]["args"]["workers"] == 0
+    assert epochs_logged(log_dir / "dp.jsonl") == [1, 2]  # the resumed run ran epoch 2 only
     if not gpu.has_gpu():
         assert "No GPU here, so this run trains on the CPU" in proc.stdout
+        assert dp["env"]["device"] == "cpu" and not [e for e in dp["extra"] if e["type"] == "gpu"]
         assert dp["config"]["args"]["gpus"] == 0 and dp["env"]["backend"] == "none"
         assert [e["loss"] for e in dp["epochs"]] == pytest.approx([e["loss"] for e in one["epochs"]], rel=1e-5)
+    else:  # every GPU, and its samples
+        assert dp["env"]["device"] == "cuda:0" and [e for e in dp["extra"] if e["type"] == "gpu"]
     state = torch.load(log_dir / "checkpoints" / "dp.pt", weights_only=True)
     assert not any(k.startswith("module.") for k in state["model"])  # the model saved, not its wrapper
 
@@ -175,3 +186,80 @@ def test_a_sweep_logs_throughput_for_each_batch_size_that_fits(log_dir):
     assert list(both["label"])[-1] == "sweep (H100_2026-01-01)"
     table = gpu.runs([folder / "gpu_sweep.jsonl"], log_dir)
     assert list(table["measured_on"]) == ["H100_2026-01-01"] and list(table["device"]) == ["cpu"]
+
+
+def test_fp16_with_its_grad_scaler_trains_on_the_cpu_and_resumes_with_its_loss_scale(log_dir):
+    """--precision 16: autocast to float16 and a GradScaler, here on the CPU (torch has both there)."""
+    flags = ["--quick", "--device", "cpu", "--precision", "16", "--run-name", "fp16"]
+    run_script("_trainup_gpu.py", *flags, "--epochs", "1", log_dir=log_dir)
+    saved = torch.load(log_dir / "checkpoints" / "fp16.pt", weights_only=True)["scaler"]
+    assert saved["scale"] > 0 and saved["_growth_tracker"] >= 0  # the scaler's state is in the checkpoint
+    run_script("_trainup_gpu.py", *flags, "--epochs", "2", "--resume", log_dir=log_dir)
+    run = report.read_run(log_dir / "fp16.jsonl")
+    assert run["problems"] == [] and run["config"]["args"]["precision"] == "16"
+    assert epochs_logged(log_dir / "fp16.jsonl") == [1, 2]
+    assert run["epochs"][-1]["test_accuracy"] > 0.3  # learned, in half precision; chance is 0.1
+
+
+@pytest.mark.parametrize("script", ["_trainup_gpu", "_trainup_dp", "_trainup_ddp"])
+def test_the_test_loss_is_computed_in_fp32_from_half_precision_logits(script):
+    """Autocast's own cross-entropy runs in fp32; a loss taken outside it from bf16/fp16 logits would be
+    rounded to 3 significant digits."""
+    import importlib
+    module = importlib.import_module(script)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 10))
+    x, y = torch.randn(64, 4, 4), torch.randint(0, 10, (64,))
+    meter = module.evaluate(net, [(x, y)], torch.device("cpu"), "bf16")
+    with devices.autocast("cpu", "bf16"), torch.no_grad():
+        logits = net(x)
+    assert logits.dtype == torch.bfloat16
+    assert meter.mean_loss == pytest.approx(F.cross_entropy(logits.float(), y).item(), rel=1e-6)
+
+
+def test_a_sweep_of_the_data_parallel_script(log_dir):
+    run_script("_trainup_dp.py", "--quick", "--sweep", "8,16", "--sweep-steps", "2", "--run-name", "dpsweep",
+               log_dir=log_dir)
+    run = report.read_run(log_dir / "dpsweep.jsonl")
+    assert run["problems"] == [] and run["summary"]["status"] == "finished" and run["epochs"] == []
+    sweeps = [e for e in run["extra"] if e["type"] == "sweep"]
+    assert [s["batch_size"] for s in sweeps] == [8, 16] and all(s["samples_per_s"] > 0 for s in sweeps)
+
+
+def test_a_gpu_too_old_for_the_cuda_build_is_one_sentence_with_what_to_install():
+    cuda13 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    sentence = devices.too_old([("Tesla V100-SXM2-32GB", (7, 0))], cuda13, "13.0")
+    assert "Tesla V100-SXM2-32GB (compute capability 7.0) is too old" in sentence
+    assert "7.5 and newer" in sentence and devices.OLDER_CUDA_INDEX in sentence and "cu126" in sentence
+    assert len(sentence.splitlines()) == 1
+    assert devices.too_old([("T4", (7, 5)), ("H100", (9, 0))], cuda13, "13.0") is None
+    assert devices.too_old([("P100", (6, 0))], ["sm_50", "sm_60", "sm_70", "sm_90"], "12.6") is None
+    assert devices.too_old([("H100", (9, 0))], [], None) is None  # a CPU-only torch has no arch list
+
+
+def test_a_too_old_gpu_stops_a_script_with_that_sentence(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(devices, "too_old", lambda: "GPU P100 (compute capability 6.0) is too old for this torch")
+    with pytest.raises(UserError, match="P100 .* too old.*; or use --device cpu"):
+        devices.pick("auto")
+
+
+@GPU
+def test_on_a_gpu_fp16_trains_and_the_gpu_is_sampled(log_dir):
+    run_script("_trainup_gpu.py", "--quick", "--device", "cuda", "--precision", "16", "--workers", "2",
+               "--run-name", "cuda16", log_dir=log_dir)
+    run = report.read_run(log_dir / "cuda16.jsonl")
+    assert run["problems"] == [] and run["env"]["device"] == "cuda:0"
+    assert run["epochs"][-1]["loss"] < run["epochs"][0]["loss"]
+    assert [e for e in run["extra"] if e["type"] == "gpu"] and not [e for e in run["extra"] if e["type"] == "gpumon"]
+    assert devices.too_old() is None
+
+
+@TWO_GPUS
+def test_on_two_gpus_data_parallel_times_its_phases_in_the_precision_asked(log_dir):
+    run_script("_trainup_dp.py", "--quick", "--gpus", "2", "--precision", "16", "--phases", "--run-name", "dp2",
+               log_dir=log_dir)
+    run = report.read_run(log_dir / "dp2.jsonl")
+    phases = [e for e in run["extra"] if e["type"] == "dp_phases"]
+    assert run["problems"] == [] and len(phases) == 1 and phases[0]["gpus"] == 2

@@ -85,6 +85,75 @@ def test_without_nvml_asking_for_a_gpu_gives_nothing_quietly(capfd):
     assert out == "" and err == ""  # nvitop's "NVML not found" banner is swallowed
 
 
+def fake_nvitop(monkeypatch, visible):
+    """An nvitop module whose Device.from_cuda_visible_devices() returns visible(), or raises what it raises."""
+    import sys
+    import types
+
+    class NVMLError(Exception):
+        pass
+    module = types.ModuleType("nvitop")
+    module.libnvml = types.SimpleNamespace(NVMLError=NVMLError)
+    module.Device = types.SimpleNamespace(from_cuda_visible_devices=lambda: visible(NVMLError))
+    monkeypatch.setitem(sys.modules, "nvitop", module)
+    return NVMLError
+
+
+class FakeDevice:
+    def gpu_utilization(self):
+        return 42
+
+    def memory_used(self):
+        return 2**30
+
+    def memory_total(self):
+        return 2**31
+
+
+def test_nvitop_source_means_no_gpu_only_for_nvml_errors_and_raises_the_rest(monkeypatch):
+    def no_nvml(error):
+        raise error("NVML Shared Library Not Found")
+    fake_nvitop(monkeypatch, no_nvml)
+    assert gpumon.nvitop_source([0]) is None
+    fake_nvitop(monkeypatch, lambda error: [])
+    assert gpumon.nvitop_source([0]) is None  # no visible GPU
+    fake_nvitop(monkeypatch, lambda error: [FakeDevice()])
+    assert gpumon.nvitop_source([1]) is None  # not that GPU
+    assert gpumon.nvitop_source([0])() == [dict(gpu=0, utilization_pct=42, memory_used_mb=1024.0,
+                                                memory_total_mb=2048.0)]
+
+    def bug(error):
+        raise TypeError("a bug in the sampling code")
+    fake_nvitop(monkeypatch, bug)
+    with pytest.raises(TypeError, match="a bug"):  # not hidden as "no GPU"
+        gpumon.nvitop_source([0])
+
+
+def test_failed_readings_are_written_to_the_log(tmp_path):
+    args = Namespace(run_name="flaky", log_dir=str(tmp_path), lesson="gpu", resume=False)
+    log = metrics.RunLog(args, "_trainup_gpu.py", "cuda:0")
+    calls = iter([RuntimeError("NVML hiccup"), [dict(gpu=0, utilization_pct=5.0, memory_used_mb=1.0,
+                                                     memory_total_mb=2.0)], ValueError("odd reading")])
+
+    def source():
+        value = next(calls)
+        if isinstance(value, Exception):
+            raise value
+        return value
+    monitor = gpumon.Monitor(log.write, source)
+    monitor.started = 0
+    for _ in range(3):
+        monitor.sample()
+    monitor.stop()
+    monitor.stop()
+    log.summary()
+    run = report.read_run(tmp_path / "flaky.jsonl")
+    assert run["problems"] == []
+    errors = [r for r in run["extra"] if r["type"] == "gpumon"]
+    assert len(errors) == 1 and errors[0]["errors"] == 2 and errors[0]["samples"] == 1
+    assert errors[0]["last_error"] == "ValueError: odd reading"
+
+
 def test_samples_in_a_run_log_line_up_with_the_sweep_that_ran(tmp_path, monkeypatch):
     """Samples go through a real RunLog; the lesson's table gives each batch size the samples of its window."""
     monkeypatch.setattr(report, "IMAGE_DIR", tmp_path / "images")

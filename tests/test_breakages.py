@@ -1,0 +1,78 @@
+"""The check of the checks: each deliberate breakage of the course must make its matching test fail.
+
+For each breakage, scripts/ is copied to a scratch folder, ONE small textual patch is applied to the copy
+(the patch must apply exactly once, so a rewritten script cannot silently make a breakage a no-op), and
+the cheapest test that guards that claim runs in a fresh pytest against the copy (conftest honours
+TRAINUP_SCRIPTS_DIR). The test must fail, by an assertion, not by an error. Nothing in scripts/ carries a
+test-only switch for this.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+# (what breaks, file under scripts/, text to replace, its replacement, the test that must fail)
+BREAKAGES = {
+    "all-reduce sums instead of averaging": (
+        "_trainup_ddp.py",
+        "    model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)  # all-reduces gradients\n",
+        "    model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)  # all-reduces gradients\n"
+        "    model.register_comm_hook(None, lambda _, bucket: torch.distributed.all_reduce(\n"
+        "        bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0]))  # SUM, not divided\n",
+        "test_ddp.py::test_two_ranks_with_half_the_batch_end_like_one_process_with_all_of_it"),
+    "resume ignored": (
+        "_trainup_cpu.py",
+        "start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler) if args.resume else 1",
+        "start_epoch = 1",
+        "test_cpu_script.py::test_resume_runs_only_the_missing_epochs_and_ends_like_a_straight_run"),
+    "non-atomic save": (
+        "trainup/checkpoint.py",
+        "               tmp)\n    os.replace(tmp, path)\n",
+        "               path)\n",
+        "test_metrics.py::test_a_checkpoint_being_written_never_replaces_the_last_good_one_until_it_is_whole"),
+    "every rank writes the checkpoint": (
+        "_trainup_ddp.py",
+        "        if ctx.is_main:  # one writer",
+        "        if True:  # one writer",
+        "test_ddp.py::test_only_rank_0_writes_the_checkpoint_and_always_through_a_rename"),
+    "normalisation removed": (
+        "trainup/data.py",
+        "x, y = _normalize(x, (MNIST_MEAN,), (MNIST_STD,))[order], y[order]",
+        "x, y = x[order], y[order]",
+        "test_data.py::test_digits_are_normalised_with_mnists_mean_and_std"),
+    "Hogwild workers on private copies": (
+        "_trainup_cpu.py",
+        "    torch.set_num_threads(args.threads)\n    sampler = data.ShuffleSampler(len(train_set), args.seed, rank,",
+        "    torch.set_num_threads(args.threads)\n    model = __import__(\"copy\").deepcopy(model)\n"
+        "    sampler = data.ShuffleSampler(len(train_set), args.seed, rank,",
+        "test_cpu_script.py::test_two_hogwild_processes_train_one_shared_model"),
+    "a log record with a wrong type": (
+        "trainup/metrics.py",
+        "line = dict(epoch=epoch, loss=train.mean_loss,",
+        "line = dict(epoch=str(epoch), loss=train.mean_loss,",
+        "test_metrics.py::test_every_record_follows_the_schema"),
+}
+
+
+@pytest.mark.parametrize("name", BREAKAGES)
+def test_the_breakage_makes_its_test_fail(name, tmp_path):
+    file, old, new, test = BREAKAGES[name]
+    copy = tmp_path / "scripts"
+    shutil.copytree(ROOT / "scripts", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "data").symlink_to(ROOT / "data")  # the offline digits' cache, as beside the real scripts/
+    target = copy / file
+    text = target.read_text()
+    assert text.count(old) == 1, f"the breakage {name!r} no longer applies to scripts/{file}: update it"
+    target.write_text(text.replace(old, new))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", f"tests/{test}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TRAINUP_SCRIPTS_DIR": str(copy)})
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
+    assert proc.returncode == 1 and re.search(r"\b1 failed\b", summary) and "error" not in summary, (
+        f"with {name!r}, {test} did not fail as it must: {summary}\n{proc.stdout[-3000:]}")
