@@ -140,7 +140,7 @@ def setup(args):
     ctx.timeout_s = args.timeout
     if ctx.launcher == "slurm" and ctx.world_size > 1 and not launched_by_srun():
         raise UserError(f"SLURM_NTASKS={ctx.world_size} but srun did not start this process (python was run "
-                        f"directly in the batch script), so the other {ctx.world_size - 1} process(es) would never "
+                        f"directly, in the batch script or an salloc shell), so the other {ctx.world_size - 1} process(es) would never "
                         f"come; start it as srun python ..., one task per process")
     if args.batch_size % ctx.world_size:
         raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
