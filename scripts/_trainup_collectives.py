@@ -8,7 +8,7 @@ and what a mistake looks like. Run it under torchrun with 2 or more processes (g
     torchrun ... scripts/_trainup_collectives.py --show hang --timeout 5   # a rank skips a collective
 
 Rank 0 gathers every rank's tensors and writes them to logs/<run>.jsonl (records collective,
-allreduce_bw, ddp_broadcast, ddp_buckets, bn_stats: logs/README.md), so the output is in rank order.
+allreduce_bw, ddp_broadcast, ddp_buckets, ddp_step, bn_stats: logs/README.md), so the output is in rank order.
 """
 import argparse
 import datetime
@@ -154,7 +154,14 @@ def show_ddp(log, rank, world, seed):
                   f"{', '.join(f'{m * 1024:.1f}' for m in line['bucket_mb'])} KiB; {early} all-reduce(s) launched "
                   f"before backward had computed its last gradient")
 
-    # 3. BatchNorm: each rank normalises with its own half-batch statistics; SyncBatchNorm's sums.
+    # 3. The optimizer: every rank steps its own copy, with the same averaged gradients.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = gather(fingerprint(model.module)[0])
+    F.cross_entropy(model(x[mine]), y[mine]).backward()
+    optimizer.step()
+    log.write("ddp_step", world_size=world, params_before=before, params_after=gather(fingerprint(model.module)[0]))
+
+    # 4. BatchNorm: each rank normalises with its own half-batch statistics; SyncBatchNorm's sums.
     model = DDP(models.build(*shape_args(seed)))
     model(x[mine])
     running = gather(model.module.bn1.running_mean.tolist())
@@ -192,7 +199,8 @@ def show_hang(rank, timeout):
 
 def parse_args(argv=None):
     p = cli.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--show", default="collectives", choices=SHOWS)
+    p.add_argument("--show", default="collectives",
+                   help=f"what to show, one or several comma-separated: {', '.join(SHOWS)}")
     p.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M", help="all_reduce message sizes (bytes)")
     p.add_argument("--timeout", type=cli.positive(float), default=300,
                    help="seconds a process waits for the others in a collective")
@@ -202,6 +210,11 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="sizes up to 4 MB only")
     p.add_argument("--no-progress", action="store_true", help="(accepted like every lesson script)")
     args = p.parse_args(argv)
+    args.show = args.show.split(",")
+    if not set(args.show) <= set(SHOWS):
+        p.error(f"--show takes {', '.join(SHOWS)}, got {','.join(args.show)!r}")
+    if len(args.show) > 1 and set(args.show) & {"mismatch", "hang"}:
+        p.error("--show mismatch and --show hang fail on purpose: run each alone")
     try:
         args.sizes = [size_bytes(s) for s in args.sizes.split(",")]
         assert min(args.sizes) > 0
@@ -210,7 +223,7 @@ def parse_args(argv=None):
     if args.quick:
         args.sizes = [s for s in args.sizes if s <= 4 * 2**20] or args.sizes[:1]
     args.lesson, args.resume = "ddp", False
-    args.run_name = args.run_name or f"collectives_{args.show}_{time.strftime('%Y%m%d-%H%M%S')}"
+    args.run_name = args.run_name or f"collectives_{time.strftime('%Y%m%d-%H%M%S')}"
     return args
 
 
@@ -225,16 +238,17 @@ def main(argv=None):
                             timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = ctx.rank, ctx.world_size
     torch.set_num_threads(1)
-    if args.show in ("mismatch", "hang"):  # these fail on purpose: nothing to log
-        show_mismatch(rank) if args.show == "mismatch" else show_hang(rank, args.timeout)
+    if args.show[0] in ("mismatch", "hang"):  # these fail on purpose: nothing to log
+        show_mismatch(rank) if args.show[0] == "mismatch" else show_hang(rank, args.timeout)
     else:
         log = metrics.RunLog(args, __file__, "cpu", world, "gloo", enabled=rank == 0)
-        if args.show == "collectives":
-            show_collectives(log, rank, world)
-        elif args.show == "bandwidth":
-            show_bandwidth(log, rank, world, args.sizes)
-        else:
-            show_ddp(log, rank, world, args.seed)
+        for show in args.show:
+            if show == "collectives":
+                show_collectives(log, rank, world)
+            elif show == "bandwidth":
+                show_bandwidth(log, rank, world, args.sizes)
+            else:
+                show_ddp(log, rank, world, args.seed)
         log.summary()
     dist.barrier()
     dist.destroy_process_group()

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models
 
 
-def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler, accumulate=1):
+def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler, accumulate=1, warmup=None):
     model.train()
     meter = metrics.Meter()
     steps = len(loader) if accumulate > 1 else None
@@ -43,6 +43,8 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, precisio
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad()
+            if warmup is not None and warmup.last_epoch < warmup.total_iters:
+                warmup.step()  # --warmup-steps: the rate grows step by step to --lr
         meter.add(loss, logits, y)
     return meter
 
@@ -71,7 +73,8 @@ def evaluate(model, loader, device, precision):
 
 
 def optimizer_for(model, args):
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+    optimizer = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) if args.optimizer == "sgd"
+                 else torch.optim.Adadelta(model.parameters(), lr=args.lr))
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
@@ -134,6 +137,10 @@ def parse_args(argv=None):
                    help="forget sampler.set_epoch(), to see every epoch repeat the same order")
     p.add_argument("--accumulate", type=cli.positive(int), default=None,
                    help="split each rank's batch into K micro-batches, all-reduced once (no_sync), and count all-reduces")
+    p.add_argument("--optimizer", default="adadelta", choices=("adadelta", "sgd"),
+                   help="sgd: momentum 0.9, the optimizer of the linear scaling rule (set --lr, e.g. 0.01)")
+    p.add_argument("--warmup-steps", type=cli.positive(int), default=None,
+                   help="raise the learning rate linearly from lr/N to lr over the first N steps")
     p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over the whole global batch (GPUs)")
     args = cli.parse(p, argv)
     if args.workers is not None and args.workers < 0:
@@ -186,6 +193,8 @@ def main(argv=None):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics all-gathered over the ranks
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # all-reduces gradients
     allreduces = count_allreduces(model) if args.accumulate else None
+    warmup = (torch.optim.lr_scheduler.LinearLR(optimizer, 1 / args.warmup_steps, total_iters=args.warmup_steps - 1)
+              if args.warmup_steps and start_epoch == 1 else None)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **distributed.describe(ctx, args))
     monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
@@ -207,7 +216,7 @@ def main(argv=None):
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
         train = train_epoch(model, distributed.faults(train_loader, ctx, epoch), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device, args.precision, scaler, accumulate)
+                            args.show_progress and ctx.is_main, device, args.precision, scaler, accumulate, warmup)
         scheduler.step()
         if allreduces:
             log.write("accumulate", epoch=epoch, accumulate=accumulate, micro_batch=args.batch_size // ctx.world_size

@@ -37,6 +37,7 @@ SCHEMA = {
     "ddp_broadcast": ("world_size", "params_before", "params_after", "buffers_before", "buffers_after"),
     "ddp_buckets": ("bucket_cap_mb", "buckets", "bucket_mb", "allreduce_calls", "before_backward_end",
                     "parameters", "step_s"),
+    "ddp_step": ("world_size", "params_before", "params_after"),
     "bn_stats": ("world_size", "running_mean_rank_diff", "local_mean_vs_full", "allreduced_mean_vs_full"),
 }
 COMMON = ("type", "run", "time")
