@@ -70,7 +70,8 @@ def fail(show, *args, nproc=2, timeout=300, env=None):
 def key_line(output, kind):
     """The line of a failed job's output that says what went wrong (its first match of KEY_LINES[kind])."""
     match = re.search(KEY_LINES[kind], output)
-    assert match, f"no {kind!r} line in the job's output:\n{output[-2000:]}"
+    errors = [line for line in output.splitlines() if "Error" in line]
+    assert match, f"no {kind!r} line in the job's output; its errors:\n" + "\n".join(errors[:10])
     return match.group(0).strip()
 
 
