@@ -240,8 +240,9 @@ def main(argv=None):
                             timeout=datetime.timedelta(seconds=max(args.timeout, 120)))
     rank, world = ctx.rank, ctx.world_size
     torch.set_num_threads(1)
-    if args.show[0] in ("mismatch", "hang"):  # these fail on purpose: nothing to log
+    if args.show[0] in ("mismatch", "hang"):  # these fail on purpose: nothing to log, no goodbye
         show_mismatch(rank) if args.show[0] == "mismatch" else show_hang(rank, args.timeout)
+        return
     else:
         log = metrics.RunLog(args, __file__, "cpu", world, "gloo", enabled=rank == 0)
         for show in args.show:

@@ -21,7 +21,8 @@ SCRIPT = "_trainup_collectives.py"
 # What each failure says; the first line of a job's output that matches is shown.
 KEY_LINES = {"mismatch": r"Detected mismatch between collectives.*?(?=Collectives differ|$)",
              "hang": r"Timed out waiting \d+ms for \w+ operation to complete",
-             "shape": r"(?:RuntimeError|ValueError): .*"}
+             "wrong": r"rank \d: all_reduce returned .*",
+             "closed": r"Connection closed by peer"}
 
 
 def ring_factor(world):
@@ -250,3 +251,46 @@ def lr_table(names, log_dir=LOG_DIR):
                        steps=runs["run"].map(lambda n: -(-epochs[epochs["run"] == n]["samples"].iloc[0]
                                                           // lr[n]["batch_size"])))
     return runs[["run", "batch_size", "lr", "warmup", "steps", "first_loss", "loss", "test_accuracy"]], epochs
+
+
+def error_sentence(script, *args, env=None, timeout=300):
+    """Run scripts/<script> with flags that must be refused: asserts one sentence and a non-zero exit."""
+    import sys
+    cmd = [sys.executable, f"scripts/{script}", *map(str, args)]
+    print("$ python", " ".join(cmd[1:]))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=launch.environment(env))
+    err = proc.stderr.strip()
+    assert proc.returncode != 0 and len(err.splitlines()) == 1 and "Traceback" not in err, \
+        f"expected one sentence and a non-zero exit, got status {proc.returncode}:\n{err[-2000:]}"
+    return f"exit status {proc.returncode}: {err}"
+
+
+def nccl_debug_lines(first=8, timeout=300):
+    """One process of _trainup_ddp.py on NCCL with NCCL_DEBUG=INFO: the first 'NCCL INFO' lines it prints."""
+    import sys
+    cmd = [sys.executable, "scripts/_trainup_ddp.py", "--device", "cuda", "--backend", "nccl", "--quick",
+           "--epochs", "1", "--no-progress", "--run-name", "inside_nccl_debug"]
+    print("$ NCCL_DEBUG=INFO python", " ".join(cmd[1:]))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=launch.environment({"NCCL_DEBUG": "INFO"}))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "NCCL INFO" in line]
+    assert lines, "NCCL_DEBUG=INFO printed no 'NCCL INFO' line"
+    return lines[:first]
+
+
+def about_lr(t):
+    """Sentences from lr_table's runs, in its order: small batch; large batch, same rate; large batch, rate x k;
+    the same with warm-up. Directions are worked out from the final losses."""
+    small, big, scaled, warm = (t.iloc[i] for i in range(4))
+    k = big["batch_size"] / small["batch_size"]
+    cmp = lambda a, b: "lower" if a < b else "higher"  # noqa: E731
+    return (f"Batch {big['batch_size']} ({k:.0f}x) at the same rate takes {big['steps']} steps an epoch instead of "
+            f"{small['steps']} and ends at loss {big['loss']:.3f}, {cmp(big['loss'], small['loss'])} than the small "
+            f"batch's {small['loss']:.3f}. With the rate scaled {scaled['lr'] / big['lr']:.0f}x (the linear rule) it "
+            f"ends at {scaled['loss']:.3f}, {cmp(scaled['loss'], big['loss'])} than at the same rate; with "
+            f"{warm['warmup']} warm-up steps as well, {warm['loss']:.3f}, {cmp(warm['loss'], scaled['loss'])} than "
+            f"without warm-up. " + ("The large batch has not caught up with the small one in these few epochs: "
+                                    "the rule keeps the progress per sample comparable over a longer run, not after a "
+                                    "handful of steps." if min(scaled["loss"], warm["loss"]) > small["loss"] else
+                                    "Scaled, the large batch caught up with the small one."))
