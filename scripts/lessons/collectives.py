@@ -154,15 +154,16 @@ def bandwidth_plot(t, name):
 def about_bandwidth(t):
     """Sentences worked out from the measured table: how time and bandwidth change with size."""
     t = t.sort_values("size_bytes")
+    t = t.astype({"size_bytes": int})
     small, large = t.iloc[0], t.iloc[-1]
     ratio_size, ratio_time = large["size_bytes"] / small["size_bytes"], large["time_s"] / small["time_s"]
     best = t.loc[t["busbw_gbps"].idxmax()]
     n = int(t["world_size"].iloc[0])
-    return (f"From {small['size_bytes']:,} to {large['size_bytes']:,} bytes the message grew {ratio_size:,.0f}x and "
+    return (f"From {int(small['size_bytes']):,} to {int(large['size_bytes']):,} bytes the message grew {ratio_size:,.0f}x and "
             f"the time {ratio_time:,.1f}x: " + ("small messages cost a fixed latency more than their bytes, "
                                                 if ratio_time < ratio_size / 10 else "time grew about with size, ")
             + f"so the bandwidth {'rises' if best['size_bytes'] > small['size_bytes'] else 'does not rise'} with size, "
-            f"up to {best['busbw_gbps']:.2f} GB/s bus bandwidth at {best['size_bytes']:,} bytes. With N={n} the ring "
+            f"up to {best['busbw_gbps']:.2f} GB/s bus bandwidth at {int(best['size_bytes']):,} bytes. With N={n} the ring "
             f"factor 2(N-1)/N is {ring_factor(n):.2f}" + (", so busbw equals algbw here; with 8 GPUs it would be "
                                                            f"{ring_factor(8):.2f}." if n == 2 else "."))
 
