@@ -124,10 +124,8 @@ def test_bad_flags_are_one_sentence_and_a_nonzero_exit(tmp_path):
              (py + [DDP_SCRIPT, "--quick", "--sync-bn"], ["BatchNorm", "cnn_bn"]),
              (py + [COLLECTIVES, "--show", "ddp"], ["2 or more processes"]),
              (py + [COLLECTIVES, "--show", "bandwidth", "--sizes", "1Q"], ["--sizes"]),
-             (py + [COLLECTIVES, "--show", "hang,ddp"], ["alone"])]
-    if not torch.cuda.is_available():
-        cases.append((py + [DDP_SCRIPT, "--quick", "--model", "cnn_bn", "--sync-bn", "--device", "cpu"],
-                      ["--sync-bn needs GPUs"]))
+             (py + [COLLECTIVES, "--show", "hang,ddp"], ["alone"]),
+             (py + [DDP_SCRIPT, "--quick", "--model", "cnn_bn", "--sync-bn", "--device", "cpu"], ["--sync-bn needs GPUs"])]
     procs = [start([*map(str, cmd), "--log-dir", str(tmp_path)]) for cmd, _ in cases]
     for proc, (cmd, words) in zip(procs, cases):
         done = finish(proc)
