@@ -32,6 +32,14 @@ SCHEMA = {
             "restart_count", "backend", "timeout_s", "global_batch", "per_rank_batch", "ranks"),
     "ranks": ("epoch", "rank", "loss", "accuracy", "samples", "first_indices"),
     "gpumon": ("samples", "errors", "last_error"),
+    "accumulate": ("epoch", "accumulate", "micro_batch", "micro_batches", "allreduce_calls"),
+    "collective": ("op", "how", "world_size", "before", "after"),
+    "allreduce_bw": ("size_bytes", "world_size", "repeats", "time_s", "algbw_gbps", "busbw_gbps", "ring_factor"),
+    "ddp_broadcast": ("world_size", "params_before", "params_after", "buffers_before", "buffers_after"),
+    "ddp_buckets": ("bucket_cap_mb", "buckets", "bucket_mb", "allreduce_calls", "before_backward_end",
+                    "parameters", "step_s"),
+    "ddp_step": ("world_size", "params_before", "params_after"),
+    "bn_stats": ("world_size", "running_mean_rank_diff", "local_mean_vs_full", "allreduced_mean_vs_full"),
 }
 COMMON = ("type", "run", "time")
 

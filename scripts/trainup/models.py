@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MODELS = ("cnn", "resnet18", "resnet50")
+MODELS = ("cnn", "cnn_bn", "resnet18", "resnet50")
 
 
 class Net(nn.Module):
@@ -26,11 +26,26 @@ class Net(nn.Module):
         return self.fc2(x)  # logits: F.cross_entropy applies the log-softmax
 
 
+class NetBN(Net):
+    """The same CNN with a BatchNorm after each convolution. Its statistics come from the batch, so under
+    DDP they depend on how the batch is split over the processes (lesson 04: SyncBatchNorm)."""
+    def __init__(self, shape=(1, 28, 28), num_classes=10, dropout=0.25):
+        super().__init__(shape, num_classes, dropout)
+        self.bn1, self.bn2 = nn.BatchNorm2d(32), nn.BatchNorm2d(64)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return self.fc2(x)
+
+
 def build(args, dataset):
     """The model args ask for, shaped for dataset; the same seed gives the same weights."""
     torch.manual_seed(args.seed)
-    if args.model == "cnn":
-        return Net(dataset.shape, dataset.num_classes, args.dropout)
+    if args.model in ("cnn", "cnn_bn"):
+        return (Net if args.model == "cnn" else NetBN)(dataset.shape, dataset.num_classes, args.dropout)
     import torchvision  # imported only here: it adds seconds to every start
     model = getattr(torchvision.models, args.model)(weights=None, num_classes=dataset.num_classes)
     if dataset.shape[0] != 3:  # grey images: a first layer that takes one channel

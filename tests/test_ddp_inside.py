@@ -1,0 +1,133 @@
+"""Inside DDP, run for real with 2 gloo processes: the collectives, all_reduce bandwidth, DDP's broadcast and
+buckets, no_sync accumulation, BatchNorm statistics, and what mistakes and bad flags look like."""
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, assert_clean_error
+from lessons import collectives, launch, report
+from test_ddp import finish, ok, start
+
+COLLECTIVES = str(ROOT / "scripts" / "_trainup_collectives.py")
+DDP_SCRIPT = str(ROOT / "scripts" / "_trainup_ddp.py")
+TINY = ["--quick", "--dropout", "0", "--no-progress"]
+
+
+def torchrun(script, *args):
+    return start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [script, *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Every job of this file, started together (the machine has 2 cores; most of each job is waiting)."""
+    log_dir = tmp_path_factory.mktemp("inside") / "logs"
+    out = dict(log_dir=log_dir)
+    common = ["--log-dir", log_dir]
+    train = [*TINY, "--batch-size", 64, *common, "--checkpoint-dir", log_dir / "checkpoints"]
+    procs = dict(
+        shows=torchrun(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
+                       "--run-name", "shows", *common),
+        acc1=torchrun(DDP_SCRIPT, *train, "--accumulate", 1, "--run-name", "acc1"),
+        acc4=torchrun(DDP_SCRIPT, *train, "--accumulate", 4, "--run-name", "acc4"),
+        mismatch=start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [COLLECTIVES, "--show", "mismatch"],
+                       {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+        hang=torchrun(COLLECTIVES, "--show", "hang", "--timeout", 3))
+    for name, proc in procs.items():
+        out[name] = finish(proc)
+    for name in ("shows", "acc1", "acc4"):
+        ok(out[name])
+    return out
+
+
+def extra(jobs, name, kind):
+    return [r for r in report.read_run(jobs["log_dir"] / f"{name}.jsonl")["extra"] if r["type"] == kind]
+
+
+def test_each_collective_gives_every_rank_what_it_defines(jobs):
+    got = {r["op"]: r for r in extra(jobs, "shows", "collective")}
+    assert got["broadcast"]["before"] == [[1, 1], [2, 2]] and got["broadcast"]["after"] == [[1, 1], [1, 1]]
+    assert got["all_reduce"]["after"] == [[3, 30], [3, 30]]
+    assert got["all_gather"]["after"] == [[[1, 10], [2, 20]]] * 2
+    assert got["reduce_scatter"]["before"] == [[0, 1, 2, 3], [100, 101, 102, 103]]
+    assert got["reduce_scatter"]["after"] == [[100, 102], [104, 106]]
+    assert got["reduce_scatter"]["how"]  # the call that did it, or the fallback, from the attempt
+    assert collectives.check_collectives("shows", jobs["log_dir"]).count("hold what it defines") == 4
+
+
+def test_the_collectives_check_catches_a_wrong_result():
+    before = [[1.0, 10.0], [2.0, 20.0]]
+    assert collectives.expected("all_reduce", before, 2) == [[3.0, 30.0]] * 2
+    assert collectives.expected("reduce_scatter", [[0, 1, 2, 3], [100, 101, 102, 103]], 2) == [[100, 102], [104, 106]]
+    assert collectives.expected("broadcast", before, 2) != before
+
+
+def test_bus_bandwidth_is_algbw_times_the_ring_factor(jobs):
+    assert collectives.ring_factor(2) == 1.0 and collectives.ring_factor(8) == 1.75
+    assert collectives.bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75e9)
+    assert collectives.bus_bandwidth(2**20, 0.5, 4) == pytest.approx(2**21 * 1.5)
+    t = collectives.bandwidth_table("shows", jobs["log_dir"])  # checks every row against the definitions
+    assert t["size_bytes"].tolist() == [1024, 65536, 2**20] and (t["time_s"] > 0).all()
+    assert (t["busbw_gbps"] == t["algbw_gbps"]).all()  # N=2: 2(N-1)/N = 1
+
+
+def test_ddp_broadcasts_rank_0s_state_and_buckets_gradients_during_backward(jobs):
+    log_dir = jobs["log_dir"]
+    b = extra(jobs, "shows", "ddp_broadcast")[0]
+    assert b["params_before"][0] != b["params_before"][1] and b["buffers_before"][0] != b["buffers_before"][1]
+    assert b["params_after"] == [b["params_before"][0]] * 2 and b["buffers_after"] == [b["buffers_before"][0]] * 2
+    buckets = {r["bucket_cap_mb"]: r for r in extra(jobs, "shows", "ddp_buckets")}
+    assert buckets[25.0]["buckets"] == 1 and buckets[0.05]["buckets"] > buckets[1.0]["buckets"] > 1
+    assert buckets[0.05]["before_backward_end"] >= 1  # an all-reduce started while backward still ran
+    for r in buckets.values():
+        assert r["allreduce_calls"] == r["buckets"] == len(r["bucket_mb"])
+    step = extra(jobs, "shows", "ddp_step")[0]
+    assert step["params_after"][0] == step["params_after"][1] != step["params_before"][0]
+    assert "each rank runs the optimizer" in collectives.about_step("shows", log_dir)
+    collectives.about_broadcast("shows", log_dir), collectives.about_buckets(collectives.buckets_table("shows", log_dir))
+
+
+def test_batchnorm_statistics_differ_per_rank_unless_summed_over_ranks(jobs):
+    r = extra(jobs, "shows", "bn_stats")[0]
+    assert r["running_mean_rank_diff"] > 1e-6
+    assert min(r["local_mean_vs_full"]) > 1e-4 and max(r["allreduced_mean_vs_full"]) < 1e-6
+    assert "SyncBatchNorm" in collectives.about_bn_stats("shows", jobs["log_dir"])
+
+
+def test_no_sync_accumulation_equals_the_big_batch_with_fewer_allreduces(jobs):
+    ck = jobs["log_dir"] / "checkpoints"
+    one, four = (torch.load(ck / f"{n}.pt", weights_only=True)["model"] for n in ("acc1", "acc4"))
+    for k in one:
+        torch.testing.assert_close(four[k], one[k], rtol=0, atol=1e-5, msg=k)
+    a1, a4 = extra(jobs, "acc1", "accumulate"), extra(jobs, "acc4", "accumulate")
+    assert [r["micro_batch"] for r in (a1[0], a4[0])] == [32, 8]
+    assert a4[0]["micro_batches"] == 4 * a1[0]["micro_batches"] == 32  # 4 backward passes per step...
+    for r1, r4 in zip(a1, a4, strict=True):
+        assert r4["allreduce_calls"] == r1["allreduce_calls"] > 0  # ...and all-reduces only on the last one
+        assert r4["allreduce_calls"] < r4["micro_batches"]  # not one per backward pass
+    e1, e4 = (report.read_run(jobs["log_dir"] / f"{n}.jsonl")["epochs"] for n in ("acc1", "acc4"))
+    assert [e["loss"] for e in e4] == pytest.approx([e["loss"] for e in e1], abs=1e-5)
+
+
+def test_a_shape_mismatch_and_a_skipped_collective_say_what_went_wrong(jobs):
+    mismatch, hang = jobs["mismatch"], jobs["hang"]
+    assert mismatch.returncode != 0 and hang.returncode != 0
+    line = collectives.key_line(mismatch.stdout + mismatch.stderr, "mismatch")
+    assert "TensorShape=[4]" in line and "TensorShape=[3]" in line
+    assert "3000ms" in collectives.key_line(hang.stdout + hang.stderr, "hang")
+
+
+def test_bad_flags_are_one_sentence_and_a_nonzero_exit(tmp_path):
+    py = [sys.executable]
+    cases = [(py + [DDP_SCRIPT, "--quick", "--batch-size", 64, "--accumulate", 5], ["--accumulate 5", "divide"]),
+             (py + [DDP_SCRIPT, "--quick", "--accumulate", 2, "--sweep", 32], ["--sweep"]),
+             (py + [DDP_SCRIPT, "--quick", "--sync-bn"], ["BatchNorm", "cnn_bn"]),
+             (py + [COLLECTIVES, "--show", "ddp"], ["2 or more processes"]),
+             (py + [COLLECTIVES, "--show", "bandwidth", "--sizes", "1Q"], ["--sizes"]),
+             (py + [COLLECTIVES, "--show", "hang,ddp"], ["alone"]),
+             (py + [DDP_SCRIPT, "--quick", "--model", "cnn_bn", "--sync-bn", "--device", "cpu"], ["--sync-bn needs GPUs"])]
+    procs = [start([*map(str, cmd), "--log-dir", str(tmp_path)]) for cmd, _ in cases]
+    for proc, (cmd, words) in zip(procs, cases):
+        done = finish(proc)
+        assert done.returncode == 2, cmd
+        assert_clean_error(done, *words)
