@@ -108,10 +108,10 @@ def swept(name, log_dir=LOG_DIR):
 
 
 def holds(condition, sentence):
-    """Any other fact a cell states: fails with the sentence when it does not hold, returns it when it does."""
+    """Any other fact a cell states: fails with the sentence when it does not hold. Returns nothing, so that
+    a cell may end with it and show nothing more."""
     if not condition:
         _fail(f"does not hold: {sentence}")
-    return sentence
 
 
 def columns(table, *names, rows=1):

@@ -3,6 +3,7 @@
     claims.trend([4, 16, 64], [18, 62, 180])       # 'rises'
     claims.curve([4, 16, 64], [18, 62, 180], "throughput", "batch size", "samples/s")
     claims.ratio(183.7, 85.7)                      # '2.1× faster'
+    claims.compare(183.7, 85.7, "one thread")      # '2.1× faster than one thread'
     claims.load_note()                             # was the machine busy while the cells ran?
 
 A notebook prints these sentences; the unit tests feed them rising, flat and falling numbers.
@@ -52,6 +53,12 @@ def ratio(new, old, flat=FLAT):
     if abs(r - 1) < flat:
         return f"about as fast ({r:.2f}×)"
     return f"{r:.1f}× faster" if r > 1 else f"{1 / r:.1f}× slower"
+
+
+def compare(new, old, other, flat=FLAT):
+    """'2.1× faster than <other>', '1.3× slower than <other>', or 'about as fast as <other> (0.97×)'."""
+    r = ratio(new, old, flat)
+    return f"about as fast as {other} ({new / old:.2f}×)" if r.startswith("about") else f"{r} than {other}"
 
 
 def cores():

@@ -167,9 +167,9 @@ def run(script, *args, name, quick=None, timeout=900, env=None):
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(f"{script} exited with status {proc.returncode}:\n{proc.stderr[-3000:]}")
-    print(check(name))
+    print(check(name, LOG_DIR))
     from . import checks
-    checks.finished(name)  # a run that exits 0 but did not finish or broke the schema fails the cell
+    checks.finished(name, LOG_DIR)  # a run that exits 0 but did not finish or broke the schema fails the cell
     return name
 
 
