@@ -223,7 +223,7 @@ def test_trend(xs, ys, expected):
 
 def test_curve_and_ratio():
     from lessons import claims
-    assert claims.curve([4, 64], [18, 180], "throughput", "batch size", "samples/s").startswith(
+    assert claims.curve([4, 64], [18, 180], "Throughput", "batch size", "samples/s").startswith(
         "Throughput rises with batch size: 18 samples/s at 4 and 180 samples/s at 64 (10.0× the first)")
     assert claims.ratio(183.7, 85.7) == "2.1× faster"
     assert claims.ratio(85.7, 183.7) == "2.1× slower"

@@ -1,7 +1,7 @@
 """Sentences about measured results, built from the numbers: the direction of a claim is computed, not typed.
 
     claims.trend([4, 16, 64], [18, 62, 180])       # 'rises'
-    claims.curve([4, 16, 64], [18, 62, 180], "throughput", "batch size", "samples/s")
+    claims.curve([4, 16, 64], [18, 62, 180], "Throughput", "batch size", "samples/s")
     claims.ratio(183.7, 85.7)                      # '2.1× faster'
     claims.compare(183.7, 85.7, "one thread")      # '2.1× faster than one thread'
     claims.load_note()                             # was the machine busy while the cells ran?
@@ -37,11 +37,12 @@ def trend(xs, ys, flat=FLAT):
 
 
 def curve(xs, ys, what, along, unit="", digits=0):
-    """One sentence: how `what` changes along `along`, with its first and last values."""
+    """One sentence: how `what` (its subject, written as it should start) changes along `along`, with its
+    first and last values."""
     pairs = sorted(zip(xs, ys))
     (x0, y0), (x1, y1) = pairs[0], pairs[-1]
     u = f" {unit}" if unit else ""
-    return (f"{what[0].upper() + what[1:]} {trend(xs, ys)} with {along}: {y0:,.{digits}f}{u} at {x0} and "
+    return (f"{what} {trend(xs, ys)} with {along}: {y0:,.{digits}f}{u} at {x0} and "
             f"{y1:,.{digits}f}{u} at {x1} ({y1 / y0:.1f}× the first).")
 
 
