@@ -63,6 +63,7 @@ def test_flat_loss_fails_learned(runs, tmp_path):
     name, log_dir = edited(runs, tmp_path, flat)
     with pytest.raises(AssertionError, match="did not fall"):
         checks.learned(name, log_dir=log_dir)
+    assert "test accuracy above" in checks.learned(name, log_dir=log_dir, loss_falls=False)
 
 
 @pytest.mark.parametrize("kind, field", [("epoch", "loss"), ("summary", "status"), ("env", "device"),
@@ -234,6 +235,7 @@ def test_curve_and_ratio():
         claims.ratio(0, 1)
     with pytest.raises(ValueError):
         claims.trend([1], [1])
+    assert "one point only" in claims.curve([4], [18], "Throughput", "batch size")
 
 
 def test_load_note():

@@ -40,19 +40,22 @@ def finished(name, log_dir=LOG_DIR):
     return run
 
 
-def learned(name, min_accuracy=MIN_ACCURACY, log_dir=LOG_DIR):
-    """Finished, the training loss fell, and the test accuracy is well above chance."""
+def learned(name, min_accuracy=MIN_ACCURACY, log_dir=LOG_DIR, loss_falls=True):
+    """Finished, the training loss fell, and the test accuracy is well above chance.
+
+    loss_falls=False for a quick run with a large batch: 512 samples at batch 256 are 2 steps an epoch, too
+    few for the epoch mean of the loss to fall reliably, while the test accuracy already leaves chance."""
     run = finished(name, log_dir)
     losses = [e["loss"] for e in run["epochs"]]
     if not losses:
         _fail(f"{name}: the log has no epoch: nothing was trained")
-    if len(losses) >= 2 and not losses[-1] < losses[0]:
+    if loss_falls and len(losses) >= 2 and not losses[-1] < losses[0]:
         _fail(f"{name}: the training loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})")
     accuracy = run["summary"].get("test_accuracy")
     if accuracy is None or not accuracy >= min_accuracy:
         _fail(f"{name}: test accuracy {accuracy} is not above {min_accuracy:.0%} (chance is {1 / CLASSES:.0%})")
     # the sentence names the margin, not the value: it reads the same on every machine (nbval compares it)
-    return f"{name}: finished, the loss fell, test accuracy above {min_accuracy:.0%} (chance {1 / CLASSES:.0%})."
+    return f"{name}: finished, {'the loss fell, ' if loss_falls else ''}test accuracy above {min_accuracy:.0%} (chance {1 / CLASSES:.0%})."
 
 
 def same_parameters(a, b, atol=1e-5, checkpoint_dir=CHECKPOINT_DIR):

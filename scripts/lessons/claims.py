@@ -42,6 +42,8 @@ def curve(xs, ys, what, along, unit="", digits=0):
     pairs = sorted(zip(xs, ys))
     (x0, y0), (x1, y1) = pairs[0], pairs[-1]
     u = f" {unit}" if unit else ""
+    if len(pairs) < 2:
+        return f"{what}: one point only, {y0:,.{digits}f}{u} at {x0}."
     return (f"{what} {trend(xs, ys)} with {along}: {y0:,.{digits}f}{u} at {x0} and "
             f"{y1:,.{digits}f}{u} at {x1} ({y1 / y0:.1f}× the first).")
 
