@@ -5,6 +5,8 @@ checkpoint, devices, distributed...). Here:
 
 - report:  run a lesson script, read run logs back into tables, draw and save plots
 - launch:  start torchrun jobs from a notebook (one node, or two nodes simulated on this machine)
+- checks:  what must hold after a run (finished, schema, learned, same parameters, figures): notebooks assert them
+- claims:  sentences about measured results, their direction computed (rises/flattens, N× faster, a loaded machine)
 - machine: lesson 00, what this machine has (CPUs, GPUs, backends) and leftover training processes
 - gpu:     lessons 02-03, GPU runs here and reference logs: tables, sweeps, utilisation plots
 - ddp:     lesson 04, what each rank did, and scaling (throughput, speedup, efficiency)

@@ -15,6 +15,7 @@ import sys
 
 from trainup import ROOT
 from trainup.distributed import free_port
+from . import checks
 from .report import QUICK, check
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -67,6 +68,7 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags
     if proc.returncode != 0:
         raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
     print(check(name))
+    checks.finished(name)  # exit status 0 is not enough: the log must say finished, in the schema
     return name
 
 
@@ -99,6 +101,7 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
         if p.returncode != 0:
             raise _failed(f"node {node}'s torchrun", out, p.returncode)
     print(check(name))
+    checks.finished(name)
     return name
 
 

@@ -30,10 +30,26 @@ def installed(module):
 
 
 def backends():
-    """Which torch.distributed backends this torch build has, and whether Horovod is installed."""
+    """Which torch.distributed backends can run here, and whether Horovod is installed.
+
+    is_nccl_available() says only that the build includes NCCL; NCCL moves GPU memory, so it works only
+    where torch sees a GPU."""
+    import torch
     import torch.distributed as dist
-    return dict(gloo=dist.is_gloo_available(), nccl=dist.is_nccl_available(), mpi=dist.is_mpi_available(),
-                horovod=installed("horovod"))
+    return dict(gloo=dist.is_gloo_available(), nccl=dist.is_nccl_available() and torch.cuda.is_available(),
+                mpi=dist.is_mpi_available(), horovod=installed("horovod"))
+
+
+def nccl_sentence():
+    """Whether NCCL can run here, and why: the build and a GPU are both needed."""
+    import torch
+    import torch.distributed as dist
+    built, gpu = dist.is_nccl_available(), torch.cuda.is_available()
+    if built and gpu:
+        return "NCCL: in this build, and torch sees a GPU, so it can run here."
+    if built:
+        return "NCCL: in this build, but torch sees no GPU, so it cannot run here (it only moves GPU memory)."
+    return "NCCL: not in this build of torch (a CPU-only build), so it cannot run here."
 
 
 def describe():
@@ -47,8 +63,9 @@ def describe():
     lines += [f"GPU {g['index']}: {g['name']}, {g['memory_total_mb'] / 1024:.0f} GiB" for g in found] or \
         ["GPU: none found (nvitop sees no NVIDIA driver); the GPU lessons run on the CPU or show reference logs"]
     b = backends()
-    lines.append("torch.distributed backends: " + ", ".join(f"{k} {'yes' if v else 'no'}"
-                                                           for k, v in b.items() if k != "horovod"))
+    lines.append("torch.distributed backends that can run here: " + ", ".join(
+        f"{k} {'yes' if v else 'no'}" for k, v in b.items() if k != "horovod"))
+    lines.append(nccl_sentence())
     lines.append("Horovod: " + ("installed" if b["horovod"] else
                                 "not installed (the Horovod lesson says how to build it)"))
     return lines

@@ -245,6 +245,24 @@ def published_scaling():
     return df
 
 
+def published_source():
+    """The citation of the published times: the CSV's '# source:' comment line."""
+    for line in PUBLISHED.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# source:"):
+            return line.split(":", 1)[1].strip()
+    raise ValueError(f"{PUBLISHED.name} names no source (a '# source:' line)")
+
+
+def about_published(df):
+    """Sentences on the published scaling, computed from its table (speed-up and efficiency per GPU count)."""
+    rows = df[df["gpus"] > 1].sort_values("gpus")
+    parts = [f"{g} GPUs gave {s:.1f}× ({e:.0%} efficiency)" for g, s, e in zip(rows["gpus"], rows["speedup"], rows["efficiency"])]
+    falling = rows["efficiency"].is_monotonic_decreasing and len(rows) > 1
+    return ("; ".join(parts) + "." + (" Efficiency falls as GPUs are added: more of each step goes to "
+                                      "all-reducing gradients, between nodes once the job spans several."
+                                      if falling else ""))
+
+
 def diff_directives(a, b):
     """What changes between two templates' #SBATCH lines, one line per option."""
     da, db = directives(TEMPLATES / a), directives(TEMPLATES / b)
@@ -275,7 +293,7 @@ def plot_scaling(published, local=None, name="slurm_scaling"):
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     base = published.loc[published["gpus"] == 1, "minutes"].iloc[0]
     gpus = published["gpus"]
-    left.loglog(gpus, published["minutes"], "o-", label="published (supercomputer course)")
+    left.loglog(gpus, published["minutes"], "o-", label=f"published: {published['source'].iloc[0]}")
     left.loglog(gpus, base / gpus, "--", color="grey", label="ideal: 1-GPU time / GPUs")
     for g, m, n in zip(gpus, published["minutes"], published["nodes"]):
         left.annotate(f"{m:g} min, {n} node(s)", (g, m), textcoords="offset points", xytext=(6, 4), fontsize="small")

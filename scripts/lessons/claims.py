@@ -1,0 +1,88 @@
+"""Sentences about measured results, built from the numbers: the direction of a claim is computed, not typed.
+
+    claims.trend([4, 16, 64], [18, 62, 180])       # 'rises'
+    claims.curve([4, 16, 64], [18, 62, 180], "Throughput", "batch size", "samples/s")
+    claims.ratio(183.7, 85.7)                      # '2.1× faster'
+    claims.compare(183.7, 85.7, "one thread")      # '2.1× faster than one thread'
+    claims.load_note()                             # was the machine busy while the cells ran?
+
+A notebook prints these sentences; the unit tests feed them rising, flat and falling numbers.
+"""
+import os
+
+FLAT = 0.10  # changes under 10 % are noise on a shared machine: "stays flat", "about as fast"
+
+
+def _gain(a, b):
+    return (b - a) / abs(a) if a else float("inf") if b > a else 0.0
+
+
+def trend(xs, ys, flat=FLAT):
+    """The shape of a curve: 'rises', 'rises, then flattens', 'falls', 'falls, then flattens' or 'stays flat'.
+
+    Overall: the last point against the first. 'then flattens': the last step gains less than `flat`
+    while the curve as a whole moved (so a saturating throughput curve reads as what it is)."""
+    pairs = sorted(zip(xs, ys))
+    ys = [y for _, y in pairs]
+    if len(ys) < 2:
+        raise ValueError("a trend needs at least two points")
+    total = _gain(ys[0], ys[-1])
+    if abs(total) < flat:
+        return "stays flat"
+    word = "rises" if total > 0 else "falls"
+    last = _gain(ys[-2], ys[-1])
+    if len(ys) >= 3 and (abs(last) < flat or (last > 0) != (total > 0)):
+        return word + ", then flattens"
+    return word
+
+
+def curve(xs, ys, what, along, unit="", digits=0):
+    """One sentence: how `what` (its subject, written as it should start) changes along `along`, with its
+    first and last values."""
+    pairs = sorted(zip(xs, ys))
+    (x0, y0), (x1, y1) = pairs[0], pairs[-1]
+    u = f" {unit}" if unit else ""
+    if len(pairs) < 2:
+        return f"{what}: one point only, {y0:,.{digits}f}{u} at {x0}."
+    return (f"{what} {trend(xs, ys)} with {along}: {y0:,.{digits}f}{u} at {x0} and "
+            f"{y1:,.{digits}f}{u} at {x1} ({y1 / y0:.1f}× the first).")
+
+
+def ratio(new, old, flat=FLAT):
+    """Throughputs (bigger is faster): '2.1× faster', '1.3× slower', or 'about as fast' within `flat`."""
+    if not (new > 0 and old > 0):
+        raise ValueError(f"throughputs must be positive, got {new} and {old}")
+    r = new / old
+    if abs(r - 1) < flat:
+        return f"about as fast ({r:.2f}×)"
+    return f"{r:.1f}× faster" if r > 1 else f"{1 / r:.1f}× slower"
+
+
+def compare(new, old, other, flat=FLAT):
+    """'2.1× faster than <other>', '1.3× slower than <other>', or 'about as fast as <other> (0.97×)'."""
+    r = ratio(new, old, flat)
+    return f"about as fast as {other} ({new / old:.2f}×)" if r.startswith("about") else f"{r} than {other}"
+
+
+def cores():
+    """CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def load(cores_=None, loadavg=None):
+    """(busy, one-minute load average, cores): busy when other work kept more than ~half the cores running.
+
+    Read when the cell runs, right after the runs it describes (the logs record no load average)."""
+    n = cores_ or cores()
+    avg = loadavg if loadavg is not None else (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
+    return avg > 1.5 * n, avg, n
+
+
+def load_note(cores_=None, loadavg=None):
+    """A sentence on whether the timings above come from a quiet or a loaded machine."""
+    busy, avg, n = load(cores_, loadavg)
+    if busy:
+        return (f"The machine was loaded while these ran (load average {avg:.1f} on {n} cores): other programs "
+                f"took turns on the same cores, so these timings are lower and noisier than on a quiet machine, "
+                f"and comparisons between runs made minutes apart can mislead.")
+    return f"The machine was not overloaded while these ran (load average {avg:.1f} on {n} cores)."

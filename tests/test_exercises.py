@@ -1,0 +1,98 @@
+"""The exercises' solutions (notebooks/solutions/) run and give the right answers, on CPU, quickly.
+
+Two real runs (a one-device run and a 2-process torchrun job) plus three tiny CPU runs for lesson 01;
+everything else is computed without training.
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def solution(name):
+    """Import notebooks/solutions/<name>.py (its name starts with a digit, so not with `import`)."""
+    path = ROOT / "notebooks" / "solutions" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"solution_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_notebook_has_exercises_and_solutions():
+    import json
+    for nb in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+        text = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
+        assert "## Exercises" in text, nb.name
+        assert (ROOT / "notebooks" / "solutions" / f"{nb.stem}.py").exists(), nb.name
+
+
+def test_00_backends_and_ghost():
+    import torch
+    s = solution("00_environment")
+    b = s.usable_backends()
+    assert b["gloo"][0]
+    assert b["nccl"][0] == (torch.distributed.is_nccl_available() and torch.cuda.is_available())
+    assert s.find_and_end_ghost() == (True, True)
+
+
+def test_01_dropout_and_threads(tmp_path):
+    s = solution("01_cpu_baseline")
+    dropout, threads = s.run_all(tmp_path / "logs", quick=True)
+    assert "reached the higher test accuracy" in dropout and "loss falls" in dropout
+    assert "Two threads took" in threads and ("faster" in threads or "slower" in threads or "as fast" in threads)
+
+
+def test_02_one_device_and_dashboard(tmp_path):
+    import json
+    s = solution("02_single_gpu")
+    log = s.train("ex02", tmp_path, extra=["--train-size", 256, "--test-size", 256])
+    fig = s.dashboard(log, tmp_path / "dashboard.png")
+    assert len(fig.axes) >= 3 and (tmp_path / "dashboard.png").stat().st_size > 0
+    # the same dashboard with GPU samples, as a GPU run logs them (logs/README.md, 'gpu' records)
+    gpu_log = tmp_path / "with_gpu.jsonl"
+    lines = log.read_text().splitlines()
+    samples = [json.dumps(dict(type="gpu", run="ex02", time=1.0, gpu=0, utilization_pct=u, memory_used_mb=900.0,
+                               memory_total_mb=1000.0, sampled_at=1.0 + t, elapsed_s=t))
+               for t, u in enumerate((10, 80, 95))]
+    gpu_log.write_text("\n".join(lines[:-1] + samples + lines[-1:]) + "\n")
+    fig = s.dashboard(gpu_log, tmp_path / "dashboard_gpu.png")
+    assert len(fig.axes[2].lines) == 2  # utilisation and memory of GPU 0
+
+
+def test_03_pieces_and_replica():
+    import torch
+    s = solution("03_data_parallel")
+    for batch in (1, 7, 10, 64):
+        for gpus in (1, 3, 4, 8):
+            assert s.pieces(batch, gpus) == [len(p) for p in torch.arange(batch).chunk(gpus)]
+    assert s.idle_gpus(10, 4) == 0 and s.idle_gpus(2, 4) == 2
+    r = s.replica_mib("cnn", 4)
+    assert r["dp_copy_mib"] == pytest.approx(3 * r["params_mib"])
+    assert r["ddp_ring_mib_per_gpu"] == pytest.approx(1.5 * r["params_mib"])
+
+
+def test_04_weak_scaling_and_shards():
+    s = solution("04_ddp")
+    rows = s.weak_scaling(per_process=32, samples=512)
+    assert [r["global_batch"] for r in rows] == [32, 64, 128] and [r["steps_per_epoch"] for r in rows] == [16, 8, 4]
+    assert s.check_shards()
+
+
+def test_04_several_devices(tmp_path):
+    s = solution("04_ddp")
+    ddp = s.several_devices("ex04", tmp_path, nproc=2, extra=["--train-size", 256, "--test-size", 256])
+    assert ddp["world_size"] == 2
+
+
+def test_04b_template_and_amdahl(tmp_path):
+    from lessons import slurm
+    s = solution("04b_slurm")
+    assert slurm.check_counts(s.two_by_two(tmp_path))[1] == []
+    assert any("one task per GPU" in p for p in slurm.check_counts(s.two_by_two(tmp_path, tasks_per_node=3))[1])
+    a = s.amdahl(slurm.published_scaling())
+    assert 0 < a["serial_share"] < 0.1 and a["gpus"] == 64
+    a, verdict = s.main()
+    assert ("BETTER" in verdict) == (a["published_speedup"] > 1.1 * a["predicted_speedup"])

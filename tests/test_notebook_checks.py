@@ -1,0 +1,253 @@
+"""The notebooks' checks (lessons.checks) fail on broken results, so nbval fails on them too.
+
+Two real quick runs (module-scoped, about 10 s together): one that learns the digits, and one on random
+images with random labels, which cannot do better than chance. Every other broken case is a copy of the
+good log, edited by hand in a temporary folder.
+"""
+import json
+import shutil
+
+import pytest
+
+from conftest import run_script
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("checks") / "logs"
+    run_script("_trainup_cpu.py", "--quick", "--threads", "1", "--run-name", "good", log_dir=log_dir)
+    run_script("_trainup_cpu.py", "--quick", "--threads", "1", "--dataset", "synthetic", "--run-name", "chance",
+               log_dir=log_dir)
+    return log_dir
+
+
+def records(log_dir, name):
+    return [json.loads(line) for line in (log_dir / f"{name}.jsonl").read_text().splitlines()]
+
+
+def write(log_dir, name, recs):
+    (log_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return name
+
+
+def edited(runs, tmp_path, change):
+    """A copy of the good run's log with change(records) applied, in a folder of its own."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    recs = records(runs, "good")
+    change(recs)
+    return write(log_dir, "broken", recs), log_dir
+
+
+def test_a_good_run_passes(runs):
+    from lessons import checks, report
+    assert checks.finished("good", log_dir=runs)["summary"]["status"] == "finished"
+    assert "test accuracy" in checks.learned("good", log_dir=runs)
+    assert "the log follows the schema" in report.check("good", log_dir=runs)
+
+
+def test_a_run_at_chance_fails_learned(runs):
+    from lessons import checks
+    checks.finished("chance", log_dir=runs)  # it ran to the end...
+    with pytest.raises(AssertionError, match="not above"):
+        checks.learned("chance", log_dir=runs)  # ...but learned nothing
+
+
+def test_flat_loss_fails_learned(runs, tmp_path):
+    from lessons import checks
+
+    def flat(recs):
+        for r in recs:
+            if r["type"] == "epoch":
+                r["loss"] = 2.30
+    name, log_dir = edited(runs, tmp_path, flat)
+    with pytest.raises(AssertionError, match="did not fall"):
+        checks.learned(name, log_dir=log_dir)
+    assert "test accuracy above" in checks.learned(name, log_dir=log_dir, loss_falls=False)
+
+
+@pytest.mark.parametrize("kind, field", [("epoch", "loss"), ("summary", "status"), ("env", "device"),
+                                         ("config", "args")])
+def test_a_missing_field_fails(runs, tmp_path, kind, field):
+    from lessons import checks
+
+    def drop(recs):
+        next(r for r in recs if r["type"] == kind).pop(field)
+    name, log_dir = edited(runs, tmp_path, drop)
+    with pytest.raises(AssertionError, match=f"lacks '{field}'"):
+        checks.finished(name, log_dir=log_dir)
+
+
+@pytest.mark.parametrize("kind, field, value", [("epoch", "loss", "1.3"), ("epoch", "samples", 512.5),
+                                                ("epoch", "test_accuracy", None), ("epoch", "loss", float("nan")),
+                                                ("summary", "test_accuracy", "high"), ("env", "world_size", "1"),
+                                                ("epoch", "epoch", True)])
+def test_a_wrong_type_fails(runs, tmp_path, kind, field, value):
+    from lessons import checks
+
+    def spoil(recs):
+        next(r for r in recs if r["type"] == kind)[field] = value
+    name, log_dir = edited(runs, tmp_path, spoil)
+    with pytest.raises(AssertionError, match=f"'{field}' is"):
+        checks.finished(name, log_dir=log_dir)
+
+
+def test_an_unfinished_run_fails(runs, tmp_path):
+    from lessons import checks
+    name, log_dir = edited(runs, tmp_path, lambda recs: recs.pop())  # the summary was never written
+    with pytest.raises(AssertionError, match="no 'summary' record"):
+        checks.finished(name, log_dir=log_dir)
+    with pytest.raises(AssertionError, match="no log"):
+        checks.finished("never_ran", log_dir=log_dir)
+
+
+def test_a_line_that_is_not_json_fails(runs, tmp_path):
+    from lessons import checks
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    shutil.copy(runs / "good.jsonl", log_dir / "torn.jsonl")
+    with open(log_dir / "torn.jsonl", "a") as f:
+        f.write('{"type": "epoch", "lo')  # a run killed while writing
+    with pytest.raises(AssertionError, match="not JSON"):
+        checks.finished("torn", log_dir=log_dir)
+
+
+def test_report_run_raises_when_the_log_is_broken(tmp_path, monkeypatch):
+    """A script that exits 0 but leaves no finished log makes the notebook cell fail, not just print."""
+    import lessons.report as report
+    monkeypatch.setattr(report, "LOG_DIR", tmp_path)  # the script "ran" but wrote nothing there
+
+    class Exited0:
+        returncode = 0
+    monkeypatch.setattr(report.subprocess, "run", lambda *a, **k: Exited0())
+    monkeypatch.setattr(report, "check", lambda name, log_dir: "(printed sentence)")
+    with pytest.raises(AssertionError, match="no log"):
+        report.run("_trainup_cpu.py", name="silent")
+
+
+def test_sweep_checks(tmp_path):
+    from lessons import checks
+    base = [dict(type="config", run="s", time=1.0, schema_version=1, script="x.py", lesson="gpu",
+                 args=dict(sweep=[4, 16, 64])),
+            dict(type="env", run="s", time=1.0, torch="2", python="3", host="h", platform="p", cpu_count=2,
+                 threads=1, device="cpu", gpus=[], cuda=None, world_size=1, backend="none")]
+    sweep = [dict(type="sweep", run="s", time=2.0, batch_size=b, steps=3, step_s=0.1, samples_per_s=b * 10.0,
+                  peak_mem_mb=1.0) for b in (4, 16, 64)]
+    summary = [dict(type="summary", run="s", time=3.0, status="finished", epochs=0, loss=None, accuracy=None,
+                    test_accuracy=None, wall_s=1.0, samples_per_s=None, peak_mem_mb=1.0, checkpoint=None)]
+    write(tmp_path, "s", base + sweep + summary)
+    assert "3 batch sizes" in checks.swept("s", log_dir=tmp_path)
+    write(tmp_path, "s", base + sweep[:1] + summary)  # stopped after the first batch size
+    with pytest.raises(AssertionError, match="not the"):
+        checks.swept("s", log_dir=tmp_path)
+    sweep[1]["samples_per_s"] = 0.0
+    write(tmp_path, "s", base + sweep + summary)
+    with pytest.raises(AssertionError, match="no throughput"):
+        checks.swept("s", log_dir=tmp_path)
+
+
+def save_model(path, **tensors):
+    import torch
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {k: torch.tensor(v) for k, v in tensors.items()}}, path)
+
+
+def test_same_parameters(tmp_path):
+    from lessons import checks
+    save_model(tmp_path / "a.pt", w=[1.0, 2.0], b=[0.5])
+    save_model(tmp_path / "b.pt", w=[1.0, 2.0 + 1e-7], b=[0.5])
+    save_model(tmp_path / "c.pt", w=[1.0, 2.1], b=[0.5])
+    save_model(tmp_path / "d.pt", w=[1.0, 2.0], bias=[0.5])
+    assert checks.same_parameters("a", "b", checkpoint_dir=tmp_path) < 1e-5
+    with pytest.raises(AssertionError, match="different parameters"):
+        checks.same_parameters("a", "c", checkpoint_dir=tmp_path)
+    with pytest.raises(AssertionError, match="different models"):
+        checks.same_parameters("a", "d", checkpoint_dir=tmp_path)
+    with pytest.raises(AssertionError, match="no checkpoint"):
+        checks.same_parameters("a", "missing", checkpoint_dir=tmp_path)
+
+
+def test_figure_checks(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from lessons import checks
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    fig.savefig(tmp_path / "drawn.png")
+    assert checks.figure(fig, "drawn", image_dir=tmp_path) is fig
+    with pytest.raises(AssertionError, match="was not saved"):
+        checks.figure(fig, "absent", image_dir=tmp_path)  # no PNG written
+    (tmp_path / "zero.png").write_bytes(b"")
+    with pytest.raises(AssertionError, match="was not saved"):
+        checks.figure(fig, "zero", image_dir=tmp_path)  # an empty file
+    (tmp_path / "text.png").write_text("not an image")
+    with pytest.raises(AssertionError, match="not a PNG"):
+        checks.figure(fig, "text", image_dir=tmp_path)
+    empty, _ = plt.subplots()
+    empty.savefig(tmp_path / "empty.png")
+    with pytest.raises(AssertionError, match="hold no data"):
+        checks.figure(empty, "empty", image_dir=tmp_path)  # axes drawn, nothing on them
+    with pytest.raises(AssertionError, match="nothing was drawn"):
+        checks.figure(None, "drawn", image_dir=tmp_path)
+    plt.close("all")
+
+
+def test_columns_and_holds():
+    import pandas as pd
+    from lessons import checks
+    t = pd.DataFrame(dict(run=["a", "b"], samples_per_s=[1.0, None]))
+    checks.columns(t, "run", rows=2)
+    with pytest.raises(AssertionError, match="lacks column"):
+        checks.columns(t, "speedup")
+    with pytest.raises(AssertionError, match="missing values"):
+        checks.columns(t, "samples_per_s")
+    with pytest.raises(AssertionError, match="row"):
+        checks.columns(t, "run", rows=3)
+    assert checks.holds(True, "x") is None
+    with pytest.raises(AssertionError, match="does not hold"):
+        checks.holds(False, "the loss fell")
+
+
+@pytest.mark.parametrize("xs, ys, expected", [
+    ([4, 16, 64], [18, 62, 180], "rises"),
+    ([1, 2, 4, 8], [100, 180, 240, 245], "rises, then flattens"),
+    ([1, 2, 3], [100, 103, 98], "stays flat"),
+    ([1, 2, 3], [2.3, 1.4, 0.9], "falls"),
+    ([1, 2, 3, 4], [2.3, 1.0, 0.5, 0.49], "falls, then flattens"),
+    ([64, 4, 16], [180, 18, 62], "rises"),  # unsorted points are sorted by x first
+])
+def test_trend(xs, ys, expected):
+    from lessons import claims
+    assert claims.trend(xs, ys) == expected
+
+
+def test_curve_and_ratio():
+    from lessons import claims
+    assert claims.curve([4, 64], [18, 180], "Throughput", "batch size", "samples/s").startswith(
+        "Throughput rises with batch size: 18 samples/s at 4 and 180 samples/s at 64 (10.0× the first)")
+    assert claims.ratio(183.7, 85.7) == "2.1× faster"
+    assert claims.ratio(85.7, 183.7) == "2.1× slower"
+    assert claims.ratio(100, 104).startswith("about as fast")
+    assert claims.compare(183.7, 85.7, "none") == "2.1× faster than none"
+    assert claims.compare(100, 97, "none") == "about as fast as none (1.03×)"
+    with pytest.raises(ValueError):
+        claims.ratio(0, 1)
+    with pytest.raises(ValueError):
+        claims.trend([1], [1])
+    assert "one point only" in claims.curve([4], [18], "Throughput", "batch size")
+
+
+def test_load_note():
+    from lessons import claims
+    assert claims.load(2, 5.0)[0] and "loaded" in claims.load_note(2, 5.0)
+    assert not claims.load(2, 0.5)[0] and "not overloaded" in claims.load_note(2, 0.5)
+    assert "load average 1.0 on 4 cores" in claims.load_note(4, 1.0)
+
+
+def test_published_figures_name_their_source():
+    from lessons import slurm
+    assert "Strube" in slurm.published_source() and "2023" in slurm.published_source()
+    table = slurm.published_scaling()
+    assert set(table["gpus"]) == {1, 4, 64}
+    assert "4 GPUs gave 3.8×" in slurm.about_published(table)
