@@ -19,45 +19,6 @@ from trainup.metrics import check_record
 QUICK = os.environ.get("TRAINUP_QUICK", "0") == "1"  # the tests and the course command set it
 
 
-# The type of each schema field (logs/README.md). check_record says what is missing; this says what is of the
-# wrong kind. Numbers must be finite: a NaN loss is a broken run, not a measurement. None is allowed where a
-# run may have nothing to report (a sweep trains no epochs, so its summary has no loss).
-NUMBER, INT, TEXT, LIST, DICT = "number", "int", "text", "list", "dict"
-TYPES = {
-    "config": dict(schema_version=INT, script=TEXT, lesson=TEXT, args=DICT),
-    "env": dict(torch=TEXT, python=TEXT, host=TEXT, cpu_count=INT, threads=INT, device=TEXT, gpus=LIST,
-                world_size=INT, backend=TEXT),
-    "epoch": dict(epoch=INT, loss=NUMBER, accuracy=NUMBER, test_loss=NUMBER, test_accuracy=NUMBER,
-                  wall_s=NUMBER, samples=INT, samples_per_s=NUMBER, peak_mem_mb=NUMBER),
-    "summary": dict(status=TEXT, epochs=INT, wall_s=NUMBER),
-    "sweep": dict(batch_size=INT, steps=INT, step_s=NUMBER, samples_per_s=NUMBER),
-}
-NULLABLE = {"summary"}  # besides the fields above, a summary's loss, accuracy... may be None
-
-
-def _kind_ok(value, kind):
-    import math
-    if kind == INT:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == NUMBER:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return isinstance(value, {TEXT: str, LIST: list, DICT: dict}[kind])
-
-
-def record_problems(record):
-    """What is wrong with one record: missing fields (trainup.metrics.check_record), then wrong types."""
-    problems = check_record(record)
-    kind = record.get("type")
-    for field, expected in TYPES.get(kind, {}).items():
-        if field in record and not _kind_ok(record[field], expected):
-            problems.append(f"{kind!r} record's {field!r} is {record[field]!r}, not {'a finite number' if expected == NUMBER else expected}")
-    if kind in NULLABLE:
-        for field in ("loss", "accuracy", "test_accuracy", "samples_per_s", "peak_mem_mb"):
-            if record.get(field) is not None and not _kind_ok(record[field], NUMBER):
-                problems.append(f"{kind!r} record's {field!r} is {record[field]!r}, not a finite number")
-    return problems
-
-
 def read_run(path):
     """One log as a dict: config, env, epochs (list), summary (None if the run did not finish), problems.
 
@@ -70,7 +31,7 @@ def read_run(path):
         except json.JSONDecodeError:
             run["problems"].append(f"line {n} is not JSON")
             continue
-        run["problems"] += record_problems(record)
+        run["problems"] += check_record(record)
         kind = record.get("type")
         if kind in ("config", "env", "summary"):
             run[kind] = record

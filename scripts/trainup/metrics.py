@@ -4,6 +4,7 @@ Also the small pieces of timing around it: a meter for loss and accuracy, peak m
 progress bar, and the copy of stdout into logs/<run>.stdout.
 """
 import json
+import math
 import os
 import platform
 import resource
@@ -90,6 +91,8 @@ def check_record(record):
         want = TYPES_IN.get(kind, {}).get(k) or TYPES.get(k)
         if want and k in COMMON + SCHEMA[kind] and _json_type(value) not in want:
             problems.append(f"{kind!r} record's {k!r} is {_json_type(value)} {value!r:.40}, not {' or '.join(want)}")
+        elif isinstance(value, float) and not math.isfinite(value):  # a NaN loss is a broken run, not a number
+            problems.append(f"{kind!r} record's {k!r} is {value}, not a finite number")
     return problems
 
 
