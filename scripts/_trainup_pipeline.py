@@ -46,18 +46,18 @@ class Pipe:
                                          loss_fn=F.cross_entropy)  # averaged, and gradients / m: the batch mean
         except ValueError as e:  # a schedule's own limits (e.g. micro-batches against stages)
             raise UserError(f"--schedule {args.schedule} with {microbatches} micro-batches: {e}") from None
-        self.microbatches = microbatches
+        self.microbatches, self.ids, self.layout = microbatches, ids, layout
+        self.schedule_name, self.width = args.schedule, args.width
 
     def params(self):
         return [p for part in self.parts for p in part.parameters()]
 
-    def run(self, x, y, train=True):
+    def run(self, x, y):
         """One batch through the pipeline; on the last stage's rank, the logits and the micro-batch losses."""
         losses = []
         inputs = (x,) if self.first else ()
         target = y if self.last else None
-        step = self.schedule.step if train else self.schedule.eval
-        out = step(*inputs, target=target, losses=losses)
+        out = self.schedule.step(*inputs, target=target, losses=losses)
         return (out, torch.stack(losses).mean()) if self.last else (None, None)
 
     def timing(self, on):
@@ -134,9 +134,9 @@ def evaluate(model, pipe, loader):
             logits = model(x)
             meter.add(F.cross_entropy(logits, y), logits, y)
             continue
-        logits, loss = pipe.run(x, y, train=False)
+        logits = pipeline.forward_only(pipe.parts, pipe.ids, x, pipe.schedule_name, pipe.layout, pipe.width)
         if logits is not None:
-            meter.add(loss, logits, y)
+            meter.add(F.cross_entropy(logits, y), logits, y)
     return meter
 
 
@@ -258,11 +258,7 @@ def main(argv=None):
         scheduler.step()
         wall = time.perf_counter() - tick
         write_steps(log, log_steps)
-        if pipe:
-            pipe.timing(False)
         test = evaluate(model, pipe, test_loader)
-        if pipe:
-            pipe.timing(True)
         log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
         whole = pipeline.gather_model(pipe.parts if pipe else [model], model)
         if ctx.is_main:

@@ -227,3 +227,25 @@ def save_model(path, model, epoch, args):
                tmp)
     os.replace(tmp, path)
     return path
+
+
+@torch.no_grad()
+def forward_only(parts, ids, x, schedule, layout, width):
+    """The whole batch through the stages in order, no micro-batches, no backward (for the test set):
+    the owner of each stage computes it and sends the activations to the next stage's owner.
+    Returns the logits on the rank that holds the last stage, None elsewhere."""
+    n_stages = len(ids) * layout.stages
+    owner = {i: p for p in range(layout.stages) for i in stage_ids(schedule, p, layout.stages)}
+    rank_of = lambda p: layout.pipeline * layout.stages + p  # noqa: E731
+    mine = dict(zip(ids, parts))
+    h = x
+    for i in range(n_stages):
+        if i not in mine:
+            continue
+        if i > 0 and owner[i - 1] != layout.position:
+            h = torch.empty(len(x), width)
+            dist.recv(h, src=rank_of(owner[i - 1]))
+        h = mine[i](h)
+        if i < n_stages - 1 and owner[i + 1] != layout.position:
+            dist.send(h.contiguous(), dst=rank_of(owner[i + 1]))
+    return h if n_stages - 1 in mine else None
