@@ -182,6 +182,7 @@ def sweep(args, model, layout, train_set, device, log, ctx):
 
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="pipeline")
+    p.set_defaults(lr=0.1)  # a stack of blocks wants a smaller step than the CNN's Adadelta 1.0
     p.add_argument("--schedule", default="gpipe", choices=tuple(pipeline.SCHEDULES),
                    help="naive: the whole batch at once; gpipe: all forwards, then all backwards; 1f1b: one "
                         "forward, one backward; the others hold 2 stages a process (interleaved, zero bubble)")

@@ -31,6 +31,9 @@ SCHEMA = {
     "ddp": ("launcher", "world_size", "local_world_size", "nnodes", "master_addr", "master_port",
             "restart_count", "backend", "timeout_s", "global_batch", "per_rank_batch", "ranks"),
     "ranks": ("epoch", "rank", "loss", "accuracy", "samples", "first_indices"),
+    "pipeline": ("schedule", "stages", "stages_per_rank", "pipeline_ranks", "data_parallel", "microbatches",
+                 "microbatch_size", "blocks", "width", "stage_blocks", "placement"),
+    "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
 }
 COMMON = ("type", "run", "time")
 
