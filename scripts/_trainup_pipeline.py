@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, metrics, models, pipeline
+from trainup import UserError, checkpoint, cli, data, distributed, metrics, models, pipeline
 
 
 def optimizer_for(params, args):
@@ -80,9 +80,10 @@ def train_step(model, pipe, layout, optimizer, x, y):
     return logits, loss
 
 
-def train_epoch(model, pipe, layout, loader, optimizer, epoch, show_progress, log_steps):
+def train_epoch(model, pipe, layout, loader, optimizer, epoch, show_progress, log_steps, device):
     meter = metrics.Meter()
     for step, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress), 1):
+        x, y = x.to(device), y.to(device)
         tick = begin_step(pipe, layout)
         logits, loss = train_step(model, pipe, layout, optimizer, x, y)
         log_steps.append(end_step(pipe, layout, tick, epoch, step))
@@ -111,7 +112,7 @@ def end_step(pipe, layout, tick, epoch, step):
     return dict(epoch=epoch, step=step, microbatches=pipe.microbatches, rank=dist.get_rank(),
                 pipeline=layout.pipeline, stages=[s.stage_index for s in pipe.stages], step_s=seconds,
                 events=sorted(events, key=lambda e: e[3]),
-                peak_activation_bytes=[part.meter.peak for part in pipe.parts])
+                peak_activation_bytes=[part.meter.step_peak for part in pipe.parts])
 
 
 def write_steps(log, log_steps):
@@ -127,9 +128,10 @@ def write_steps(log, log_steps):
 
 
 @torch.no_grad()
-def evaluate(model, pipe, loader):
+def evaluate(model, pipe, loader, device):
     meter = metrics.Meter()
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         if pipe is None:
             logits = model(x)
             meter.add(F.cross_entropy(logits, y), logits, y)
@@ -169,7 +171,7 @@ def sweep(args, model, layout, train_set, device, log, ctx):
         optimizer, _ = optimizer_for(pipe.params(), args)
         steps = []
         for step in range(args.sweep_steps + 1):
-            x, y = next(batches)
+            x, y = (t.to(device) for t in next(batches))
             pipe.timing(step > 0)
             tick = begin_step(pipe, layout)
             train_step(model, pipe, layout, optimizer, x, y)
@@ -225,6 +227,8 @@ def main(argv=None):
         raise UserError("the pipeline lesson takes a data set held in memory (digits, mnist, cifar10), not synthetic")
     torch.manual_seed(args.seed)  # every rank builds the same whole model, then keeps its stages
     model = models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
+    if args.stages == 1:
+        model = model.to(device)  # a pipeline moves only its own stages to its device
     layout = pipeline.Layout(ctx.rank, args.stages, args.data_parallel)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     placement = [None] * ctx.world_size
@@ -255,11 +259,11 @@ def main(argv=None):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same in every stage of a pipeline
         train = train_epoch(model, pipe, layout, Batches(train_set, per_pipeline, sampler), optimizer, epoch,
-                            args.show_progress and ctx.is_main, log_steps)
+                            args.show_progress and ctx.is_main, log_steps, device)
         scheduler.step()
         wall = time.perf_counter() - tick
         write_steps(log, log_steps)
-        test = evaluate(model, pipe, test_loader)
+        test = evaluate(model, pipe, test_loader, device)
         log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
         whole = pipeline.gather_model(pipe.parts if pipe else [model], model)
         if ctx.is_main:

@@ -98,7 +98,7 @@ def main(argv=None):
         events, loss = step(half, ctx.rank, x, y, args.width, lambda: time.perf_counter() - tick)
         optimizer.step()
         records.append(dict(epoch=1, step=n, microbatches=1, rank=ctx.rank, stages=[ctx.rank],
-                            step_s=time.perf_counter() - tick, events=events, peak_activation_bytes=[half.meter.peak],
+                            step_s=time.perf_counter() - tick, events=events, peak_activation_bytes=[half.meter.step_peak],
                             loss=loss))
         half.meter.reset_peak()
     everyone = [None] * 2

@@ -28,10 +28,16 @@ def layout(name, log_dir=LOG_DIR):
     return _records(name, "pipeline", log_dir)[-1]
 
 
-def steps(name, log_dir=LOG_DIR):
-    """One row per measured step and rank: its events, stages, step time and activation peaks."""
+def steps(name, log_dir=LOG_DIR, first=False):
+    """One row per measured step and rank: its events, stages, step time and activation peaks.
+
+    The very first training step is left out unless first=True: in it the stages also find out the
+    shapes they will receive (a first forward, and messages) and warm up; a sweep already leaves out one
+    warm-up step per micro-batch count."""
     import pandas as pd
-    return pd.DataFrame(_records(name, "pipe_step", log_dir))
+    t = pd.DataFrame(_records(name, "pipe_step", log_dir))
+    later = ~((t["epoch"] == 1) & (t["step"] == 1))
+    return t if first or not later.any() else t[later]
 
 
 def peak_activations(name, microbatches=None, log_dir=LOG_DIR):
@@ -147,13 +153,13 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
     from matplotlib.patches import Patch
     t = steps(name, log_dir)
     t = t[t["pipeline"] == 0] if "pipeline" in t else t
-    if microbatches is not None:
-        t = t[t["microbatches"] == microbatches]
+    t = t[t["microbatches"] == (microbatches or t["microbatches"].max())]  # a sweep holds several counts
     measured = sorted(set(t["step"]))
     step = step if step is not None else measured[min(1, len(measured) - 1)]  # the 2nd: the 1st warms up
     g = t[t["step"] == step].sort_values("rank")
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(11, 1 + 0.7 * len(g)))
     seen = set()
+    span = max(e[4] for ev in g["events"] for e in ev)
     for _, r in g.iterrows():
         two = len(r["stages"]) > 1
         for s, kind, mb, a, b in r["events"]:
@@ -161,7 +167,7 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
                            edgecolor="k" if kind in COMPUTE else "none", linewidth=0.3,
                            hatch="//" if kind in ("I", "W") else None)
             seen.add(kind)
-            if kind in COMPUTE:
+            if kind in COMPUTE and b - a > 0.015 * span:  # labels only where they fit
                 ax.text(1000 * (a + b) / 2, r["rank"], f"{mb}" + (f"/s{s}" if two else ""), ha="center",
                         va="center", fontsize=6, clip_on=True)
     ax.set_yticks(list(g["rank"]), [f"rank {r['rank']} (stage {', '.join(map(str, r['stages']))})"
@@ -172,7 +178,8 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
            title=title or f"{cfg['schedule']}: {g['microbatches'].iloc[0]} micro-batch(es), measured step {step}")
     ax.legend(handles=[Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in COLOURS if k in seen],
               fontsize="small", loc="upper right", ncol=len(seen))
-    save(fig, image)
+    if image:
+        save(fig, image)
     return fig
 
 
@@ -181,7 +188,6 @@ def manual_waits(name, log_dir=LOG_DIR):
     computing, sending and waiting to receive."""
     import pandas as pd
     t = steps(name, log_dir)
-    t = t[t["step"] > 1]
     rows = []
     for rank, g in t.groupby("rank"):
         total = g["step_s"].sum()
@@ -230,3 +236,44 @@ def about_memory(t):
                    f"({r['one_f_one_b_alive']:.1f}; at most {r['one_f_one_b_theory']} in theory): "
                    + ("1F1B lower" if r["one_f_one_b_mb"] < r["gpipe_mb"] else "1F1B NOT lower"))
     return out
+
+
+def run(script, *args, name, nproc=2, quick=None, timeout=900):
+    """A torchrun job of a pipeline script (launch.run's command), then one sentence checked from its log."""
+    import subprocess
+    from trainup import ROOT
+    from .launch import TORCHRUN, _failed, environment, script_args, shown, torchrun_flags
+    part, flags = script_args(script, args, name, quick), torchrun_flags(nproc=nproc)
+    print(shown(flags, part))
+    proc = subprocess.run(TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=environment())
+    if proc.returncode != 0:
+        raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
+    print(check(name))
+    return name
+
+
+def check(name, log_dir=LOG_DIR):
+    """Finished, the log follows the schema, and what was measured: epochs (loss fell?) or micro-batch counts."""
+    r = read_run(Path(log_dir) / f"{name}.jsonl")
+    if r["problems"] or not r["summary"] or r["summary"]["status"] != "finished":
+        raise AssertionError(f"{name}: did not finish, or its log breaks the schema: {r['problems']}")
+    t = steps(name, log_dir)
+    losses = [e["loss"] for e in r["epochs"]] or [x for x in (r["summary"].get("first_loss"),
+                                                             r["summary"].get("last_loss")) if x is not None]
+    parts = [f"{name}: finished", f"{len(t)} stage-steps timed"]
+    if len(set(t["microbatches"])) > 1:
+        parts.append(f"micro-batch counts {', '.join(map(str, sorted(set(t['microbatches']))))}")
+    if len(losses) >= 2:
+        parts.append("the training loss fell" if losses[-1] < losses[0] else "the training loss DID NOT FALL")
+    return ", ".join(parts + ["the log follows the schema"]) + "."
+
+
+def gantt_grid(names, image, log_dir=LOG_DIR, **kw):
+    """Several runs' measured steps, one panel each, on a common time axis."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.6 * len(names) + 0.6), sharex=True, squeeze=False)
+    for name, ax in zip(names, axes[:, 0]):
+        gantt(name, None, log_dir=log_dir, ax=ax, **kw)
+    save(fig, image)
+    return fig

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed import pipelining as pp
 
-from . import UserError
+from . import UserError, devices
 
 # name: (schedule class, stages a rank holds, how stages map to ranks)
 #   loop: rank r holds stages r, r+P, ...;  v: rank r holds r and 2P-1-r (the last stage, and the loss, on rank 0)
@@ -79,20 +79,22 @@ class ActivationMeter:
     """Bytes of the tensors autograd keeps for backward (activations), alive now and at most.
 
     A saved-tensor hook (public: torch.autograd.graph.saved_tensors_hooks) sees every tensor saved
-    in forward; it is counted once per storage until autograd lets it go (after its backward).
+    in forward; it is counted once (a tensor saved twice, once) until autograd lets it go (after its backward).
     Parameters are not activations: their storage is skipped. CPU has no max_memory_allocated, this works anywhere.
     """
     def __init__(self, params):
         self.params = {p.untyped_storage().data_ptr() for p in params}
-        self.live, self.bytes, self.peak, self.enabled = {}, 0, 0, True
+        self.live, self.bytes, self.peak, self.base, self.enabled = {}, 0, 0, 0, True
 
     def _pack(self, t):
-        key = t.untyped_storage().data_ptr()
-        if not self.enabled or key in self.params or key == 0:
+        storage = t.untyped_storage().data_ptr()
+        if not self.enabled or storage in self.params or storage == 0:
             return t
+        # the tensor's own bytes: a micro-batch is a view into the whole batch's storage
+        key = (storage, t.storage_offset(), tuple(t.shape))
         saved = _Saved(t)
         if key not in self.live:
-            self.live[key] = [0, t.untyped_storage().nbytes()]
+            self.live[key] = [0, t.numel() * t.element_size()]
             self.bytes += self.live[key][1]
             self.peak = max(self.peak, self.bytes)
         self.live[key][0] += 1
@@ -114,7 +116,13 @@ class ActivationMeter:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def reset_peak(self):
-        self.peak = self.bytes
+        """A new measurement: what stays alive from before (the library's first shape-inferring forward
+        keeps one) is its base, not part of it."""
+        self.peak = self.base = self.bytes
+
+    @property
+    def step_peak(self):
+        return self.peak - self.base
 
 
 class StagePart(nn.Module):
@@ -152,24 +160,29 @@ class TimedStage(pp.PipelineStage):
         super().__init__(*a, **kw)
         self.events, self.timing = [], True
 
+    def _start(self):
+        devices.synchronize(self.device)  # on a GPU, time the work, not its launch
+        return self.clock()
+
     def _note(self, kind, mb, start):
         if self.timing:
+            devices.synchronize(self.device)
             self.events.append((self.stage_index, kind, mb, start, self.clock()))
 
     def forward_one_chunk(self, fwd_chunk_id, *a, **kw):
-        start = self.clock()
+        start = self._start()
         out = super().forward_one_chunk(fwd_chunk_id, *a, **kw)
         self._note("F", fwd_chunk_id, start)
         return out
 
     def backward_one_chunk(self, bwd_chunk_id, *a, **kw):
-        start = self.clock()
+        start = self._start()
         out = super().backward_one_chunk(bwd_chunk_id, *a, **kw)
         self._note("B" if kw.get("full_backward", True) else "I", bwd_chunk_id, start)
         return out
 
     def backward_weight_one_chunk(self, bwd_chunk_id, *a, **kw):
-        start = self.clock()
+        start = self._start()
         out = super().backward_weight_one_chunk(bwd_chunk_id, *a, **kw)
         self._note("W", bwd_chunk_id, start)
         return out
@@ -243,7 +256,7 @@ def forward_only(parts, ids, x, schedule, layout, width):
         if i not in mine:
             continue
         if i > 0 and owner[i - 1] != layout.position:
-            h = torch.empty(len(x), width)
+            h = torch.empty(len(x), width, device=x.device)
             dist.recv(h, src=rank_of(owner[i - 1]))
         h = mine[i](h)
         if i < n_stages - 1 and owner[i + 1] != layout.position:
