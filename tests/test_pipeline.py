@@ -1,6 +1,9 @@
 """_trainup_pipeline.py run for real: 2 stages under torchrun (gloo) with every schedule, 2 pipelines x 2
 stages, the manual send/recv picture, and bad input. Every pipeline must end with the parameters of one
 process that trains the whole model on the whole batch."""
+import os
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -9,7 +12,6 @@ import torch
 from conftest import ROOT, assert_clean_error
 from lessons import launch, pipeline as lesson, report
 from trainup import pipeline
-from test_ddp import finish, ok, start
 
 SCRIPT = str(ROOT / "scripts" / "_trainup_pipeline.py")
 # a tiny model and data set: each job is mostly start-up; 4 micro-batches of 8
@@ -17,6 +19,28 @@ TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", 
         "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress"]
 SCHEDULES = tuple(pipeline.SCHEDULES)
 ATOL = 1e-5  # float sums in another order (micro-batches, then the mean), nothing more
+HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means it hung, and the test fails
+
+
+def start(cmd, env=None):
+    # a session of its own, so that a hung job can be ended with all its children
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=launch.environment(env), start_new_session=True)
+
+
+def finish(proc):
+    try:
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
 
 
 def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
@@ -54,7 +78,6 @@ def test_every_schedule_ends_with_the_parameters_of_one_process(runs, schedule):
 
 
 def test_the_baseline_trained_far_beyond_the_tolerance(runs):
-    from types import SimpleNamespace  # noqa: F401
     from trainup import models
     torch.manual_seed(1)
     init = models.BlockStack((1, 28, 28), 10, 4, 32).state_dict()

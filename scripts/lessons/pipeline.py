@@ -54,7 +54,7 @@ def _one_step(t):
     """Per step of pipeline 0: span, busy time per rank, per-stage work per micro-batch."""
     t = t[t["pipeline"] == 0] if "pipeline" in t else t  # one pipeline of a pipeline x data-parallel job
     out = []
-    for (m, step), g in t.groupby(["microbatches", "step"]):
+    for (_, m, step), g in t.groupby(["epoch", "microbatches", "step"]):
         events = [e for ev in g["events"] for e in ev]
         compute = [e for e in events if e[1] in COMPUTE]
         span = max(e[4] for e in events) - min(e[3] for e in events)
@@ -154,9 +154,9 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
     t = steps(name, log_dir)
     t = t[t["pipeline"] == 0] if "pipeline" in t else t
     t = t[t["microbatches"] == (microbatches or t["microbatches"].max())]  # a sweep holds several counts
-    measured = sorted(set(t["step"]))
-    step = step if step is not None else measured[min(1, len(measured) - 1)]  # the 2nd: the 1st warms up
-    g = t[t["step"] == step].sort_values("rank")
+    epoch, first = t[["epoch", "step"]].iloc[0]  # the first measured step, unless told
+    step = step if step is not None else first
+    g = t[(t["epoch"] == epoch) & (t["step"] == step)].sort_values("rank")
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(11, 1 + 0.7 * len(g)))
     seen = set()
     span = max(e[4] for ev in g["events"] for e in ev)
@@ -174,10 +174,11 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
                                      for _, r in g.iterrows()])
     ax.invert_yaxis()
     cfg = layout(name, log_dir)
-    ax.set(xlabel="ms from the start of the step",
-           title=title or f"{cfg['schedule']}: {g['microbatches'].iloc[0]} micro-batch(es), measured step {step}")
+    ax.set_xlabel("ms from the start of the step")
+    ax.set_title(title or f"{cfg['schedule']}: {g['microbatches'].iloc[0]} micro-batch(es), one measured step",
+                 loc="left", fontsize="medium")
     ax.legend(handles=[Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in COLOURS if k in seen],
-              fontsize="small", loc="upper right", ncol=len(seen))
+              fontsize="small", loc="lower right", bbox_to_anchor=(1, 1), ncol=len(seen), frameon=False)
     if image:
         save(fig, image)
     return fig
