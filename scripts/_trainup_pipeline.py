@@ -111,6 +111,7 @@ def end_step(pipe, layout, tick, epoch, step):
     events = [[s, kind, mb, start - tick, end - tick] for st in pipe.stages for s, kind, mb, start, end in st.events]
     return dict(epoch=epoch, step=step, microbatches=pipe.microbatches, rank=dist.get_rank(),
                 pipeline=layout.pipeline, stages=[s.stage_index for s in pipe.stages], step_s=seconds,
+                start_s=tick,  # this machine's monotonic clock: aligns the ranks of one machine exactly
                 events=sorted(events, key=lambda e: e[3]),
                 peak_activation_bytes=[part.meter.step_peak for part in pipe.parts])
 

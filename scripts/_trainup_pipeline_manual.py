@@ -97,7 +97,7 @@ def main(argv=None):
         optimizer.zero_grad()
         events, loss = step(half, ctx.rank, x, y, args.width, lambda: time.perf_counter() - tick)
         optimizer.step()
-        records.append(dict(epoch=1, step=n, microbatches=1, rank=ctx.rank, stages=[ctx.rank],
+        records.append(dict(epoch=1, step=n, microbatches=1, rank=ctx.rank, stages=[ctx.rank], start_s=tick,
                             step_s=time.perf_counter() - tick, events=events, peak_activation_bytes=[half.meter.step_peak],
                             loss=loss))
         half.meter.reset_peak()

@@ -40,6 +40,17 @@ def steps(name, log_dir=LOG_DIR, first=False):
     return t if first or not later.any() else t[later]
 
 
+def _aligned(g):
+    """The events of one step's rows (one per rank) on one time axis: each rank's times are from its own
+    start after the barrier, which ranks leave a little apart; their start_s (the machine's monotonic
+    clock, the same for every process of one machine) puts them on the earliest one's axis."""
+    if "start_s" not in g or g["start_s"].isna().any():
+        return {r["rank"]: r["events"] for _, r in g.iterrows()}
+    origin = g["start_s"].min()
+    return {r["rank"]: [[s, k, mb, a + r["start_s"] - origin, b + r["start_s"] - origin] for s, k, mb, a, b in r["events"]]
+            for _, r in g.iterrows()}
+
+
 def peak_activations(name, microbatches=None, log_dir=LOG_DIR):
     """The most activation bytes each stage kept at once (over the measured steps): a Series by stage."""
     import pandas as pd
@@ -55,10 +66,11 @@ def _one_step(t):
     t = t[t["pipeline"] == 0] if "pipeline" in t else t  # one pipeline of a pipeline x data-parallel job
     out = []
     for (_, m, step), g in t.groupby(["epoch", "microbatches", "step"]):
-        events = [e for ev in g["events"] for e in ev]
+        by_rank = _aligned(g)
+        events = [e for ev in by_rank.values() for e in ev]
         compute = [e for e in events if e[1] in COMPUTE]
         span = max(e[4] for e in events) - min(e[3] for e in events)
-        busy = {r["rank"]: sum(e[4] - e[3] for e in r["events"] if e[1] in COMPUTE) for _, r in g.iterrows()}
+        busy = {rank: sum(e[4] - e[3] for e in ev if e[1] in COMPUTE) for rank, ev in by_rank.items()}
         per_stage = {}
         for s, kind, mb, a, b in compute:
             per_stage[s] = per_stage.get(s, 0.0) + (b - a) / m
@@ -159,10 +171,11 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
     g = t[(t["epoch"] == epoch) & (t["step"] == step)].sort_values("rank")
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(11, 1 + 0.7 * len(g)))
     seen = set()
-    span = max(e[4] for ev in g["events"] for e in ev)
+    aligned = _aligned(g)
+    span = max(e[4] for ev in aligned.values() for e in ev)
     for _, r in g.iterrows():
         two = len(r["stages"]) > 1
-        for s, kind, mb, a, b in r["events"]:
+        for s, kind, mb, a, b in aligned[r["rank"]]:
             ax.broken_barh([(1000 * a, 1000 * (b - a))], (r["rank"] - 0.4, 0.8), facecolors=COLOURS[kind],
                            edgecolor="k" if kind in COMPUTE else "none", linewidth=0.3,
                            hatch="//" if kind in ("I", "W") else None)
@@ -174,7 +187,7 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
                                      for _, r in g.iterrows()])
     ax.invert_yaxis()
     cfg = layout(name, log_dir)
-    ax.set_xlabel("ms from the start of the step")
+    ax.set_xlabel("ms from the start of the step (the first rank's)")
     ax.set_title(title or f"{cfg['schedule']}: {g['microbatches'].iloc[0]} micro-batch(es), one measured step",
                  loc="left", fontsize="medium")
     ax.legend(handles=[Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in COLOURS if k in seen],
@@ -232,9 +245,9 @@ def about_memory(t):
     m = t["microbatches"].max()
     out = []
     for _, r in t[t["microbatches"] == m].iterrows():
-        out.append(f"stage {r['stage']}, {m} micro-batches: GPipe kept {r['gpipe_mb']:.2f} MiB of activations "
+        out.append(f"stage {int(r['stage'])}, {m} micro-batches: GPipe kept {r['gpipe_mb']:.2f} MiB of activations "
                    f"({r['gpipe_alive']:.1f} micro-batches), 1F1B {r['one_f_one_b_mb']:.2f} MiB "
-                   f"({r['one_f_one_b_alive']:.1f}; at most {r['one_f_one_b_theory']} in theory): "
+                   f"({r['one_f_one_b_alive']:.1f}; at most {int(r['one_f_one_b_theory'])} in theory): "
                    + ("1F1B lower" if r["one_f_one_b_mb"] < r["gpipe_mb"] else "1F1B NOT lower"))
     return out
 
