@@ -120,7 +120,7 @@ def test_the_manual_halves_wait_for_each_other(tmp_path):
                   tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress"])))
     steps = lesson.steps("manual", log_dir=log_dir, first=True)
     for _, pair in steps.groupby("step"):
-        by_rank = {r["rank"]: {e[1]: e for e in r["events"]} for _, r in pair.iterrows()}
+        by_rank = {rank: {e[1]: e for e in events} for rank, events in lesson.aligned(pair).items()}
         # rank 1's forward starts after rank 0's forward ended, rank 0's backward after rank 1's backward
         assert by_rank[1]["F"][3] >= by_rank[0]["F"][4]
         assert by_rank[0]["B"][3] >= by_rank[1]["B"][4]

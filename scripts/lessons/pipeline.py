@@ -40,7 +40,7 @@ def steps(name, log_dir=LOG_DIR, first=False):
     return t if first or not later.any() else t[later]
 
 
-def _aligned(g):
+def aligned(g):
     """The events of one step's rows (one per rank) on one time axis: each rank's times are from its own
     start after the barrier, which ranks leave a little apart; their start_s (the machine's monotonic
     clock, the same for every process of one machine) puts them on the earliest one's axis."""
@@ -66,7 +66,7 @@ def _one_step(t):
     t = t[t["pipeline"] == 0] if "pipeline" in t else t  # one pipeline of a pipeline x data-parallel job
     out = []
     for (_, m, step), g in t.groupby(["epoch", "microbatches", "step"]):
-        by_rank = _aligned(g)
+        by_rank = aligned(g)
         events = [e for ev in by_rank.values() for e in ev]
         compute = [e for e in events if e[1] in COMPUTE]
         span = max(e[4] for e in events) - min(e[3] for e in events)
@@ -171,11 +171,11 @@ def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, t
     g = t[(t["epoch"] == epoch) & (t["step"] == step)].sort_values("rank")
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(11, 1 + 0.7 * len(g)))
     seen = set()
-    aligned = _aligned(g)
-    span = max(e[4] for ev in aligned.values() for e in ev)
+    placed = aligned(g)
+    span = max(e[4] for ev in placed.values() for e in ev)
     for _, r in g.iterrows():
         two = len(r["stages"]) > 1
-        for s, kind, mb, a, b in aligned[r["rank"]]:
+        for s, kind, mb, a, b in placed[r["rank"]]:
             ax.broken_barh([(1000 * a, 1000 * (b - a))], (r["rank"] - 0.4, 0.8), facecolors=COLOURS[kind],
                            edgecolor="k" if kind in COMPUTE else "none", linewidth=0.3,
                            hatch="//" if kind in ("I", "W") else None)
