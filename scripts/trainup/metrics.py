@@ -41,6 +41,9 @@ SCHEMA = {
                     "parameters", "step_s"),
     "ddp_step": ("world_size", "params_before", "params_after"),
     "bn_stats": ("world_size", "running_mean_rank_diff", "local_mean_vs_full", "allreduced_mean_vs_full"),
+    "pipeline": ("schedule", "stages", "stages_per_rank", "pipeline_ranks", "data_parallel", "microbatches",
+                 "microbatch_size", "blocks", "width", "stage_blocks", "placement"),
+    "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
 }
 COMMON = ("type", "run", "time")
 

@@ -51,3 +51,26 @@ def build(args, dataset):
     if dataset.shape[0] != 3:  # grey images: a first layer that takes one channel
         model.conv1 = nn.Conv2d(dataset.shape[0], 64, 7, 2, 3, bias=False)
     return model
+
+
+class Block(nn.Module):
+    """One residual MLP block (pre-norm): the identical unit a pipeline cuts the model between."""
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + F.relu(self.fc(self.norm(x)))
+
+
+class BlockStack(nn.Module):
+    """Flatten, a linear stem, `blocks` identical Blocks, a linear head: deep enough to cut into stages."""
+    def __init__(self, shape=(1, 28, 28), num_classes=10, blocks=8, width=256):
+        super().__init__()
+        self.stem = nn.Linear(shape[0] * shape[1] * shape[2], width)
+        self.blocks = nn.Sequential(*(Block(width) for _ in range(blocks)))
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x.flatten(1))))

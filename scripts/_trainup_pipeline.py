@@ -1,0 +1,277 @@
+"""Lesson 06, pipeline model parallelism: the model cut into stages, one per process (or GPU); each
+batch cut into micro-batches that flow through the stages, so that they work at the same time.
+
+    torchrun --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --quick                  # 2 stages, GPipe
+    torchrun --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --schedule 1f1b --microbatches 8
+    torchrun --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --sweep 1,2,4,8,16       # the bubble
+    torchrun --standalone --nproc-per-node 4 scripts/_trainup_pipeline.py --data-parallel 2       # 2 pipelines x 2
+    python scripts/_trainup_pipeline.py --stages 1     # the baseline: the whole model in one process
+
+Compared with _trainup_ddp.py: the model is a stack of identical blocks (--blocks, --width) and each
+process builds it from the same seed, then keeps only its stage's blocks (trainup/pipeline.py); a
+PipelineStage per stage and a schedule (--schedule) run forward and backward micro-batch by
+micro-batch, sending activations forward and gradients back; the first stage feeds the inputs, the
+last computes the loss; with --data-parallel the same stage of each pipeline averages its gradients;
+every stage notes when each micro-batch's forward and backward ran, and its activation bytes.
+"""
+import itertools
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainup import UserError, checkpoint, cli, data, distributed, metrics, models, pipeline
+
+
+def optimizer_for(params, args):
+    optimizer = torch.optim.Adadelta(params, lr=args.lr)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
+
+
+class Pipe:
+    """This rank's stages and the schedule that drives them, for m micro-batches."""
+
+    def __init__(self, args, model, layout, device, microbatches):
+        schedule_cls, per_rank, _ = pipeline.SCHEDULES[args.schedule]
+        self.n_stages = args.stages * per_rank
+        parts = pipeline.cut(model, self.n_stages)
+        ids = pipeline.stage_ids(args.schedule, layout.position, args.stages)
+        self.parts = [parts[i].to(device) for i in ids]
+        self.stages = [pipeline.TimedStage(parts[i], i, self.n_stages, device, group=layout.pipe_group)
+                       for i in ids]
+        self.first, self.last = 0 in ids, self.n_stages - 1 in ids
+        try:
+            self.schedule = schedule_cls(self.stages if per_rank > 1 else self.stages[0], microbatches,
+                                         loss_fn=F.cross_entropy)  # averaged, and gradients / m: the batch mean
+        except ValueError as e:  # a schedule's own limits (e.g. micro-batches against stages)
+            raise UserError(f"--schedule {args.schedule} with {microbatches} micro-batches: {e}") from None
+        self.microbatches, self.ids, self.layout = microbatches, ids, layout
+        self.schedule_name, self.width = args.schedule, args.width
+
+    def params(self):
+        return [p for part in self.parts for p in part.parameters()]
+
+    def run(self, x, y):
+        """One batch through the pipeline; on the last stage's rank, the logits and the micro-batch losses."""
+        losses = []
+        inputs = (x,) if self.first else ()
+        target = y if self.last else None
+        out = self.schedule.step(*inputs, target=target, losses=losses)
+        return (out, torch.stack(losses).mean()) if self.last else (None, None)
+
+    def timing(self, on):
+        for s in self.stages:
+            s.timing = on
+        for part in self.parts:
+            part.meter.enabled = on
+
+
+def train_step(model, pipe, layout, optimizer, x, y):
+    optimizer.zero_grad()
+    if pipe is None:  # one process: the whole model, the whole batch
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+    else:
+        logits, loss = pipe.run(x, y)
+        pipeline.average_gradients(pipe.params(), layout)
+    optimizer.step()
+    return logits, loss
+
+
+def train_epoch(model, pipe, layout, loader, optimizer, epoch, show_progress, log_steps, device):
+    meter = metrics.Meter()
+    for step, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress), 1):
+        x, y = x.to(device), y.to(device)
+        tick = begin_step(pipe, layout)
+        logits, loss = train_step(model, pipe, layout, optimizer, x, y)
+        log_steps.append(end_step(pipe, layout, tick, epoch, step))
+        if logits is not None:  # only the last stage sees the loss
+            meter.add(loss, logits, y)
+    return meter
+
+
+def begin_step(pipe, layout):
+    """The stages of a pipeline start a measured step together: event times are from this moment."""
+    if pipe is not None:
+        dist.barrier(group=layout.pipe_group)
+        for s in pipe.stages:
+            s.events.clear()
+        for part in pipe.parts:
+            part.meter.reset_peak()
+    return time.perf_counter()
+
+
+def end_step(pipe, layout, tick, epoch, step):
+    """This rank's 'pipe_step' record: its events (times from the step's start) and activation peaks."""
+    seconds = time.perf_counter() - tick
+    if pipe is None:
+        return None
+    events = [[s, kind, mb, start - tick, end - tick] for st in pipe.stages for s, kind, mb, start, end in st.events]
+    return dict(epoch=epoch, step=step, microbatches=pipe.microbatches, rank=dist.get_rank(),
+                pipeline=layout.pipeline, stages=[s.stage_index for s in pipe.stages], step_s=seconds,
+                start_s=tick,  # this machine's monotonic clock: aligns the ranks of one machine exactly
+                events=sorted(events, key=lambda e: e[3]),
+                peak_activation_bytes=[part.meter.step_peak for part in pipe.parts])
+
+
+def write_steps(log, log_steps):
+    """Every rank's step records, gathered to rank 0, which writes them."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not log_steps or log_steps[0] is None:
+        return
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, log_steps)
+    for rank_steps in everyone:
+        for record in rank_steps:
+            log.write("pipe_step", **record)
+    log_steps.clear()
+
+
+@torch.no_grad()
+def evaluate(model, pipe, loader, device):
+    meter = metrics.Meter()
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        if pipe is None:
+            logits = model(x)
+            meter.add(F.cross_entropy(logits, y), logits, y)
+            continue
+        logits = pipeline.forward_only(pipe.parts, pipe.ids, x, pipe.schedule_name, pipe.layout, pipe.width)
+        if logits is not None:
+            meter.add(F.cross_entropy(logits, y), logits, y)
+    return meter
+
+
+def full_batches(dataset, batch_size, sampler):
+    """Only full batches: every micro-batch of a step must have the same size."""
+    order = torch.tensor(list(sampler))
+    for idx in order.split(batch_size):
+        if len(idx) == batch_size:
+            yield dataset[idx]
+
+
+class Batches:
+    def __init__(self, dataset, batch_size, sampler):
+        self.dataset, self.batch_size, self.sampler = dataset, batch_size, sampler
+
+    def __iter__(self):
+        return full_batches(self.dataset, self.batch_size, self.sampler)
+
+    def __len__(self):
+        return len(self.sampler) // self.batch_size
+
+
+def sweep(args, model, layout, train_set, device, log, ctx):
+    """--sweep: for each micro-batch count, --sweep-steps measured steps (after one warm-up step)."""
+    per_pipeline = args.batch_size // args.data_parallel
+    sampler = data.ShuffleSampler(len(train_set), args.seed, layout.pipeline, args.data_parallel)
+    batches = itertools.cycle(list(Batches(train_set, per_pipeline, sampler)))
+    for m in args.sweep:
+        pipe = Pipe(args, model, layout, device, m)
+        optimizer, _ = optimizer_for(pipe.params(), args)
+        steps = []
+        for step in range(args.sweep_steps + 1):
+            x, y = (t.to(device) for t in next(batches))
+            pipe.timing(step > 0)
+            tick = begin_step(pipe, layout)
+            train_step(model, pipe, layout, optimizer, x, y)
+            if step:
+                steps.append(end_step(pipe, layout, tick, 0, step))
+        write_steps(log, steps)
+        if ctx.is_main:
+            print(f"{m} micro-batches: {args.sweep_steps} steps measured")
+
+
+def parse_args(argv=None):
+    p = cli.parser(__doc__, lesson="pipeline")
+    p.set_defaults(lr=0.1)  # a stack of blocks wants a smaller step than the CNN's Adadelta 1.0
+    p.add_argument("--schedule", default="gpipe", choices=tuple(pipeline.SCHEDULES),
+                   help="naive: the whole batch at once; gpipe: all forwards, then all backwards; 1f1b: one "
+                        "forward, one backward; the others hold 2 stages a process (interleaved, zero bubble)")
+    p.add_argument("--stages", type=cli.positive(int), default=2, help="processes in one pipeline (1: no pipeline)")
+    p.add_argument("--microbatches", type=cli.positive(int), default=4, help="micro-batches per batch")
+    p.add_argument("--data-parallel", type=cli.positive(int), default=1, help="pipelines side by side")
+    p.add_argument("--blocks", type=cli.positive(int), default=8, help="identical blocks in the model")
+    p.add_argument("--width", type=cli.positive(int), default=256, help="features of each block")
+    p.add_argument("--sweep", default=None, help="comma-separated micro-batch counts: measure the schedule only")
+    p.add_argument("--sweep-steps", type=cli.positive(int), default=3, help="measured steps per micro-batch count")
+    p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
+    p.add_argument("--timeout", type=cli.positive(float), default=300,
+                   help="seconds a process waits for the others before the whole job fails")
+    args = cli.parse(p, argv)
+    if args.schedule == "naive" and args.microbatches != 1:
+        args.microbatches = 1  # naive model parallelism: the whole batch is one micro-batch
+    if args.sweep:
+        try:
+            args.sweep = [int(m) for m in args.sweep.split(",")]
+            assert min(args.sweep) > 0
+        except (ValueError, AssertionError):
+            p.error(f"--sweep takes micro-batch counts like 1,2,4,8, got {args.sweep!r}")
+    if args.resume:
+        p.error("--resume: the pipeline lesson's checkpoints hold the model only, not each stage's optimizer")
+    args.show_progress = not args.no_progress
+    return args
+
+
+@cli.main_guard
+def main(argv=None):
+    args = parse_args(argv)
+    pipeline.check_shape(args, distributed.from_env().world_size)  # before anyone waits for anyone
+    ctx = distributed.setup(args)
+    device = ctx.device
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    train_set, test_set = data.load(args)
+    if not isinstance(train_set, data.Images):
+        raise UserError("the pipeline lesson takes a data set held in memory (digits, mnist, cifar10), not synthetic")
+    torch.manual_seed(args.seed)  # every rank builds the same whole model, then keeps its stages
+    model = models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
+    if args.stages == 1:
+        model = model.to(device)  # a pipeline moves only its own stages to its device
+    layout = pipeline.Layout(ctx.rank, args.stages, args.data_parallel)
+    log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
+    placement = [None] * ctx.world_size
+    mine = dict(rank=ctx.rank, pipeline=layout.pipeline, position=layout.position, device=str(device),
+                stages=pipeline.stage_ids(args.schedule, layout.position, args.stages) if args.stages > 1 else [0])
+    dist.all_gather_object(placement, mine)
+    n_stages = args.stages * pipeline.SCHEDULES[args.schedule][1] if args.stages > 1 else 1
+    log.write("pipeline", schedule=args.schedule if args.stages > 1 else "none", stages=n_stages,
+              stages_per_rank=n_stages // args.stages, pipeline_ranks=args.stages, data_parallel=args.data_parallel,
+              microbatches=args.microbatches, microbatch_size=args.batch_size // args.data_parallel // args.microbatches,
+              blocks=args.blocks, width=args.width, stage_blocks=pipeline.block_ranges(args.blocks, n_stages),
+              placement=placement)
+    if args.sweep:
+        if args.stages == 1:
+            raise UserError("--sweep measures a pipeline; use --stages 2 or more")
+        sweep(args, model, layout, train_set, device, log, ctx)
+        log.summary()
+        distributed.cleanup(ctx)
+        return
+
+    pipe = Pipe(args, model, layout, device, args.microbatches) if args.stages > 1 else None
+    optimizer, scheduler = optimizer_for(pipe.params() if pipe else model.parameters(), args)
+    per_pipeline = args.batch_size // args.data_parallel
+    sampler = data.ShuffleSampler(len(train_set), args.seed, layout.pipeline, args.data_parallel)
+    test_loader = Batches(test_set, per_pipeline, range(layout.pipeline, len(test_set), args.data_parallel))
+    log_steps = []
+    for epoch in range(1, args.epochs + 1):
+        tick = time.perf_counter()
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same in every stage of a pipeline
+        train = train_epoch(model, pipe, layout, Batches(train_set, per_pipeline, sampler), optimizer, epoch,
+                            args.show_progress and ctx.is_main, log_steps, device)
+        scheduler.step()
+        wall = time.perf_counter() - tick
+        write_steps(log, log_steps)
+        test = evaluate(model, pipe, test_loader, device)
+        log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
+        whole = pipeline.gather_model(pipe.parts if pipe else [model], model)
+        if ctx.is_main:
+            pipeline.save_model(checkpoint.path_for(args), whole, epoch, args)
+    log.summary(checkpoint=checkpoint.path_for(args))
+    distributed.cleanup(ctx)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Lesson 06 (pipeline parallelism): the measured schedule, the bubble against theory, throughput and
+activation memory against the number of micro-batches, read from the 'pipeline' and 'pipe_step'
+records of _trainup_pipeline.py and _trainup_pipeline_manual.py (logs/README.md).
+
+    from lessons import pipeline
+    pipeline.gantt("pp_gpipe_m4", "gantt_gpipe")     # the schedule as it ran, stages x time
+    table = pipeline.bubble_table(["pp_sweep_gpipe"]) # measured bubble beside (p-1)/(m+p-1), and why they differ
+"""
+from pathlib import Path
+
+from trainup import LOG_DIR
+
+from .report import read_run, save
+
+COMPUTE = ("F", "B", "I", "W")  # forward, backward (whole, or to the input / weights in zero-bubble schedules)
+COLOURS = {"F": "tab:blue", "B": "tab:orange", "I": "tab:orange", "W": "tab:red", "S": "0.75", "R": "0.9"}
+NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)", "S": "send",
+         "R": "wait to receive"}
+TOLERANCE = 0.10  # the goal: measured within 10 % of theory
+
+
+def _records(name, kind, log_dir):
+    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
+
+
+def layout(name, log_dir=LOG_DIR):
+    """The run's 'pipeline' record: schedule, stages, micro-batches, where each rank sits."""
+    return _records(name, "pipeline", log_dir)[-1]
+
+
+def steps(name, log_dir=LOG_DIR, first=False):
+    """One row per measured step and rank: its events, stages, step time and activation peaks.
+
+    The very first training step is left out unless first=True: in it the stages also find out the
+    shapes they will receive (a first forward, and messages) and warm up; a sweep already leaves out one
+    warm-up step per micro-batch count."""
+    import pandas as pd
+    t = pd.DataFrame(_records(name, "pipe_step", log_dir))
+    later = ~((t["epoch"] == 1) & (t["step"] == 1))
+    return t if first or not later.any() else t[later]
+
+
+def aligned(g):
+    """The events of one step's rows (one per rank) on one time axis: each rank's times are from its own
+    start after the barrier, which ranks leave a little apart; their start_s (the machine's monotonic
+    clock, the same for every process of one machine) puts them on the earliest one's axis."""
+    if "start_s" not in g or g["start_s"].isna().any():
+        return {r["rank"]: r["events"] for _, r in g.iterrows()}
+    origin = g["start_s"].min()
+    return {r["rank"]: [[s, k, mb, a + r["start_s"] - origin, b + r["start_s"] - origin] for s, k, mb, a, b in r["events"]]
+            for _, r in g.iterrows()}
+
+
+def peak_activations(name, microbatches=None, log_dir=LOG_DIR):
+    """The most activation bytes each stage kept at once (over the measured steps): a Series by stage."""
+    import pandas as pd
+    t = steps(name, log_dir)
+    if microbatches is not None:
+        t = t[t["microbatches"] == microbatches]
+    rows = [(s, b) for _, r in t.iterrows() for s, b in zip(r["stages"], r["peak_activation_bytes"])]
+    return pd.DataFrame(rows, columns=["stage", "bytes"]).groupby("stage")["bytes"].max()
+
+
+def _one_step(t):
+    """Per step of pipeline 0: span, busy time per rank, per-stage work per micro-batch."""
+    t = t[t["pipeline"] == 0] if "pipeline" in t else t  # one pipeline of a pipeline x data-parallel job
+    out = []
+    for (_, m, step), g in t.groupby(["epoch", "microbatches", "step"]):
+        by_rank = aligned(g)
+        events = [e for ev in by_rank.values() for e in ev]
+        compute = [e for e in events if e[1] in COMPUTE]
+        span = max(e[4] for e in events) - min(e[3] for e in events)
+        busy = {rank: sum(e[4] - e[3] for e in ev if e[1] in COMPUTE) for rank, ev in by_rank.items()}
+        per_stage = {}
+        for s, kind, mb, a, b in compute:
+            per_stage[s] = per_stage.get(s, 0.0) + (b - a) / m
+        out.append(dict(microbatches=m, step=step, ranks=len(g), span_s=span, busy=busy, work=per_stage,
+                        step_s=float(g["step_s"].max())))
+    return out
+
+
+def theory(p, m):
+    """The GPipe paper's bubble: (p-1)/(m+p-1) of the time, p stages, m micro-batches, equal stages, free sends."""
+    return (p - 1) / (m + p - 1)
+
+
+def bubble_table(names, log_dir=LOG_DIR):
+    """One row per run and micro-batch count: measured bubble (median over the measured steps), theory,
+    throughput, and, from the same measurements, what the theory leaves out: the stages' imbalance
+    and the share of the step that was no stage's compute on the critical path (sends, waits, Python)."""
+    import pandas as pd
+    rows = []
+    for name in [names] if isinstance(names, str) else names:
+        cfg = layout(name, log_dir)
+        batch = read_run(Path(log_dir) / f"{name}.jsonl")["config"]["args"]["batch_size"] // cfg["data_parallel"]
+        p = cfg["pipeline_ranks"]
+        per_m = {}
+        for s in _one_step(steps(name, log_dir)):
+            busy = sum(s["busy"].values())
+            work = sorted(s["work"].values())
+            ideal = (s["microbatches"] + p - 1) * max(work)  # equal stages at the slowest one's pace, free sends
+            per_m.setdefault(s["microbatches"], []).append(dict(
+                bubble=1 - busy / (s["ranks"] * s["span_s"]),
+                imbalance=max(work) / (sum(work) / len(work)) - 1,
+                overhead=max(0.0, 1 - ideal / s["span_s"]),
+                samples_per_s=batch / s["step_s"], span_s=s["span_s"]))
+        for m, measured in sorted(per_m.items()):
+            med = pd.DataFrame(measured).median()
+            rows.append(dict(run=name, schedule=cfg["schedule"], stages=p, microbatches=m, measured=med["bubble"],
+                             theory=theory(p, m), imbalance=med["imbalance"], overhead=med["overhead"],
+                             samples_per_s=med["samples_per_s"], steps=len(measured)))
+    t = pd.DataFrame(rows)
+    return t.assign(off_by=(t["measured"] - t["theory"]) / t["theory"].where(t["theory"] > 0))
+
+
+def about_bubble(t):
+    """A sentence per row of bubble_table: measured against theory, and where they differ by more than
+    10 %, the reason the measurements give."""
+    out = []
+    for _, r in t.iterrows():
+        head = (f"{r['schedule']}, {r['microbatches']} micro-batch(es): bubble {r['measured']:.0%} measured, "
+                f"{r['theory']:.0%} in theory")
+        if r["theory"] > 0 and abs(r["off_by"]) <= TOLERANCE:
+            out.append(head + f" (within {TOLERANCE:.0%})")
+            continue
+        why = []
+        if r["overhead"] > 0.05:
+            why.append(f"{r['overhead']:.0%} of the step was no stage's forward or backward on the critical path "
+                       f"(sending activations and gradients, waiting for them, scheduling)")
+        if r["imbalance"] > 0.05:
+            why.append(f"the slowest stage's work per micro-batch was {r['imbalance']:.0%} above the mean "
+                       f"(the others wait for it)")
+        direction = "more" if r["measured"] > r["theory"] else "less"
+        reason = "; ".join(why) if why else "the step is so short that timer and scheduling noise dominate"
+        out.append(head + f": {abs(r['off_by']):.0%} {direction}, because " + reason
+                   if r["theory"] > 0 else head + ": " + reason)
+    return out
+
+
+def bubble_plot(t, name):
+    """Measured bubble against (p-1)/(m+p-1), and throughput, against the micro-batch count."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for run, g in t.groupby("run", sort=False):
+        label = g["schedule"].iloc[0]
+        a.plot(g["microbatches"], 100 * g["measured"], "o-", label=f"{label}, measured")
+        b.plot(g["microbatches"], g["samples_per_s"], "o-", label=label)
+    g = t.drop_duplicates("microbatches").sort_values("microbatches")
+    a.plot(g["microbatches"], 100 * g["theory"], "k--", label="theory (p-1)/(m+p-1)")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(g["microbatches"]), [str(m) for m in g["microbatches"]])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    a.set(title="The bubble: share of the time a stage is idle", xlabel="micro-batches m", ylabel="% of stage-time")
+    b.set(title="Throughput", xlabel="micro-batches m", ylabel="samples/s")
+    save(fig, name)
+    return fig
+
+
+def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, title=None):
+    """One measured step drawn as it ran: a row per rank, time across, forward and backward in two colours
+    (sends and waits grey), each bar labelled with its micro-batch (and stage, when a rank holds two)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    t = steps(name, log_dir)
+    t = t[t["pipeline"] == 0] if "pipeline" in t else t
+    t = t[t["microbatches"] == (microbatches or t["microbatches"].max())]  # a sweep holds several counts
+    epoch, first = t[["epoch", "step"]].iloc[0]  # the first measured step, unless told
+    step = step if step is not None else first
+    g = t[(t["epoch"] == epoch) & (t["step"] == step)].sort_values("rank")
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(11, 1 + 0.7 * len(g)))
+    seen = set()
+    placed = aligned(g)
+    span = max(e[4] for ev in placed.values() for e in ev)
+    for _, r in g.iterrows():
+        two = len(r["stages"]) > 1
+        for s, kind, mb, a, b in placed[r["rank"]]:
+            ax.broken_barh([(1000 * a, 1000 * (b - a))], (r["rank"] - 0.4, 0.8), facecolors=COLOURS[kind],
+                           edgecolor="k" if kind in COMPUTE else "none", linewidth=0.3,
+                           hatch="//" if kind in ("I", "W") else None)
+            seen.add(kind)
+            if kind in COMPUTE and b - a > 0.015 * span:  # labels only where they fit
+                ax.text(1000 * (a + b) / 2, r["rank"], f"{mb}" + (f"/s{s}" if two else ""), ha="center",
+                        va="center", fontsize=6, clip_on=True)
+    ax.set_yticks(list(g["rank"]), [f"rank {r['rank']} (stage {', '.join(map(str, r['stages']))})"
+                                     for _, r in g.iterrows()])
+    ax.invert_yaxis()
+    cfg = layout(name, log_dir)
+    ax.set_xlabel("ms from the start of the step (the first rank's)")
+    ax.set_title(title or f"{cfg['schedule']}: {g['microbatches'].iloc[0]} micro-batch(es), one measured step",
+                 loc="left", fontsize="medium")
+    ax.legend(handles=[Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in COLOURS if k in seen],
+              fontsize="small", loc="lower right", bbox_to_anchor=(1, 1), ncol=len(seen), frameon=False)
+    if image:
+        save(fig, image)
+    return fig
+
+
+def manual_waits(name, log_dir=LOG_DIR):
+    """Per rank, over the manual run's steps (the first left out: warm-up): the share of the step spent
+    computing, sending and waiting to receive."""
+    import pandas as pd
+    t = steps(name, log_dir)
+    rows = []
+    for rank, g in t.groupby("rank"):
+        total = g["step_s"].sum()
+        share = {NAMES[k]: sum(e[4] - e[3] for ev in g["events"] for e in ev if e[1] == k) / total for k in "FBSR"}
+        rows.append(dict(rank=rank, **share))
+    return pd.DataFrame(rows).set_index("rank")
+
+
+def memory_table(gpipe, one_f_one_b, log_dir=LOG_DIR):
+    """Activation peaks per stage and micro-batch count for two sweeps, with what each schedule keeps
+    alive in theory (GPipe: all m micro-batches; 1F1B: at most p - stage) in units of one micro-batch."""
+    import pandas as pd
+    rows = []
+    p = layout(gpipe, log_dir)["pipeline_ranks"]
+    for m in sorted(set(steps(gpipe, log_dir)["microbatches"]) & set(steps(one_f_one_b, log_dir)["microbatches"])):
+        g, o = peak_activations(gpipe, m, log_dir), peak_activations(one_f_one_b, m, log_dir)
+        for stage in g.index:
+            one_mb = g[stage] / m  # GPipe holds all m: one micro-batch's activations
+            rows.append(dict(microbatches=m, stage=stage, gpipe_mb=g[stage] / 2**20, one_f_one_b_mb=o[stage] / 2**20,
+                             gpipe_alive=g[stage] / one_mb, one_f_one_b_alive=o[stage] / one_mb,
+                             one_f_one_b_theory=min(m, p - stage)))
+    return pd.DataFrame(rows)
+
+
+def memory_plot(t, name):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for stage, g in t.groupby("stage"):
+        ax.plot(g["microbatches"], g["gpipe_mb"], "o-", label=f"GPipe, stage {stage}")
+        ax.plot(g["microbatches"], g["one_f_one_b_mb"], "s--", label=f"1F1B, stage {stage}")
+    ax.set_xscale("log", base=2)
+    ax.set(title="Peak activation memory per stage (same batch)", xlabel="micro-batches m", ylabel="MiB saved for backward")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    save(fig, name)
+    return fig
+
+
+def about_memory(t):
+    """Sentences computed from memory_table: 1F1B against GPipe at the largest micro-batch count."""
+    m = t["microbatches"].max()
+    out = []
+    for _, r in t[t["microbatches"] == m].iterrows():
+        out.append(f"stage {int(r['stage'])}, {m} micro-batches: GPipe kept {r['gpipe_mb']:.2f} MiB of activations "
+                   f"({r['gpipe_alive']:.1f} micro-batches), 1F1B {r['one_f_one_b_mb']:.2f} MiB "
+                   f"({r['one_f_one_b_alive']:.1f}; at most {int(r['one_f_one_b_theory'])} in theory): "
+                   + ("1F1B lower" if r["one_f_one_b_mb"] < r["gpipe_mb"] else "1F1B NOT lower"))
+    return out
+
+
+def run(script, *args, name, nproc=2, quick=None, timeout=900):
+    """A torchrun job of a pipeline script (launch.run's command), then one sentence checked from its log."""
+    import subprocess
+    from trainup import ROOT
+    from .launch import TORCHRUN, _failed, environment, script_args, shown, torchrun_flags
+    part, flags = script_args(script, args, name, quick), torchrun_flags(nproc=nproc)
+    print(shown(flags, part))
+    proc = subprocess.run(TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=environment())
+    if proc.returncode != 0:
+        raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
+    print(check(name))
+    return name
+
+
+def check(name, log_dir=LOG_DIR):
+    """Finished, the log follows the schema, and what was measured: epochs (loss fell?) or micro-batch counts."""
+    r = read_run(Path(log_dir) / f"{name}.jsonl")
+    if r["problems"] or not r["summary"] or r["summary"]["status"] != "finished":
+        raise AssertionError(f"{name}: did not finish, or its log breaks the schema: {r['problems']}")
+    t = steps(name, log_dir)
+    losses = [e["loss"] for e in r["epochs"]] or [x for x in (r["summary"].get("first_loss"),
+                                                             r["summary"].get("last_loss")) if x is not None]
+    parts = [f"{name}: finished", f"{len(t)} stage-steps timed"]
+    if len(set(t["microbatches"])) > 1:
+        parts.append(f"micro-batch counts {', '.join(map(str, sorted(set(t['microbatches']))))}")
+    if len(losses) >= 2:
+        parts.append("the training loss fell" if losses[-1] < losses[0] else "the training loss DID NOT FALL")
+    return ", ".join(parts + ["the log follows the schema"]) + "."
+
+
+def gantt_grid(names, image, log_dir=LOG_DIR, **kw):
+    """Several runs' measured steps, one panel each, on a common time axis."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.6 * len(names) + 0.6), sharex=True, squeeze=False)
+    for name, ax in zip(names, axes[:, 0]):
+        gantt(name, None, log_dir=log_dir, ax=ax, **kw)
+    save(fig, image)
+    return fig

@@ -1,0 +1,264 @@
+"""The plumbing of pipeline parallelism: which stages a rank holds, its piece of the model, the
+schedules, and the measurements (when each micro-batch's forward and backward ran, activation bytes).
+
+A job of `stages` x `data_parallel` processes: rank = pipeline * stages + position in the pipeline.
+Schedules with 2 stages a rank (interleaved, zero-bubble) cut the model into 2 x stages pieces.
+"""
+import os
+import time
+import weakref
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed import pipelining as pp
+
+from . import UserError, devices
+
+# name: (schedule class, stages a rank holds, how stages map to ranks)
+#   loop: rank r holds stages r, r+P, ...;  v: rank r holds r and 2P-1-r (the last stage, and the loss, on rank 0)
+SCHEDULES = {
+    "naive": (pp.ScheduleGPipe, 1, "loop"),  # the whole batch as one micro-batch: one stage busy at a time
+    "gpipe": (pp.ScheduleGPipe, 1, "loop"),
+    "1f1b": (pp.Schedule1F1B, 1, "loop"),
+    "interleaved1f1b": (pp.ScheduleInterleaved1F1B, 2, "loop"),
+    "looped_bfs": (pp.ScheduleLoopedBFS, 2, "loop"),
+    "interleaved_zb": (pp.ScheduleInterleavedZeroBubble, 2, "loop"),
+    "zbv": (pp.ScheduleZBVZeroBubble, 2, "v"),
+    "dualpipev": (pp.ScheduleDualPipeV, 2, "v"),
+}
+
+
+def check_shape(args, world_size):
+    """The bad inputs that would otherwise fail deep inside torch or hang: one sentence each."""
+    per_rank = SCHEDULES[args.schedule][1]
+    n_stages = args.stages * per_rank if args.stages > 1 else 1
+    if n_stages > args.blocks:
+        raise UserError(f"--schedule {args.schedule} with --stages {args.stages} cuts the model into {n_stages} "
+                        f"stages, more than its --blocks {args.blocks}; every stage needs at least one block")
+    if args.batch_size % args.data_parallel:
+        raise UserError(f"--batch-size {args.batch_size} cannot be split evenly over --data-parallel "
+                        f"{args.data_parallel} pipelines")
+    per_pipeline = args.batch_size // args.data_parallel
+    for m in [args.microbatches] + (args.sweep or []):
+        if per_pipeline % m:
+            raise UserError(f"--microbatches {m} does not divide the {per_pipeline} samples each pipeline takes "
+                            f"a step (--batch-size {args.batch_size} / --data-parallel {args.data_parallel}); "
+                            f"use a divisor of {per_pipeline}")
+    if world_size != args.stages * args.data_parallel:
+        raise UserError(f"--stages {args.stages} x --data-parallel {args.data_parallel} needs "
+                        f"{args.stages * args.data_parallel} processes, and this job has {world_size}; start it "
+                        f"with torchrun --nproc-per-node {args.stages * args.data_parallel}")
+    return n_stages
+
+
+def stage_ids(schedule, rank_in_pipeline, ranks):
+    """The stage indices one rank of a pipeline holds under a schedule."""
+    _, per_rank, shape = SCHEDULES[schedule]
+    if shape == "v":
+        return [rank_in_pipeline, 2 * ranks - 1 - rank_in_pipeline]
+    return [rank_in_pipeline + k * ranks for k in range(per_rank)]
+
+
+def block_ranges(blocks, n_stages):
+    """Split `blocks` blocks as evenly as possible over n_stages stages: [(first, end), ...]."""
+    sizes = [blocks // n_stages + (i < blocks % n_stages) for i in range(n_stages)]
+    starts = [sum(sizes[:i]) for i in range(n_stages)]
+    return [(s, s + n) for s, n in zip(starts, sizes)]
+
+
+class _Saved:
+    """What autograd keeps instead of a saved tensor while the meter counts it."""
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+class ActivationMeter:
+    """Bytes of the tensors autograd keeps for backward (activations), alive now and at most.
+
+    A saved-tensor hook (public: torch.autograd.graph.saved_tensors_hooks) sees every tensor saved
+    in forward; it is counted once (a tensor saved twice, once) until autograd lets it go (after its backward).
+    Parameters are not activations: their storage is skipped. CPU has no max_memory_allocated, this works anywhere.
+    """
+    def __init__(self, params):
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.live, self.bytes, self.peak, self.base, self.enabled = {}, 0, 0, 0, True
+
+    def _pack(self, t):
+        storage = t.untyped_storage().data_ptr()
+        if not self.enabled or storage in self.params or storage == 0:
+            return t
+        # the tensor's own bytes: a micro-batch is a view into the whole batch's storage
+        key = (storage, t.storage_offset(), tuple(t.shape))
+        saved = _Saved(t)
+        if key not in self.live:
+            self.live[key] = [0, t.numel() * t.element_size()]
+            self.bytes += self.live[key][1]
+            self.peak = max(self.peak, self.bytes)
+        self.live[key][0] += 1
+        weakref.finalize(saved, self._release, key)
+        return saved
+
+    def _release(self, key):
+        entry = self.live[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.bytes -= entry[1]
+            del self.live[key]
+
+    @staticmethod
+    def _unpack(saved):
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def saving(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def reset_peak(self):
+        """A new measurement: what stays alive from before (the library's first shape-inferring forward
+        keeps one) is its base, not part of it."""
+        self.peak = self.base = self.bytes
+
+    @property
+    def step_peak(self):
+        return self.peak - self.base
+
+
+class StagePart(nn.Module):
+    """One stage's piece of a BlockStack: its blocks (the stem first, the head last), under the full
+    model's parameter names, so the stages' state dicts together are the whole model's."""
+    def __init__(self, model, first, end, has_stem, has_head):
+        super().__init__()
+        self.stem = model.stem if has_stem else None
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(first, end)})
+        self.head = model.head if has_head else None
+        self.meter = ActivationMeter(self.parameters())
+
+    def forward(self, x):
+        with self.meter.saving():
+            if self.stem is not None:
+                x = self.stem(x.flatten(1))
+            for block in self.blocks.values():
+                x = block(x)
+            return self.head(x) if self.head is not None else x
+
+
+def cut(model, n_stages):
+    """The model's pieces, one per stage."""
+    ranges = block_ranges(len(model.blocks), n_stages)
+    return [StagePart(model, a, b, i == 0, i == n_stages - 1) for i, (a, b) in enumerate(ranges)]
+
+
+class TimedStage(pp.PipelineStage):
+    """A PipelineStage that notes when each micro-batch's forward and backward ran on it (its own
+    wrappers around the public per-micro-batch methods the schedules call): (stage, kind, micro-batch,
+    start, end), kind F forward, B backward, I backward to the input only, W weight gradients (zero bubble)."""
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.events, self.timing = [], True
+
+    def _start(self):
+        devices.synchronize(self.device)  # on a GPU, time the work, not its launch
+        return self.clock()
+
+    def _note(self, kind, mb, start):
+        if self.timing:
+            devices.synchronize(self.device)
+            self.events.append((self.stage_index, kind, mb, start, self.clock()))
+
+    def forward_one_chunk(self, fwd_chunk_id, *a, **kw):
+        start = self._start()
+        out = super().forward_one_chunk(fwd_chunk_id, *a, **kw)
+        self._note("F", fwd_chunk_id, start)
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id, *a, **kw):
+        start = self._start()
+        out = super().backward_one_chunk(bwd_chunk_id, *a, **kw)
+        self._note("B" if kw.get("full_backward", True) else "I", bwd_chunk_id, start)
+        return out
+
+    def backward_weight_one_chunk(self, bwd_chunk_id, *a, **kw):
+        start = self._start()
+        out = super().backward_weight_one_chunk(bwd_chunk_id, *a, **kw)
+        self._note("W", bwd_chunk_id, start)
+        return out
+
+
+class Layout:
+    """Where this rank sits: its pipeline (data-parallel index), its position in it, its groups."""
+    def __init__(self, rank, stages, data_parallel):
+        self.pipeline, self.position = divmod(rank, stages)
+        self.stages, self.data_parallel = stages, data_parallel
+        self.pipe_group = self.dp_group = None
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # every rank takes part in creating every group (new_group is collective)
+            for d in range(data_parallel):
+                g = dist.new_group([d * stages + s for s in range(stages)])
+                if d == self.pipeline:
+                    self.pipe_group = g
+            for s in range(stages):
+                g = dist.new_group([d * stages + s for d in range(data_parallel)])
+                if s == self.position:
+                    self.dp_group = g
+
+
+def average_gradients(params, layout):
+    """Pipeline x data parallel: the same stage of every pipeline averages its gradients (as DDP would)."""
+    if layout.data_parallel == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=layout.dp_group)
+            p.grad /= layout.data_parallel
+
+
+def gather_model(parts, full_model):
+    """Rank 0 gets every stage's parameters back into one whole model (for the checkpoint)."""
+    mine = {k: v.detach().cpu() for part in parts for k, v in part.state_dict().items()}
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return full_model
+    everyone = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, everyone, dst=0)
+    if dist.get_rank() == 0:
+        merged = {}
+        for state in everyone:
+            merged.update(state)
+        full_model.load_state_dict(merged)
+    return full_model
+
+
+def save_model(path, model, epoch, args):
+    """The whole model's parameters, atomically (temporary file, then os.replace): what checks.same_parameters reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save({"model": model.state_dict(), "epoch": epoch,
+                "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}},
+               tmp)
+    os.replace(tmp, path)
+    return path
+
+
+@torch.no_grad()
+def forward_only(parts, ids, x, schedule, layout, width):
+    """The whole batch through the stages in order, no micro-batches, no backward (for the test set):
+    the owner of each stage computes it and sends the activations to the next stage's owner.
+    Returns the logits on the rank that holds the last stage, None elsewhere."""
+    n_stages = len(ids) * layout.stages
+    owner = {i: p for p in range(layout.stages) for i in stage_ids(schedule, p, layout.stages)}
+    rank_of = lambda p: layout.pipeline * layout.stages + p  # noqa: E731
+    mine = dict(zip(ids, parts))
+    h = x
+    for i in range(n_stages):
+        if i not in mine:
+            continue
+        if i > 0 and owner[i - 1] != layout.position:
+            h = torch.empty(len(x), width, device=x.device)
+            dist.recv(h, src=rank_of(owner[i - 1]))
+        h = mine[i](h)
+        if i < n_stages - 1 and owner[i + 1] != layout.position:
+            dist.send(h.contiguous(), dst=rank_of(owner[i + 1]))
+    return h if n_stages - 1 in mine else None

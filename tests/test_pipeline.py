@@ -1,0 +1,145 @@
+"""_trainup_pipeline.py run for real: 2 stages under torchrun (gloo) with every schedule, 2 pipelines x 2
+stages, the manual send/recv picture, and bad input. Every pipeline must end with the parameters of one
+process that trains the whole model on the whole batch."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, assert_clean_error
+from lessons import launch, pipeline as lesson, report
+from trainup import pipeline
+
+SCRIPT = str(ROOT / "scripts" / "_trainup_pipeline.py")
+# a tiny model and data set: each job is mostly start-up; 4 micro-batches of 8
+TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", "32",
+        "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress"]
+SCHEDULES = tuple(pipeline.SCHEDULES)
+ATOL = 1e-5  # float sums in another order (micro-batches, then the mean), nothing more
+HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means it hung, and the test fails
+
+
+def start(cmd, env=None):
+    # a session of its own, so that a hung job can be ended with all its children
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=launch.environment(env), start_new_session=True)
+
+
+def finish(proc):
+    try:
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
+    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc)] if nproc else [sys.executable]
+    return start(cmd + [script, *tiny, *map(str, args), "--run-name", name, "--log-dir", str(log_dir),
+                        "--checkpoint-dir", str(log_dir / "checkpoints")])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The one-process baseline, then one 2-stage job per schedule and one of 2 pipelines x 2 stages."""
+    log_dir = tmp_path_factory.mktemp("pipeline") / "logs"
+    ok(finish(job(log_dir, "one", "--stages", 1, nproc=0)))
+    for schedule in SCHEDULES:
+        ok(finish(job(log_dir, schedule, "--schedule", schedule)))
+    ok(finish(job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2, nproc=4)))
+    return log_dir
+
+
+def params(log_dir, name):
+    return torch.load(log_dir / "checkpoints" / f"{name}.pt", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES + ("pp2xdp2",))
+def test_every_schedule_ends_with_the_parameters_of_one_process(runs, schedule):
+    one, piped = params(runs, "one"), params(runs, schedule)
+    assert piped.keys() == one.keys()  # the stages' pieces together are the whole model
+    for k in one:
+        torch.testing.assert_close(piped[k], one[k], rtol=0, atol=ATOL, msg=k)
+    first = report.read_run(runs / "one.jsonl")["epochs"][0]
+    run = report.read_run(runs / f"{schedule}.jsonl")
+    assert run["problems"] == [] and run["summary"]["status"] == "finished"
+    assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=1e-5)
+    assert run["epochs"][0]["samples"] == first["samples"] == 128
+
+
+def test_the_baseline_trained_far_beyond_the_tolerance(runs):
+    from trainup import models
+    torch.manual_seed(1)
+    init = models.BlockStack((1, 28, 28), 10, 4, 32).state_dict()
+    one = params(runs, "one")
+    assert max((one[k] - init[k]).abs().max().item() for k in one) > 100 * ATOL
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_stage_notes_each_micro_batch_once_forward_and_backward(runs, schedule):
+    steps = lesson.steps(schedule, log_dir=runs, first=True)
+    m = 1 if schedule == "naive" else 4
+    assert set(steps["rank"]) == {0, 1} and len(steps) == 2 * 4  # 4 steps of 32 samples, 2 ranks
+    per_rank = 2 if pipeline.SCHEDULES[schedule][1] == 2 else 1
+    for _, row in steps.iterrows():
+        assert len(row["stages"]) == per_rank
+        kinds = {}
+        for stage, kind, mb, start, end in row["events"]:
+            assert stage in row["stages"] and 0 <= start <= end <= row["step_s"] + 1e-3
+            kinds.setdefault((stage, mb), []).append(kind)
+        assert sorted(kinds) == sorted((s, mb) for s in row["stages"] for mb in range(m))
+        for work in kinds.values():  # a full backward, or its two halves (zero bubble)
+            assert sorted(work) in (["B", "F"], ["F", "I", "W"]), work
+
+
+def test_1f1b_keeps_fewer_micro_batches_of_activations_alive_than_gpipe(runs):
+    gpipe, one_f_one_b = (lesson.peak_activations(s, log_dir=runs) for s in ("gpipe", "1f1b"))
+    # 4 micro-batches: GPipe holds all 4 before its first backward; 1F1B at most 2 on stage 0, 1 on stage 1
+    assert (one_f_one_b / gpipe).tolist() == pytest.approx([2 / 4, 1 / 4], rel=0.02)
+
+
+def test_pipelines_side_by_side_split_the_batch_and_place_ranks(runs):
+    rec = lesson.layout("pp2xdp2", log_dir=runs)
+    assert rec["data_parallel"] == 2 and rec["pipeline_ranks"] == 2 and rec["microbatch_size"] == 4
+    assert [(p["pipeline"], p["position"]) for p in rec["placement"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_the_manual_halves_wait_for_each_other(tmp_path):
+    log_dir = tmp_path / "logs"
+    ok(finish(job(log_dir, "manual", "--steps", 4, script=str(ROOT / "scripts" / "_trainup_pipeline_manual.py"),
+                  tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress"])))
+    steps = lesson.steps("manual", log_dir=log_dir, first=True)
+    for _, pair in steps.groupby("step"):
+        by_rank = {rank: {e[1]: e for e in events} for rank, events in lesson.aligned(pair).items()}
+        # rank 1's forward starts after rank 0's forward ended, rank 0's backward after rank 1's backward
+        assert by_rank[1]["F"][3] >= by_rank[0]["F"][4]
+        assert by_rank[0]["B"][3] >= by_rank[1]["B"][4]
+    summary = report.read_run(log_dir / "manual.jsonl")["summary"]
+    assert summary["status"] == "finished" and summary["last_loss"] < summary["first_loss"]
+
+
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
+    cases = [([], ["--microbatches", "5"], ["--microbatches 5", "does not divide"]),
+             ([], ["--blocks", "3", "--schedule", "zbv"], ["4 stages", "more than its --blocks 3"]),
+             ([], [], ["needs 2 processes", "has 1"]),
+             (["RANK=0", "WORLD_SIZE=3", "LOCAL_RANK=0"], [], ["needs 2 processes", "has 3"])]
+    procs = []
+    for env, flags, _ in cases:
+        proc = start([sys.executable, SCRIPT, "--quick", *flags, "--log-dir", str(log_dir)],
+                     dict(e.split("=") for e in env))
+        procs.append(proc)
+    for proc, (_, _, words) in zip(procs, cases):
+        done = finish(proc)
+        assert done.returncode == 2
+        assert_clean_error(done, *words)
+    assert not log_dir.exists() or not list(log_dir.iterdir())  # nothing half-written
