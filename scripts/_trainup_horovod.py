@@ -88,14 +88,14 @@ def full_batches(loader, batch_size):
                 yield x, y
 
 
-def sweep(args, model, train_set, device, log, ctx):
+def sweep(args, model, optimizer, train_set, device, log, ctx):
     """Train --sweep-steps steps at each (global) batch size and log throughput: where does the job saturate?"""
     for batch_size in args.sweep:
         if batch_size > len(train_set):
             if ctx.is_main:
                 print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
             continue
-        optimizer, _ = optimizer_for(model, args)
+        # one DistributedOptimizer for every batch size: each hooks every gradient, a second would all-reduce twice
         scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
         sampler = data.ShuffleSampler(len(train_set), args.seed, ctx.rank, ctx.world_size)
         per_rank = batch_size // ctx.world_size
@@ -215,7 +215,7 @@ def main(argv=None):
     log.write("ddp", **describe(ctx, args))
     monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
     if args.sweep:
-        sweep(args, model, train_set, device, log, ctx)
+        sweep(args, model, optimizer, train_set, device, log, ctx)
         monitor.stop()
         log.summary()
         hvd.shutdown()

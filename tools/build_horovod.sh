@@ -75,22 +75,31 @@ command -v make >/dev/null || cannot "make not found (install it, e.g. apt-get i
 command -v patch >/dev/null || cannot "patch not found (install it, e.g. apt-get install patch)"
 
 say "building Horovod $VERSION against torch $torch_version ($flavour): a few minutes, once (log: $dir/build.log)"
-src=$CACHE/src
-rm -rf "$src" && mkdir -p "$src"
-"$py" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$src" \
-  || cannot "could not download the horovod $VERSION sdist from PyPI"
+# The source tree lives beside the wheel it builds; one left by an interrupted build keeps its compiled objects.
+src=$dir/src
 sdist=$src/horovod-$VERSION.tar.gz
-echo "$SDIST_SHA256  $sdist" | sha256sum --check --quiet \
-  || { echo "build_horovod: $sdist does not have the pinned sha256; not building it" >&2; exit 1; }
-tar -xzf "$sdist" -C "$src"
-patch --quiet --forward -p1 -d "$src/horovod-$VERSION" < "$PATCH" \
-  || { echo "build_horovod: $PATCH did not apply to horovod $VERSION" >&2; exit 1; }
-grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/horovod-$VERSION/horovod/torch/CMakeLists.txt"
+tree=$src/horovod-$VERSION
+if ! { [ -f "$sdist" ] && echo "$SDIST_SHA256  $sdist" | sha256sum --check --quiet 2>/dev/null; }; then
+  rm -rf "$src" && mkdir -p "$src"
+  "$py" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$src" \
+    || cannot "could not download the horovod $VERSION sdist from PyPI"
+  echo "$SDIST_SHA256  $sdist" | sha256sum --check --quiet \
+    || { echo "build_horovod: $sdist does not have the pinned sha256; not building it" >&2; exit 1; }
+fi
+if [ ! -d "$tree" ]; then
+  tar -xzf "$sdist" -C "$src"
+  patch --quiet -p1 -d "$tree" < "$PATCH" || { echo "build_horovod: $PATCH did not apply to horovod $VERSION" >&2; exit 1; }
+fi
+# Both C++ standard lines now say 17, and none 14 (also in a tree kept from an interrupted build).
+for f in "$tree/CMakeLists.txt" "$tree/horovod/torch/CMakeLists.txt"; do
+  grep -q 'set(CMAKE_CXX_STANDARD 17)' "$f" && ! grep -q 'set(CMAKE_CXX_STANDARD 14)' "$f" \
+    || { echo "build_horovod: $f is not patched to C++17; delete $src and run again" >&2; exit 1; }
+done
 
 "$py" -c 'import wheel' 2>/dev/null || "$py" -m pip install --quiet "$WHEEL_PKG"
 if ! HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
      HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-     "$py" -m pip wheel --no-build-isolation --no-deps --wheel-dir "$dir" "$src/horovod-$VERSION" \
+     "$py" -m pip wheel --no-build-isolation --no-deps --wheel-dir "$dir" "$tree" \
      > "$dir/build.log" 2>&1; then
   touch "$dir/FAILED"
   cannot "the Horovod build failed (last lines of $dir/build.log: $(tail -3 "$dir/build.log" | tr '\n' ' '))"

@@ -132,6 +132,9 @@ def fusion_sentence(table):
 
 # --- The timeline -----------------------------------------------------------------------------------
 
+CYCLES = "(cycle starts)"  # the timeline's CYCLE_START markers (--timeline-mark-cycles) belong to no tensor
+
+
 def timeline_events(path):
     """Horovod's timeline (chrome-trace JSON, written by the coordinator) as a table of phases:
     tensor, phase, start and end in ms from the first event. Instant events (each rank's 'ready' during
@@ -144,7 +147,7 @@ def timeline_events(path):
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     open_, rows = {}, []
     for e in events:
-        tensor = names.get(e.get("pid"), str(e.get("pid")))
+        tensor = names.get(e.get("pid"), CYCLES if "pid" not in e else str(e["pid"]))  # markers have no tensor
         if e.get("ph") == "B":
             open_.setdefault((e["pid"], e.get("tid", 0)), []).append((e["name"], e["ts"]))
         elif e.get("ph") == "E" and open_.get((e["pid"], e.get("tid", 0))):
@@ -173,6 +176,7 @@ def timeline_plot(t, name="horovod_timeline"):
     """One row per tensor: its phases as bars (negotiation, then the all-reduce and what it did inside), and
     when each rank said it was ready (the numbered marks): a picture of what the ranks did and waited for."""
     import matplotlib.pyplot as plt
+    cycles, t = t[t.tensor == CYCLES], t[t.tensor != CYCLES]
     tensors = list(dict.fromkeys(t.sort_values("start_ms").tensor))
     phases = [p for p in dict.fromkeys(t.phase) if not p.isdigit()]
     colours = dict(zip(phases, plt.cm.tab10.colors))
@@ -187,6 +191,8 @@ def timeline_plot(t, name="horovod_timeline"):
                            color=colours[p], alpha=0.5 if top else 0.95, label=p if len(bars) else None)
         for rank, marks in g[g.phase.str.isdigit()].groupby("phase"):
             ax.scatter(marks.start_ms, [row] * len(marks), marker=f"${rank}$", color="black", s=40, zorder=3)
+    for i, x in enumerate(cycles.start_ms):  # each wake-up of Horovod's background thread
+        ax.axvline(x, color="grey", lw=0.6, ls=":", label="cycle start" if i == 0 else None)
     handles, labels = ax.get_legend_handles_labels()
     keep = dict(zip(labels, handles))
     ax.legend(keep.values(), keep.keys(), fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -199,7 +205,7 @@ def timeline_plot(t, name="horovod_timeline"):
 
 def timeline_summary(t):
     """Time in each phase, over the table given (ms, summed over tensors), as a small table."""
-    spans = t[~t.phase.str.isdigit()].assign(ms=lambda d: d.end_ms - d.start_ms)
+    spans = t[~t.phase.str.isdigit() & (t.tensor != CYCLES)].assign(ms=lambda d: d.end_ms - d.start_ms)
     return spans.groupby("phase", as_index=False).agg(count=("ms", "size"), total_ms=("ms", "sum")) \
         .sort_values("total_ms", ascending=False, ignore_index=True)
 
