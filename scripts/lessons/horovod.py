@@ -144,7 +144,7 @@ def timeline_events(path):
     if not text.endswith("]"):  # Horovod leaves the JSON array open while it runs; it may end with a comma
         text = text.rstrip(",") + "]"
     events = json.loads(text)
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {e["pid"]: e["args"].get("name", "") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     open_, rows = {}, []
     for e in events:
         tensor = names.get(e.get("pid"), CYCLES if "pid" not in e else str(e["pid"]))  # markers have no tensor
@@ -173,10 +173,12 @@ def step_window(t, steps=2, skip=3):
 
 
 def timeline_plot(t, name="horovod_timeline"):
-    """One row per tensor: its phases as bars (negotiation, then the all-reduce and what it did inside), and
-    when each rank said it was ready (the numbered marks): a picture of what the ranks did and waited for."""
+    """One row per tensor: its phases as bars (negotiation, then the all-reduce and what it did inside), and,
+    where the timeline has them (a tensor's first negotiation), numbered marks when each rank was ready."""
     import matplotlib.pyplot as plt
-    cycles, t = t[t.tensor == CYCLES], t[t.tensor != CYCLES]
+    t = t[t.tensor != CYCLES]
+    t0 = t.start_ms.min()
+    t = t.assign(start_ms=t.start_ms - t0, end_ms=t.end_ms - t0)  # ms from the window's start
     tensors = list(dict.fromkeys(t.sort_values("start_ms").tensor))
     phases = [p for p in dict.fromkeys(t.phase) if not p.isdigit()]
     colours = dict(zip(phases, plt.cm.tab10.colors))
@@ -190,14 +192,12 @@ def timeline_plot(t, name="horovod_timeline"):
             ax.broken_barh(list(zip(bars.start_ms, bars.end_ms - bars.start_ms)), (row - h / 2, h),
                            color=colours[p], alpha=0.5 if top else 0.95, label=p if len(bars) else None)
         for rank, marks in g[g.phase.str.isdigit()].groupby("phase"):
-            ax.scatter(marks.start_ms, [row] * len(marks), marker=f"${rank}$", color="black", s=40, zorder=3)
-    for i, x in enumerate(cycles.start_ms):  # each wake-up of Horovod's background thread
-        ax.axvline(x, color="grey", lw=0.6, ls=":", label="cycle start" if i == 0 else None)
+            ax.scatter(marks.start_ms, [row] * len(marks), marker=f"${rank}$", color="black", s=90, zorder=3)
     handles, labels = ax.get_legend_handles_labels()
     keep = dict(zip(labels, handles))
     ax.legend(keep.values(), keep.keys(), fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set(yticks=range(len(tensors)), yticklabels=[n.split(".", 1)[-1][:40] for n in tensors], xlabel="ms",
-           title="Horovod timeline (rank 0 coordinates): numbers mark when each rank was ready")
+           title="Horovod timeline, written by rank 0: what each gradient went through")
     ax.invert_yaxis(), ax.grid(alpha=0.3, axis="x")
     save(fig, name)
     return fig
