@@ -28,7 +28,7 @@ def available():
     """(True, what was built) when horovod.torch imports in this Python; (False, one sentence) when not."""
     probe = ("import horovod, horovod.torch as hvd; "
              "print(f'Horovod {horovod.__version__}: gloo {hvd.gloo_built()}, MPI {hvd.mpi_built()}, "
-             "NCCL {hvd.nccl_built()}')")
+             "NCCL {bool(hvd.nccl_built())}')")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     if proc.returncode == 0:
         return True, proc.stdout.strip()
