@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ -x .venv/bin/python ] && [ "$(cat .venv/.requirements.sha256 2>/dev/null)" = "$want" ]; then
-  exit 0
+  exec tools/build_horovod.sh  # lesson 05's Horovod: built once, then reused (TRAINUP_SKIP_HOROVOD=1 skips it)
 fi
 python=${PYTHON:-python3}
 "$python" -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 13), "trainup needs Python 3.10 to 3.13"' \
@@ -20,3 +20,4 @@ print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, Lightn
 PY
 (cd scripts && ../.venv/bin/python -m trainup.devices)  # one sentence if a GPU here is too old for this CUDA build
 echo "$want" > .venv/.requirements.sha256
+tools/build_horovod.sh  # lesson 05's Horovod, built from source against this torch (a few minutes, once)

@@ -10,5 +10,8 @@ checkpoint, devices, distributed...). Here:
 - machine: lesson 00, what this machine has (CPUs, GPUs, backends) and leftover training processes
 - gpu:     lessons 02-03, GPU runs here and reference logs: tables, sweeps, utilisation plots
 - ddp:     lesson 04, what each rank did, and scaling (throughput, speedup, efficiency)
+- collectives: lesson 04, inside DDP: collectives, all_reduce bandwidth, buckets, no_sync, BatchNorm, errors
 - slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
+- horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
+- pipeline: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation memory
 """

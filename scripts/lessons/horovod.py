@@ -1,0 +1,237 @@
+"""Lesson 05 (Horovod): horovodrun jobs from a notebook, Horovod against DDP, fusion, the timeline.
+
+    from lessons import horovod
+    ok, sentence = horovod.available()                  # built and importable? one sentence either way
+    horovod.run("--device", "cpu", name="hvd_n2", np=2)  # horovodrun -np 2 -H localhost:2 --gloo ...
+    horovod.timeline_table("images/hvd_timeline.json")  # what each tensor went through, and when
+
+horovodrun is started as this Python's `horovodrun` (the .venv's, beside sys.executable), and the
+training processes it starts are this Python too, whatever PATH holds.
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from trainup import LOG_DIR, ROOT
+
+from .report import QUICK, check, load_runs, read_run, save
+
+SCRIPT = "scripts/_trainup_horovod.py"
+HOROVODRUN = [sys.executable, "-c", "from horovod.runner.launch import run_commandline; run_commandline()"]
+INSTALL = "tools/build_horovod.sh"  # builds Horovod 0.28.1 from source against this torch (a few minutes)
+
+
+def available():
+    """(True, what was built) when horovod.torch imports in this Python; (False, one sentence) when not."""
+    probe = ("import horovod, horovod.torch as hvd; "
+             "print(f'Horovod {horovod.__version__}: gloo {hvd.gloo_built()}, MPI {hvd.mpi_built()}, "
+             "NCCL {bool(hvd.nccl_built())}')")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if proc.returncode == 0:
+        return True, proc.stdout.strip()
+    reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return False, (f"Horovod is not installed in this Python ({reason}), so this lesson's jobs are skipped: "
+                   f"run `{INSTALL}` (or `bash run_tests.sh`, which does it) and run the notebook again.")
+
+
+def environment(extra=None):
+    # one thread per process, output as it comes; Horovod's own variables (fusion, cycle, timeline) in extra
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def command(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_ms=None):
+    """horovodrun's command line: np processes on this machine over gloo, running the lesson's script."""
+    quick = QUICK if quick is None else quick
+    flags = ["-np", np, "-H", f"localhost:{np}", "--gloo"]
+    if timeline:
+        flags += ["--timeline-filename", timeline, "--timeline-mark-cycles"]
+    if fusion_mb is not None:
+        flags += ["--fusion-threshold-mb", fusion_mb]
+    if cycle_ms is not None:
+        flags += ["--cycle-time-ms", cycle_ms]
+    part = [SCRIPT, *args, "--run-name", name, "--no-progress"] + ["--quick"] * quick
+    return [str(f) for f in flags], [str(a) for a in part]
+
+
+def run(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_ms=None, timeout=900, env=None):
+    """One horovodrun job on this machine; prints the command and one checked sentence (report.check)."""
+    flags, part = command(*args, name=name, np=np, quick=quick, timeline=timeline, fusion_mb=fusion_mb,
+                          cycle_ms=cycle_ms)
+    print("$ OMP_NUM_THREADS=1 " + shlex.join(["horovodrun", *flags, "python", *part]))
+    proc = subprocess.run(HOROVODRUN + flags + [sys.executable] + part, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=environment(env))
+    if proc.returncode != 0:
+        raise RuntimeError(f"horovodrun exited with status {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    print(check(name))
+    return name
+
+
+# --- Horovod against DDP ----------------------------------------------------------------------------
+
+def sweeps(runs, log_dir=LOG_DIR):
+    """The 'sweep' records of these runs (throughput at each global batch size), one row each."""
+    import pandas as pd
+    rows = []
+    for name in runs:
+        r = read_run(Path(log_dir) / f"{name}.jsonl")
+        for s in (e for e in r["extra"] if e["type"] == "sweep"):
+            rows.append(dict(run=name, engine=r["config"]["lesson"], world_size=r["env"]["world_size"],
+                             backend=r["env"]["backend"], batch_size=s["batch_size"], steps=s["steps"],
+                             samples_per_s=s["samples_per_s"], step_ms=1000 * s["step_s"]))
+    return pd.DataFrame(rows)
+
+
+def versus(table, a="horovod", b="ddp", tolerance=0.10):
+    """One sentence comparing two engines' throughput at each batch size, worked out from a sweeps() table."""
+    parts = []
+    for batch, g in table.groupby("batch_size"):
+        ra, rb = (g.loc[g.engine == e, "samples_per_s"].mean() for e in (a, b))
+        ratio = ra / rb
+        side = "faster than" if ratio > 1 else "slower than"
+        parts.append(f"at global batch {batch}, {a} ran {abs(ratio - 1):.0%} {side} {b} "
+                     f"({'within' if abs(ratio - 1) <= tolerance else 'NOT within'} {tolerance:.0%})")
+    return "; ".join(parts) + "."
+
+
+def versus_plot(table, name="horovod_vs_ddp"):
+    """Throughput against global batch size, one line per engine."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for engine, g in table.groupby("engine", sort=False):
+        g = g.groupby("batch_size", as_index=False)["samples_per_s"].mean()
+        ax.plot(g.batch_size, g.samples_per_s, marker="o", label=engine)
+    ax.set(title="The same job under Horovod and DDP (2 processes, gloo, CPU)", xlabel="global batch size",
+           ylabel="samples/s (whole job)", xscale="log", xticks=sorted(table.batch_size.unique()))
+    ax.set_xticklabels([str(b) for b in sorted(table.batch_size.unique())])
+    ax.legend(), ax.grid(alpha=0.3)
+    save(fig, name)
+    return fig
+
+
+# --- Tensor fusion and the cycle time ---------------------------------------------------------------
+
+def fusion_table(runs, log_dir=LOG_DIR):
+    """Throughput of runs that differ only by HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME ({name: (mb, ms)})."""
+    import pandas as pd
+    t = sweeps(list(runs), log_dir)
+    settings = pd.DataFrame([dict(run=n, fusion_mb=mb, cycle_ms=ms) for n, (mb, ms) in runs.items()])
+    return settings.merge(t[["run", "batch_size", "samples_per_s", "step_ms"]], on="run")
+
+
+def fusion_sentence(table):
+    """Which setting was fastest and slowest, and by how much: worked out from fusion_table()."""
+    t = table.sort_values("samples_per_s", ascending=False)
+    best, worst = t.iloc[0], t.iloc[-1]
+    return (f"Fastest: fusion {best.fusion_mb:g} MB, cycle {best.cycle_ms:g} ms ({best.step_ms:.1f} ms a step); "
+            f"slowest: fusion {worst.fusion_mb:g} MB, cycle {worst.cycle_ms:g} ms ({worst.step_ms:.1f} ms a step), "
+            f"{worst.step_ms / best.step_ms - 1:.0%} longer.")
+
+
+# --- The timeline -----------------------------------------------------------------------------------
+
+CYCLES = "(cycle starts)"  # the timeline's CYCLE_START markers (--timeline-mark-cycles) belong to no tensor
+
+
+def timeline_events(path):
+    """Horovod's timeline (chrome-trace JSON, written by the coordinator) as a table of phases:
+    tensor, phase, start and end in ms from the first event. Instant events (each rank's 'ready' during
+    negotiation) are kept with end == start, their phase named after the rank."""
+    import pandas as pd
+    text = Path(path).read_text().strip()
+    if not text.endswith("]"):  # Horovod leaves the JSON array open while it runs; it may end with a comma
+        text = text.rstrip(",") + "]"
+    events = json.loads(text)
+    names = {e["pid"]: e["args"].get("name", "") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    open_, rows = {}, []
+    for e in events:
+        tensor = names.get(e.get("pid"), CYCLES if "pid" not in e else str(e["pid"]))  # markers have no tensor
+        if e.get("ph") == "B":
+            open_.setdefault((e["pid"], e.get("tid", 0)), []).append((e["name"], e["ts"]))
+        elif e.get("ph") == "E" and open_.get((e["pid"], e.get("tid", 0))):
+            phase, ts = open_[(e["pid"], e.get("tid", 0))].pop()
+            rows.append(dict(tensor=tensor, phase=phase, start_us=ts, end_us=e["ts"]))
+        elif e.get("ph") in ("i", "I", "X") and "ts" in e:
+            rows.append(dict(tensor=tensor, phase=e["name"], start_us=e["ts"], end_us=e["ts"] + e.get("dur", 0)))
+    t = pd.DataFrame(rows)
+    t0 = t.start_us.min()
+    t["start_ms"], t["end_ms"] = (t.start_us - t0) / 1000, (t.end_us - t0) / 1000
+    return t.drop(columns=["start_us", "end_us"]).sort_values("start_ms", ignore_index=True)
+
+
+def step_window(t, steps=2, skip=3):
+    """The part of a timeline_events() table that covers `steps` training steps, after `skip` warm-up ones:
+    from one negotiation of the most frequent gradient to the one `steps` later."""
+    neg = t[t.phase.str.startswith("NEGOTIATE")]
+    tensor = neg.tensor.value_counts().index[0]
+    starts = sorted(neg[neg.tensor == tensor].start_ms)
+    skip = min(skip, max(len(starts) - steps - 1, 0))
+    lo, hi = starts[skip], starts[min(skip + steps, len(starts) - 1)]
+    return t[(t.start_ms >= lo) & (t.start_ms < hi)]
+
+
+def timeline_plot(t, name="horovod_timeline"):
+    """One row per tensor: its phases as bars (negotiation, then the all-reduce and what it did inside), and,
+    where the timeline has them (a tensor's first negotiation), numbered marks when each rank was ready."""
+    import matplotlib.pyplot as plt
+    t = t[t.tensor != CYCLES]
+    t0 = t.start_ms.min()
+    t = t.assign(start_ms=t.start_ms - t0, end_ms=t.end_ms - t0)  # ms from the window's start
+    tensors = list(dict.fromkeys(t.sort_values("start_ms").tensor))
+    phases = [p for p in dict.fromkeys(t.phase) if not p.isdigit()]
+    colours = dict(zip(phases, plt.cm.tab10.colors))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(tensors) + 1.6))
+    for row, tensor in enumerate(tensors):
+        g = t[t.tensor == tensor]
+        for p in phases:
+            bars = g[g.phase == p]
+            top = p.startswith(("NEGOTIATE", "ALLREDUCE", "ALLGATHER", "BROADCAST"))  # outer phases: wide bars
+            h = 0.7 if top else 0.35
+            ax.broken_barh(list(zip(bars.start_ms, bars.end_ms - bars.start_ms)), (row - h / 2, h),
+                           color=colours[p], alpha=0.5 if top else 0.95, label=p if len(bars) else None)
+        for rank, marks in g[g.phase.str.isdigit()].groupby("phase"):
+            ax.scatter(marks.start_ms, [row] * len(marks), marker=f"${rank}$", color="black", s=90, zorder=3)
+    handles, labels = ax.get_legend_handles_labels()
+    keep = dict(zip(labels, handles))
+    ax.legend(keep.values(), keep.keys(), fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set(yticks=range(len(tensors)), yticklabels=[n.split(".", 1)[-1][:40] for n in tensors], xlabel="ms",
+           title="Horovod timeline, written by rank 0: what each gradient went through")
+    ax.invert_yaxis(), ax.grid(alpha=0.3, axis="x")
+    save(fig, name)
+    return fig
+
+
+def timeline_summary(t):
+    """Time in each phase, over the table given (ms, summed over tensors), as a small table."""
+    spans = t[~t.phase.str.isdigit() & (t.tensor != CYCLES)].assign(ms=lambda d: d.end_ms - d.start_ms)
+    return spans.groupby("phase", as_index=False).agg(count=("ms", "size"), total_ms=("ms", "sum")) \
+        .sort_values("total_ms", ascending=False, ignore_index=True)
+
+
+# --- The learning rate, and what Lightning 2.x offers ---------------------------------------------
+
+def learning_rates(runs, checkpoint_dir=None):
+    """Each run's processes, --lr and the rate its optimizer ended with (from its checkpoint): a table."""
+    import pandas as pd
+    import torch
+    from trainup import CHECKPOINT_DIR
+    rows = []
+    for name in runs:
+        state = torch.load(Path(checkpoint_dir or CHECKPOINT_DIR) / f"{name}.pt", map_location="cpu", weights_only=True)
+        run = load_runs([name]).iloc[0]
+        args = read_run(Path(run.path))["config"]["args"]
+        rows.append(dict(run=name, processes=run.world_size, lr_flag=args["lr"], gamma=args["gamma"], epochs=run.epochs,
+                         final_lr=state["optimizer"]["param_groups"][0]["lr"]))
+    t = pd.DataFrame(rows)
+    t["lr_flag_x_decay"] = t.lr_flag * t.gamma ** t.epochs  # what StepLR alone makes of --lr
+    return t
+
+
+def lightning_strategies():
+    """The strategy names Lightning's installed version accepts, and whether 'horovod' is among them."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import StrategyRegistry
+    names = sorted(StrategyRegistry.available_strategies())
+    return pl.__version__, names, "horovod" in names

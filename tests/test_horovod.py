@@ -1,0 +1,188 @@
+"""_trainup_horovod.py run for real: 2 processes under horovodrun (gloo), against one process; faults; SLURM.
+
+Horovod is built from source by tools/build_horovod.sh (part of the set-up). Where it is not installed these
+tests skip and say why, except with TRAINUP_REQUIRE_HOROVOD=1 (CI), where a missing Horovod fails them.
+"""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import ROOT, assert_clean_error
+from lessons import horovod, report, slurm
+from trainup import distributed, models
+
+SCRIPT = str(ROOT / "scripts" / "_trainup_horovod.py")
+SBATCH = ROOT / "slurm" / "horovod" / "cpu.sbatch"
+# Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
+TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
+HANG_GUARD_S = 240  # far beyond a healthy run: reaching it means the job hung, and the test fails
+
+
+def require_horovod():
+    ok, sentence = horovod.available()
+    if not ok:
+        if os.environ.get("TRAINUP_REQUIRE_HOROVOD") == "1":
+            pytest.fail(f"TRAINUP_REQUIRE_HOROVOD=1 but {sentence}", pytrace=False)
+        pytest.skip(sentence)
+
+
+def start(cmd, env=None):
+    # a session of its own, so that a hung job can be ended with all its children
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=horovod.environment(env), start_new_session=True)
+
+
+def finish(proc):
+    try:
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def horovodrun(log_dir, name, *args, env=None):
+    flags, _ = horovod.command(name=name, np=2, quick=False)
+    return start(horovod.HOROVODRUN + flags + [sys.executable, SCRIPT, *TINY, *map(str, args), "--run-name", name,
+                                               "--log-dir", str(log_dir), "--checkpoint-dir",
+                                               str(log_dir / "checkpoints")], env)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def params(log_dir, name):
+    return torch.load(log_dir / "checkpoints" / f"{name}.pt", weights_only=True)["model"]
+
+
+def records(log_dir, name, kind):
+    return [r for r in report.read_run(log_dir / f"{name}.jsonl")["extra"] if r["type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process with the whole batch (_trainup_gpu.py on the CPU), and 2 Horovod ranks with half each."""
+    require_horovod()
+    log_dir = tmp_path_factory.mktemp("horovod") / "logs"
+    hvd2 = horovodrun(log_dir, "hvd2", "--batch-size", 64)
+    one = start([sys.executable, str(ROOT / "scripts" / "_trainup_gpu.py"), *TINY, "--batch-size", "64",
+                 "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")])
+    ok(finish(one)), ok(finish(hvd2))
+    return log_dir
+
+
+def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it(runs):
+    one, two = params(runs, "one"), params(runs, "hvd2")
+    init = models.build(SimpleNamespace(model="cnn", seed=1, dropout=0.0),
+                        SimpleNamespace(shape=(1, 28, 28), num_classes=10)).state_dict()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-4, msg=k)
+    assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-2  # they did train, far beyond atol
+    run1, run2 = report.read_run(runs / "one.jsonl"), report.read_run(runs / "hvd2.jsonl")
+    assert run2["problems"] == [] and run2["summary"]["status"] == "finished"
+    for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):  # metrics summed over both ranks
+        assert e2["samples"] == e1["samples"] == 512
+        assert e2["loss"] == pytest.approx(e1["loss"], abs=1e-5)
+
+
+def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):
+    job = records(runs, "hvd2", "ddp")[0]
+    assert job["launcher"] == "horovodrun" and job["world_size"] == 2 and job["per_rank_batch"] == 32
+    assert [r["rank"] for r in job["ranks"]] == [0, 1] and [r["local_rank"] for r in job["ranks"]] == [0, 1]
+    assert len({r["pid"] for r in job["ranks"]}) == 2
+    assert report.read_run(runs / "hvd2.jsonl")["env"]["backend"] == "horovod-gloo"
+    per_epoch = records(runs, "hvd2", "ranks")
+    assert [r["epoch"] for r in per_epoch] == [1, 2]
+    for r in per_epoch:
+        assert r["samples"] == [256, 256] and not set(r["first_indices"][0]) & set(r["first_indices"][1])
+    assert (runs / "hvd2.stdout").read_text().count("epoch 1:") == 1  # rank 0 alone logs
+    assert not list((runs / "checkpoints").glob(".*.tmp"))
+
+
+def test_the_learning_rate_is_not_scaled_by_horovod(runs):
+    """Horovod's DistributedOptimizer averages gradients and leaves the rate alone: after 2 epochs of StepLR
+    (gamma 0.7) both jobs hold lr 1.0 * 0.7**2, not 2 x that."""
+    for name in ("one", "hvd2"):
+        lr = torch.load(runs / "checkpoints" / f"{name}.pt", weights_only=True)["optimizer"]["param_groups"][0]["lr"]
+        assert lr == pytest.approx(1.0 * 0.7 ** 2), name
+
+
+def test_a_rank_that_dies_ends_the_job_with_a_nonzero_exit(tmp_path):
+    require_horovod()
+    log_dir = tmp_path / "logs"
+    died = horovodrun(log_dir, "died", env={distributed.FAULT_ENV: "1:3:exit"})  # os._exit(1) before step 3
+    raised = horovodrun(log_dir, "raised", env={distributed.FAULT_ENV: "1:3"})   # an exception at step 3
+    died, raised = finish(died), finish(raised)
+    assert died.returncode != 0, died.stdout[-2000:] + died.stderr[-2000:]
+    assert raised.returncode != 0 and "injected fault" in raised.stdout + raised.stderr
+    for name in ("died", "raised"):
+        assert report.read_run(log_dir / f"{name}.jsonl")["summary"] is None  # it did not claim to finish
+
+
+def test_without_horovod_one_sentence_says_how_to_install_it(tmp_path, log_dir):
+    # a Python where `import horovod.torch` fails, as in an environment where the build was skipped
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError(\"No module named 'horovod'\")\n")
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--log-dir", str(log_dir)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert_clean_error(proc, "Horovod is not installed", "tools/build_horovod.sh")
+    assert not log_dir.exists()  # nothing half-written
+
+
+def test_the_build_can_be_skipped_and_names_what_it_needs():
+    skipped = subprocess.run(["bash", "tools/build_horovod.sh"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "TRAINUP_SKIP_HOROVOD": "1"})
+    assert skipped.returncode == 0 and "skipped" in skipped.stdout
+    patch = (ROOT / "tools" / "horovod" / "cxx17.patch").read_text()
+    # the two C++ standard lines of horovod 0.28.1's CMake files, 14 -> 17, and nothing else
+    changed = [l for l in patch.splitlines() if l[:1] in "+-" and l[:3] not in ("+++", "---")]
+    assert [l[1:].strip() for l in changed] == ["set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)"] * 2
+
+
+# --- SLURM: srun horovodrun in a one-task job, on a real local SLURM ------------------------------
+
+@pytest.fixture(scope="module")
+def local_slurm(tmp_path_factory):
+    """A real SLURM for this module (as tests/test_slurm.py starts it); every daemon stopped by pid."""
+    state = tmp_path_factory.mktemp("slurm")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINUP_SLURM_DIR", str(state))
+        started, why = slurm.start(owner=os.getpid())
+        if started == "cannot":
+            pytest.skip(f"the real-SLURM tests need root and Debian's slurm-wlm and munge: {why}")
+        if started != "running":
+            pytest.fail(f"the local SLURM did not start: {why}", pytrace=False)
+        try:
+            yield state
+        finally:
+            slurm.stop()
+
+
+def test_the_slurm_template_is_well_formed():
+    assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
+    sentence, problems = slurm.check_counts(SBATCH)
+    assert problems == [], f"{sentence}: {problems}"
+
+
+def test_the_slurm_template_trains_with_horovodrun_through_sbatch(local_slurm, tmp_path):
+    require_horovod()
+    job = slurm.submit(SBATCH, "--quick", "--run-name", "hvd_slurm", "--log-dir", tmp_path,
+                       "--checkpoint-dir", tmp_path / "checkpoints", sbatch_args=[f"--output={tmp_path}/job.out"])
+    state = slurm.wait([job], timeout=600)[job]
+    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no output file)"
+    assert state == "COMPLETED", out
+    run = report.read_run(tmp_path / "hvd_slurm.jsonl")
+    assert run["problems"] == [] and run["summary"]["status"] == "finished", out
+    assert run["env"]["world_size"] == 2 and run["env"]["backend"] == "horovod-gloo"
+    losses = [e["loss"] for e in run["epochs"]]
+    assert len(losses) == 2 and losses[-1] < losses[0]
+    assert next(r for r in run["extra"] if r["type"] == "ddp")["launcher"] == "horovodrun"
