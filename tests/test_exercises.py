@@ -96,3 +96,31 @@ def test_04b_template_and_amdahl(tmp_path):
     assert 0 < a["serial_share"] < 0.1 and a["gpus"] == 64
     a, verdict = s.main()
     assert ("BETTER" in verdict) == (a["published_speedup"] > 1.1 * a["predicted_speedup"])
+
+
+def test_05_learning_rate_ring_and_timeline(tmp_path):
+    import json
+    s = solution("05_horovod")
+    assert s.scaled_lr(0.1, 4, 0) == 0.1 and abs(s.scaled_lr(0.1, 4, 5) - 0.4) < 1e-12
+    assert abs(s.scaled_lr(0.1, 4, 2.5) - 0.25) < 1e-12 and s.scaled_lr(0.1, 4, 0, warmup_epochs=0) == 0.4
+    assert s.ring_bytes(1000, 2) == 4000 and s.ring_bytes(1000, 4) == 6000
+    assert s.ring_bytes(1000, 4, fp16_allreduce=True) == 3000
+    # a timeline as Horovod writes it: an open JSON list, B/E pairs per row
+    events = [dict(ph="B", name="NEGOTIATE_ALLREDUCE", ts=0, pid=1, tid=0), dict(ph="E", ts=30, pid=1, tid=0),
+              dict(ph="B", name="ALLREDUCE", ts=30, pid=1, tid=0), dict(ph="E", ts=40, pid=1, tid=0),
+              dict(ph="M", name="process_name", pid=1)]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
+    shares = s.allreduce_share(path)
+    assert list(shares) == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"] and abs(shares["ALLREDUCE"] - 0.25) < 1e-12
+
+
+def test_06_bubble_activations_and_memory():
+    s = solution("06_pipeline_parallel")
+    for p in (2, 4, 8):
+        m = s.microbatches_for(p)
+        assert s.bubble(p, m) <= 0.10 < s.bubble(p, m - 1)
+    assert s.activations_held(4, 8, "gpipe") == [8, 8, 8, 8]
+    assert s.activations_held(4, 8, "1f1b") == [4, 3, 2, 1] and s.activations_held(4, 2, "1f1b") == [2, 2, 2, 1]
+    mem = s.stage_memory_mb(blocks=4, width=10, stages=2)
+    assert abs(mem["parameters_mb"] - 2 * 110 * 4 / 1e6) < 1e-12 and mem["with_grads_and_adam_mb"] == 4 * mem["parameters_mb"]

@@ -1,0 +1,46 @@
+"""Solutions to lesson 05's exercises. Run: python notebooks/solutions/05_horovod.py"""
+import json
+import sys
+from pathlib import Path
+
+
+def scaled_lr(base_lr, size, epoch, warmup_epochs=5):
+    """Exercise 1: what Horovod's docs recommend, done by hand (Horovod itself changes nothing):
+    the rate grows linearly from base_lr to base_lr * size over the warm-up epochs, then stays there."""
+    target = base_lr * size
+    if warmup_epochs <= 0 or epoch >= warmup_epochs:
+        return target
+    return base_lr + (target - base_lr) * epoch / warmup_epochs
+
+
+def ring_bytes(parameters, ranks, bytes_per_value=4, fp16_allreduce=False):
+    """Exercise 2: bytes each rank sends (and receives) in one ring all-reduce of every gradient:
+    2(N-1)/N times the gradients' size; --fp16-allreduce halves the values' size."""
+    size = parameters * (2 if fp16_allreduce else bytes_per_value)
+    return 2 * (ranks - 1) / ranks * size
+
+
+def allreduce_share(timeline_path):
+    """Exercise 3: from a Horovod timeline (chrome-trace JSON), each phase's share of the time spent in
+    all-reduce work, summed over the tensors: {phase: share}, largest first."""
+    text = Path(timeline_path).read_text().strip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    open_at, total = {}, {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") not in ("B", "E"):
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        if e["ph"] == "B":
+            open_at.setdefault(key, []).append((e.get("name", "?"), e["ts"]))
+        elif open_at.get(key):
+            name, start = open_at[key].pop()
+            total[name] = total.get(name, 0) + e["ts"] - start
+    whole = sum(total.values()) or 1
+    return dict(sorted(((k, v / whole) for k, v in total.items()), key=lambda kv: -kv[1]))
+
+
+if __name__ == "__main__":
+    print([round(scaled_lr(0.1, 4, e), 3) for e in range(7)])
+    print(f"{ring_bytes(1_199_882, 2) / 1e6:.1f} MB a step for the course's CNN on 2 ranks")
+    if len(sys.argv) > 1:
+        print(allreduce_share(sys.argv[1]))

@@ -1,0 +1,40 @@
+"""Solutions to lesson 06's exercises. Run: python notebooks/solutions/06_pipeline_parallel.py"""
+
+
+def bubble(p, m):
+    """The idle share of a GPipe or 1F1B step with p stages and m micro-batches: (p-1)/(m+p-1)."""
+    return (p - 1) / (m + p - 1)
+
+
+def microbatches_for(p, target=0.10):
+    """Exercise 1: the fewest micro-batches that bring the bubble of p stages down to `target`."""
+    m = 1
+    while bubble(p, m) > target:
+        m += 1
+    return m
+
+
+def activations_held(p, m, schedule):
+    """Exercise 2: micro-batches whose activations each stage keeps alive at the step's peak.
+    GPipe runs every forward before any backward: m on every stage. 1F1B starts backward as soon as the
+    last stage can: stage s (0 first) holds at most p - s of them, and never more than m."""
+    if schedule == "gpipe":
+        return [m] * p
+    if schedule == "1f1b":
+        return [min(p - s, m) for s in range(p)]
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def stage_memory_mb(blocks, width, stages, bytes_per_value=4):
+    """Exercise 3: parameters (weights and biases of `blocks` width x width linear layers) held by one
+    stage when the blocks are cut evenly, in MB; with Adam's two moments and the gradient, four times that."""
+    per_block = (width * width + width) * bytes_per_value
+    per_stage = -(-blocks // stages) * per_block
+    return dict(parameters_mb=per_stage / 1e6, with_grads_and_adam_mb=4 * per_stage / 1e6)
+
+
+if __name__ == "__main__":
+    for p in (2, 4, 8):
+        print(f"{p} stages: {microbatches_for(p)} micro-batches for a bubble of 10% or less")
+    print("GPipe", activations_held(4, 8, "gpipe"), "1F1B", activations_held(4, 8, "1f1b"))
+    print(stage_memory_mb(blocks=48, width=4096, stages=4))
