@@ -4,6 +4,7 @@ TRAINUP_SCRIPTS_DIR points the tests at another copy of scripts/ (tests/test_bre
 against copies with one deliberate defect each, to prove that the tests catch it).
 """
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(os.environ.get("TRAINUP_SCRIPTS_DIR", ROOT / "scripts"))
 sys.path.insert(0, str(SCRIPTS))
+
+
+HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means the job hung, and the test fails
+
+
+def start_job(cmd, env):
+    """Start a job in a session of its own, so that a hung job can be ended with all its children."""
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def finish_job(proc):
+    """Wait for a job started by start_job; a job still running after HANG_GUARD_S hung: end it, fail."""
+    try:
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def run_script(script, *args, log_dir, timeout=300, env=None, check=True, checkpoint_dir=None):

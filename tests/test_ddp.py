@@ -1,16 +1,15 @@
 """_trainup_ddp.py run for real: 2 processes on gloo, started by torchrun or as srun starts them."""
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, in_process, rename_watch, run_script
+from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, rename_watch, run_script,
+                      start_job)
 from lessons import launch, report
 from trainup import distributed, models
 
@@ -20,23 +19,13 @@ SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 RENAMES = {}  # the runs fixture's os.replace calls: (pid, source, destination)
-HANG_GUARD_S = 240  # far beyond a healthy run: reaching it means the job hung, and the test fails
 
 
 def start(cmd, env=None):
-    # a session of its own, so that a hung job can be ended with all its children
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=launch.environment(env), start_new_session=True)
+    return start_job(cmd, launch.environment(env))
 
 
-def finish(proc):
-    try:
-        out, err = proc.communicate(timeout=HANG_GUARD_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+finish = finish_job
 
 
 def torchrun(log_dir, name, *args, env=None, max_restarts=0):

@@ -4,7 +4,6 @@ Horovod is built from source by tools/build_horovod.sh (part of the set-up). Whe
 tests skip and say why, except with TRAINUP_REQUIRE_HOROVOD=1 (CI), where a missing Horovod fails them.
 """
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error
+from conftest import ROOT, assert_clean_error, finish_job, start_job
 from lessons import horovod, report, slurm
 from trainup import distributed, models
 
@@ -21,7 +20,6 @@ SCRIPT = str(ROOT / "scripts" / "_trainup_horovod.py")
 SBATCH = ROOT / "slurm" / "horovod" / "cpu.sbatch"
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
-HANG_GUARD_S = 240  # far beyond a healthy run: reaching it means the job hung, and the test fails
 
 
 def require_horovod():
@@ -33,19 +31,10 @@ def require_horovod():
 
 
 def start(cmd, env=None):
-    # a session of its own, so that a hung job can be ended with all its children
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=horovod.environment(env), start_new_session=True)
+    return start_job(cmd, horovod.environment(env))
 
 
-def finish(proc):
-    try:
-        out, err = proc.communicate(timeout=HANG_GUARD_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+finish = finish_job
 
 
 def horovodrun(log_dir, name, *args, env=None):

@@ -1,15 +1,12 @@
 """_trainup_pipeline.py run for real: 2 stages under torchrun (gloo) with every schedule, 2 pipelines x 2
 stages, the manual send/recv picture, and bad input. Every pipeline must end with the parameters of one
 process that trains the whole model on the whole batch."""
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error
+from conftest import ROOT, assert_clean_error, finish_job, start_job
 from lessons import launch, pipeline as lesson, report
 from trainup import pipeline
 
@@ -19,23 +16,13 @@ TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", 
         "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress"]
 SCHEDULES = tuple(pipeline.SCHEDULES)
 ATOL = 1e-5  # float sums in another order (micro-batches, then the mean), nothing more
-HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means it hung, and the test fails
 
 
 def start(cmd, env=None):
-    # a session of its own, so that a hung job can be ended with all its children
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=launch.environment(env), start_new_session=True)
+    return start_job(cmd, launch.environment(env))
 
 
-def finish(proc):
-    try:
-        out, err = proc.communicate(timeout=HANG_GUARD_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+finish = finish_job
 
 
 def ok(proc):
