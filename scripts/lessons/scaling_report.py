@@ -1,0 +1,517 @@
+"""Lesson 10: the scaling report over every run the course made, and the proof that each strategy trains
+the same model as one process.
+
+    cd scripts && python -m lessons.scaling_report        # tables, figures in images/, a recommendation
+
+    from lessons import scaling_report as sr
+    runs = sr.load(LOG_DIR)                  # every log in logs/ and logs/reference/*/, one row per run
+    table = sr.performance(runs)             # throughput, speedup, efficiency, memory, loss, accuracy
+    equal = sr.equivalence(runs)             # one row per strategy of STRATEGIES: holds, FAILS or skipped
+
+STRATEGIES is the registry: one declaration per strategy (which runs are its runs, which single-process run
+it must equal, the tolerance, what it needs). A lesson adds its strategy in one line.
+
+Logs of every committed version of the schema are read (git log -p scripts/trainup/metrics.py). It has
+been version 1 all along, but what a version-1 log holds grew; what this reader adapts to:
+- 39a402e (first): only config, env, epoch, summary; no 'ddp' record, so the per-device batch is worked
+  out from the global batch and world size; checkpoints without 'scaler' (only 'model' is read here).
+- Lesson records were added later (sweep, gpu, dp_phases, ddp, ranks, accumulate, pipeline, pipe_step...,
+  pipe_step's start_s in a06d52c): records this reader does not use are kept aside and not checked, so a
+  log written by a newer lesson (a record type or a schema version this copy does not know) still reads.
+- Since 9f2f82f check_record rejects unknown types and wrong JSON types, since 3e950ed non-finite numbers:
+  applied to the four core records only; a core record that breaks them drops the run, with the reason.
+- A sweep run's summary has loss and samples_per_s null (no epochs): not a training run, not in the table.
+- A resumed run appends a config and env, then its epochs: the last of each is kept.
+"""
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
+from trainup.metrics import SCHEMA_VERSION, check_record
+
+from .report import measured_on, save
+
+CORE = ("config", "env", "epoch", "summary")
+# The flags that make two runs train the same thing (same data, model, seed, global batch, steps, rule).
+SAME_TRAINING = ("dataset", "model", "batch_size", "epochs", "lr", "gamma", "dropout", "seed", "train_size",
+                 "test_size", "image_shape", "num_classes", "optimizer", "warmup_steps", "precision", "blocks",
+                 "width")
+DEFAULTS = dict(optimizer="adadelta", precision="32")  # a script without the flag trains this way
+# What makes a throughput comparable: the same work per step, on the same kind of machine.
+SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "blocks", "width")
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str              # its row in both tables
+    family: str            # one curve in the scaling plot (DDP with 1, 2, 4 ranks is one family)
+    where: dict            # a run is this strategy's when each fact equals the value (a tuple: one of them;
+                           # a function: true for it)
+    baseline: dict = None  # the one-process run it must equal; None: a baseline itself, or no claim
+    atol: float = None     # the largest parameter difference that still counts as the same model
+    needs: tuple = ()      # ("script", file), ("module", name), ("gpus", n): without it, skipped
+    made_by: str = ""      # where the course makes such a run (said when none is in logs/)
+    per_device_draws: bool = False  # dropout/BatchNorm see each device's shard: compared only without them
+
+
+ONE_DEVICE = dict(script="_trainup_gpu.py", devices=1)
+ONE_STAGE = dict(script="_trainup_pipeline.py", stages=1)
+ABOVE_1 = lambda n: (n or 1) > 1  # noqa: E731
+PIPELINES = ("naive", "gpipe", "1f1b", "interleaved1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
+
+
+def _ddp(n):
+    return Strategy(f"DDP, {n} rank{'s' * (n > 1)}", "DDP", dict(script="_trainup_ddp.py", world_size=n,
+                    accumulate=(None, 1)), ONE_DEVICE, 1e-4, made_by="notebooks/04_ddp.ipynb (or this notebook)",
+                    per_device_draws=True)
+
+
+def _zero(stage, shard):
+    return Strategy(f"ZeRO-{stage}{' / FSDP' * (stage == 3)} (shard {shard})", f"ZeRO-{stage}",
+                    dict(script="_trainup_fsdp.py", shard=shard), ONE_DEVICE, 1e-4, (("script", "_trainup_fsdp.py"),),
+                    "the FSDP/ZeRO lesson", per_device_draws=True)
+
+
+STRATEGIES = [
+    Strategy("one process (CPU script)", "CPU", dict(script="_trainup_cpu.py", devices=1)),
+    Strategy("Hogwild (CPU processes, one shared model)", "Hogwild", dict(script="_trainup_cpu.py", devices=ABOVE_1)),
+    Strategy("one device", "one device", ONE_DEVICE),
+    Strategy("DataParallel", "DataParallel", dict(script="_trainup_dp.py"), ONE_DEVICE, 1e-5,
+             made_by="notebooks/03_data_parallel.ipynb", per_device_draws=True),
+    _ddp(1), _ddp(2), _ddp(4),
+    Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp.py", accumulate=ABOVE_1),
+             ONE_DEVICE, 1e-4, made_by="notebooks/04_ddp.ipynb", per_device_draws=True),
+    Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE, 1e-4, (("module", "horovod"),),
+             "notebooks/05_horovod.ipynb", per_device_draws=True),
+    Strategy("pipeline, one process", "pipeline", ONE_STAGE),
+    *[Strategy(f"pipeline {s}", "pipeline", dict(script="_trainup_pipeline.py", schedule=s, stages=ABOVE_1,
+                                                  data_parallel=1), ONE_STAGE, 1e-5,
+               made_by="notebooks/06_pipeline_parallel.ipynb") for s in PIPELINES],
+    Strategy("pipeline 1f1b x 2 data-parallel", "pipeline x DP", dict(script="_trainup_pipeline.py", data_parallel=2),
+             ONE_STAGE, 1e-5, made_by="notebooks/06_pipeline_parallel.ipynb"),
+    # Lessons on their way: their rows are skipped until their script is in scripts/.
+    Strategy("Lightning DDP", "Lightning", dict(script="_trainup_lightning.py"), ONE_DEVICE, 1e-4,
+             (("script", "_trainup_lightning.py"),), "the Lightning lesson", per_device_draws=True),
+    _zero(1, "optimizer"), _zero(2, "gradients"), _zero(3, "parameters"),
+    Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py"), ONE_DEVICE, 1e-4,
+             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson"),
+]
+
+
+def missing_need(strategy, scripts_dir=ROOT / "scripts"):
+    """One sentence naming what this machine or course lacks for the strategy, or None."""
+    import torch
+    for kind, what in strategy.needs:
+        if kind == "script" and not (Path(scripts_dir) / what).exists():
+            return f"scripts/{what} is not in the course yet"
+        if kind == "module" and importlib.util.find_spec(what) is None:
+            return f"{what} is not installed in this Python"
+        if kind == "gpus" and (torch.cuda.device_count() if torch.cuda.is_available() else 0) < what:
+            return f"it needs {what} GPU(s); torch sees {torch.cuda.device_count()} here"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+def read_log(path):
+    """One log: its core records checked against the schema, the lesson records kept aside unchecked."""
+    run = dict(path=Path(path), config=None, env=None, epochs={}, summary=None, problems=[], extra=[])
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            run["problems"].append(f"line {n} is not JSON")
+            continue
+        kind = record.get("type") if isinstance(record, dict) else None
+        if kind not in CORE:
+            run["extra"].append(record)
+            continue
+        run["problems"] += check_record(record)
+        if kind == "epoch":
+            run["epochs"][record.get("epoch")] = record
+        else:
+            run[kind] = record
+    # a broken log may hold an epoch that is not a number: its problem is listed, and it sorts last
+    order = sorted(run["epochs"], key=lambda k: (0, k) if isinstance(k, int) else (1, 0))
+    run["epochs"] = [run["epochs"][k] for k in order]
+    return run
+
+
+def log_paths(log_dir=LOG_DIR):
+    """This machine's logs (logs/*.jsonl) and the committed references (logs/reference/<machine>_<date>/)."""
+    log_dir = Path(log_dir)
+    return sorted(log_dir.glob("*.jsonl")) + sorted(log_dir.glob("reference/*/*.jsonl"))
+
+
+def _devices(script, args, env):
+    """Devices (or processes) that trained together: ranks, DataParallel's GPUs, Hogwild's processes."""
+    n = env.get("world_size") or 1
+    if script == "_trainup_dp.py" and str(env.get("device", "")).startswith("cuda"):
+        n = args.get("gpus") or len(env.get("gpus") or []) or 1
+    return max(n, args.get("num_processes") or 1)
+
+
+def facts(run):
+    """What the registry and the matching look at: the script, where and on what it ran, and its flags."""
+    cfg, env = run["config"] or {}, run["env"] or {}
+    args = {**DEFAULTS, **(cfg.get("args") or {})}
+    script = cfg.get("script", "")
+    devices = _devices(script, args, env)
+    device = str(env.get("device", "cpu")).split(":")[0]
+    gpus = env.get("gpus") or []
+    hardware = f"{gpus[0]}" if device == "cuda" and gpus else f"CPU, {env.get('cpu_count', '?')} cores"
+    return {**args, "script": script, "world_size": env.get("world_size", 1), "devices": devices, "device": device,
+            "hardware": hardware, "measured_on": measured_on(run["path"]), "time": cfg.get("time", 0),
+            "schema_version": cfg.get("schema_version")}
+
+
+def classify(f, strategies=None):
+    """The first registry row whose `where` holds for these facts, or None."""
+    for s in strategies or STRATEGIES:
+        if all(_holds(v, f.get(k)) for k, v in s.where.items()):
+            return s
+    return None
+
+
+def _holds(want, value):
+    if callable(want):
+        return bool(want(value))
+    if isinstance(want, tuple):
+        return value in want
+    return value == want
+
+
+def load(log_dir=LOG_DIR):
+    """Every finished training run (at least one epoch) in logs/ and logs/reference/: a list of dicts with
+    the run's records, its facts and its strategy; and the runs left out, with why."""
+    runs, left_out = [], []
+    for path in log_paths(log_dir):
+        r = read_log(path)
+        why = ("; ".join(r["problems"][:2]) if r["problems"] else
+               "no config" if r["config"] is None else
+               "did not finish" if (r["summary"] or {}).get("status") != "finished" else
+               "no epoch (a sweep or a demonstration, not a training run)" if not r["epochs"] else None)
+        if why:
+            left_out.append((path.stem, why))
+            continue
+        r["facts"] = facts(r)
+        r["name"] = path.stem
+        r["strategy"] = classify(r["facts"])
+        runs.append(r)
+    return runs, left_out
+
+
+def what_is_missing(runs, left_out=()):
+    """None when there are local training runs; else one sentence saying what is missing and how to make it."""
+    here = [r for r in runs if r["facts"]["measured_on"] == "here"]
+    if here:
+        return None
+    refs = sorted({r["facts"]["measured_on"] for r in runs})
+    have = (f"logs/ holds only reference runs ({', '.join(refs)}), no run of this machine" if refs else
+            f"logs/ holds no finished training run" + (f" ({len(left_out)} other log(s))" if left_out else ""))
+    return (f"{have}: run `bash run_course.sh` (every lesson, quick mode) or the lesson notebooks, then "
+            f"`python -m lessons.scaling_report` from scripts/ again.")
+
+
+# ----------------------------------------------------------------------------------------- the big table
+
+def _latest(candidates):
+    return max(candidates, key=lambda r: (r["facts"]["time"] or 0, r["name"])) if candidates else None
+
+
+def _same(a, b, keys):
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def single_device_match(run, runs):
+    """The one-device run to measure speedup against: same machine, device kind and work per step; the
+    same script if there is one, else any one-device run; the latest."""
+    f = run["facts"]
+    pool = [r for r in runs if r["facts"]["devices"] == 1 and _same(r["facts"], f, ("measured_on", "device"))
+            and _same(r["facts"], f, SAME_WORK)]
+    return _latest([r for r in pool if r["facts"]["script"] == f["script"]]) or _latest(pool)
+
+
+def performance(runs):
+    """One row per training run: strategy, hardware, devices, batch, throughput, epoch time, speedup and
+    efficiency against the matching single-device run, peak memory per device, final loss and accuracy."""
+    import pandas as pd
+    rows = []
+    for r in runs:
+        f, s = r["facts"], r["summary"]
+        base = single_device_match(r, runs)
+        speedup = s["samples_per_s"] / base["summary"]["samples_per_s"] if base else float("nan")
+        rows.append(dict(
+            run=r["name"], strategy=r["strategy"].name if r["strategy"] else f"other ({f['script']})",
+            family=r["strategy"].family if r["strategy"] else f["script"], measured_on=f["measured_on"],
+            hardware=f["hardware"], world_size=f["devices"], global_batch=f.get("batch_size"),
+            per_device_batch=(f.get("batch_size") or 0) // max(f["devices"], 1), samples_per_s=s["samples_per_s"],
+            epoch_s=sum(e["wall_s"] for e in r["epochs"]) / len(r["epochs"]), speedup=speedup,
+            efficiency=speedup / f["devices"], baseline=base["name"] if base else None,
+            peak_mem_mb=s["peak_mem_mb"], loss=s["loss"], test_accuracy=s["test_accuracy"], epochs=len(r["epochs"]),
+            model=f.get("model") if f["script"] != "_trainup_pipeline.py" else f"blocks {f.get('blocks')}x{f.get('width')}",
+            dataset=f.get("dataset")))
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------- equivalence
+
+def checkpoint_of(run, checkpoint_dir=CHECKPOINT_DIR):
+    """The run's checkpoint file if it is on this machine (references keep none: checkpoints/ is local)."""
+    if run["facts"]["measured_on"] != "here":
+        return None
+    for p in ((run["summary"] or {}).get("checkpoint"), Path(checkpoint_dir) / f"{run['name']}.pt"):
+        if p and Path(p).is_file():
+            return Path(p)
+    return None
+
+
+def parameter_difference(a, b):
+    """The largest difference between two checkpoints' tensors (float64); raises ValueError if the models differ."""
+    import torch
+    sa, sb = (torch.load(p, map_location="cpu", weights_only=True)["model"] for p in (a, b))
+    if sa.keys() != sb.keys() or any(sa[k].shape != sb[k].shape for k in sa):
+        raise ValueError("the checkpoints hold different models")
+    return max((float((sa[k].double() - sb[k].double()).abs().max()) for k in sa if sa[k].numel()), default=0.0)
+
+
+def _why_not_comparable(f):
+    """Each device of a data-parallel job draws its own dropout masks and normalises its own shard: the same
+    model as one process only without dropout and BatchNorm (or with --sync-bn)."""
+    if f["devices"] > 1 and f.get("dropout"):
+        return "dropout on: each device draws its own masks"
+    if f["devices"] > 1 and "bn" in str(f.get("model")) and not f.get("sync_bn"):
+        return "BatchNorm without --sync-bn: each device normalises its own shard"
+    return None
+
+
+def equivalence_row(strategy, runs, checkpoint_dir=CHECKPOINT_DIR, scripts_dir=ROOT / "scripts"):
+    """The strategy's row: every run of it that has a same-configuration baseline, both checkpoints here,
+    compared; 'holds' when every difference is within the tolerance, 'FAILS' when one is not, else
+    'skipped' with the reason worked out from what is missing."""
+    row = dict(strategy=strategy.name, tolerance=strategy.atol, largest_difference=float("nan"), pairs="",
+               result="skipped", reason="")
+    need = missing_need(strategy, scripts_dir)
+    mine = [r for r in runs if r["strategy"] is strategy]
+    if need:
+        return {**row, "reason": need}
+    if not mine:
+        return {**row, "reason": f"no run of it in logs/ yet: {strategy.made_by} makes one"}
+    comparable = [r for r in mine if not (strategy.per_device_draws and _why_not_comparable(r["facts"]))]
+    if not comparable:
+        return {**row, "reason": f"its runs in logs/ ({len(mine)}) have {_why_not_comparable(mine[-1]['facts'])}"}
+    local = [r for r in comparable if checkpoint_of(r, checkpoint_dir)]
+    if not local:
+        return {**row, "reason": "no checkpoint of its runs on this machine (reference runs keep none)"}
+    pairs = []
+    for r in local:
+        bases = [b for b in runs if b is not r and _holds_all(strategy.baseline, b["facts"])
+                 and _same(b["facts"], r["facts"], SAME_TRAINING + ("measured_on",)) and checkpoint_of(b, checkpoint_dir)]
+        if bases:
+            pairs.append((r, _latest(bases)))
+    if not pairs:
+        return {**row, "reason": "no one-process baseline with the same data, model, seed, global batch and steps "
+                                 "(and a checkpoint) in logs/"}
+    worst, names = 0.0, []
+    for r, b in pairs:
+        try:
+            d = parameter_difference(checkpoint_of(r, checkpoint_dir), checkpoint_of(b, checkpoint_dir))
+        except ValueError:
+            d = float("inf")
+        worst = max(worst, d)
+        names.append(f"{r['name']}~{b['name']}")
+    holds = worst <= strategy.atol
+    return {**row, "largest_difference": worst, "pairs": ", ".join(names), "result": "holds" if holds else "FAILS",
+            "reason": f"{len(pairs)} run(s) against their one-process baseline"}
+
+
+def _holds_all(where, f):
+    return all(_holds(v, f.get(k)) for k, v in where.items())
+
+
+def equivalence(runs, checkpoint_dir=CHECKPOINT_DIR, strategies=None, scripts_dir=ROOT / "scripts"):
+    """One row per strategy that claims to train the single-process model (it has a baseline)."""
+    import pandas as pd
+    return pd.DataFrame([equivalence_row(s, runs, checkpoint_dir, scripts_dir)
+                         for s in strategies or STRATEGIES if s.baseline is not None])
+
+
+def about_equivalence(table):
+    """One sentence over the equivalence table, counted from it."""
+    counts = table["result"].value_counts()
+    failing = table.loc[table["result"] == "FAILS", "strategy"].tolist()
+    sentence = (f"{counts.get('holds', 0)} of {len(table)} strategies were checked and trained the one-process "
+                f"model within their tolerance; {counts.get('skipped', 0)} were skipped (reason in the table)")
+    return sentence + (f"; {len(failing)} did NOT: {', '.join(failing)}." if failing else ".")
+
+
+# ------------------------------------------------------------------------------------------------- plots
+
+def scaling_plot(table, name="scaling_report_scaling"):
+    """Throughput and efficiency against devices, one line per strategy family and machine, with the ideal."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    t = table.dropna(subset=["speedup"])
+    for (family, where), g in t.groupby(["family", "measured_on"], sort=False):
+        g = g.groupby("world_size", as_index=False)[["samples_per_s", "speedup", "efficiency"]].median()
+        label = family if where == "here" else f"{family} ({where})"
+        line, = a.plot(g["world_size"], g["samples_per_s"], "o-", label=label)
+        one = (g["samples_per_s"] / g["speedup"]).iloc[0]
+        a.plot(g["world_size"], one * g["world_size"], "--", color=line.get_color(), alpha=0.4)
+        b.plot(g["world_size"], 100 * g["efficiency"], "o-", color=line.get_color(), label=label)
+    b.axhline(100, color="k", ls="--", alpha=0.5, label="ideal")
+    a.set(title="Throughput (dashed: ideal, n x one device)", xlabel="devices (processes)", ylabel="samples/s")
+    b.set(title="Efficiency: speedup / devices", xlabel="devices (processes)", ylabel="%")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+        ax.set_xticks(sorted(t["world_size"].unique()) if len(t) else [1])
+    save(fig, name)
+    return fig
+
+
+def time_to_accuracy(runs):
+    """Per run of the most common data set: the training time until its test accuracy first reached a
+    target every one of them reached (the lowest of their best accuracies, rounded down to 5 %)."""
+    import pandas as pd
+    if not runs:
+        return pd.DataFrame(columns=["run", "strategy", "world_size", "target", "seconds"]), None
+    datasets = pd.Series([r["facts"].get("dataset") for r in runs])
+    chosen = [r for r in runs if r["facts"].get("dataset") == datasets.mode()[0]]
+    target = math.floor(20 * min(max(e["test_accuracy"] for e in r["epochs"]) for r in chosen)) / 20
+    rows = []
+    for r in chosen:
+        spent = 0.0
+        for e in r["epochs"]:
+            spent += e["wall_s"]
+            if e["test_accuracy"] >= target:
+                break
+        rows.append(dict(run=r["name"], strategy=r["strategy"].name if r["strategy"] else r["facts"]["script"],
+                         measured_on=r["facts"]["measured_on"], world_size=r["facts"]["devices"], target=target,
+                         seconds=spent, epochs_needed=e["epoch"]))
+    return pd.DataFrame(rows).sort_values("seconds").reset_index(drop=True), target
+
+
+def time_plot(t, target, name="scaling_report_time"):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.25 * max(len(t), 1)))
+    labels = [f"{r.strategy} ({r.run})" for r in t.itertuples()]
+    ax.barh(labels, t["seconds"], color="tab:blue")
+    ax.invert_yaxis()
+    ax.set(title=f"Training time to {target:.0%} test accuracy", xlabel="seconds (sum of epoch times)")
+    ax.tick_params(axis="y", labelsize="x-small")
+    ax.grid(alpha=0.3, axis="x")
+    save(fig, name)
+    return fig
+
+
+def model_sizes(runs, checkpoint_dir=CHECKPOINT_DIR):
+    """Parameters of each run's model, counted in its checkpoint (None when it is not on this machine)."""
+    import torch
+    sizes = {}
+    for r in runs:
+        p = checkpoint_of(r, checkpoint_dir)
+        if p:
+            state = torch.load(p, map_location="cpu", weights_only=True)["model"]
+            sizes[r["name"]] = sum(v.numel() for k, v in state.items() if v.is_floating_point())
+    return sizes
+
+
+def memory_plot(table, sizes, name="scaling_report_memory"):
+    """Peak memory per device against model size, one marker per strategy family."""
+    import matplotlib.pyplot as plt
+    t = table.assign(parameters=table["run"].map(sizes)).dropna(subset=["parameters", "peak_mem_mb"])
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for family, g in t.groupby("family", sort=False):
+        ax.scatter(g["parameters"] / 1e6, g["peak_mem_mb"], label=family, alpha=0.7)
+    ax.set(title="Peak memory per device against model size", xlabel="parameters (millions)",
+           ylabel="peak memory per device (MB)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    save(fig, name)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ the sentence
+
+def recommend(table, equal=None, cores=None):
+    """A few sentences, each worked out from the table: per machine, what gave the most samples/s, what
+    scaled best, what used the least memory per device; which strategies are proven equal."""
+    import os
+    if not len(table):
+        return ["No training run to recommend from."]
+    out = []
+    for (where, hardware), g in table.groupby(["measured_on", "hardware"], sort=False):
+        head = f"On {hardware} ({'this machine' if where == 'here' else where}):"
+        fast = g.loc[g["samples_per_s"].idxmax()]
+        parts = [f"the most samples/s came from {fast.strategy} ({fast.samples_per_s:,.0f} samples/s on "
+                 f"{fast.world_size} device(s))"]
+        multi = g[(g["world_size"] > 1) & g["efficiency"].notna()]
+        if len(multi):
+            best = multi.loc[multi["efficiency"].idxmax()]
+            parts.append(f"of the jobs on several devices, {best.strategy} scaled best ({best.efficiency:.0%} "
+                         f"efficiency: {best.speedup:.2f}x one device on {best.world_size})")
+            low = multi.loc[multi["peak_mem_mb"].idxmin()]
+            parts.append(f"the least memory per device: {low.strategy} ({low.peak_mem_mb:,.0f} MB)")
+        out.append(head + " " + "; ".join(parts) + ".")
+        n = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        crowded = g[(g["world_size"] > n) & g["hardware"].str.startswith("CPU")] if where == "here" else g.iloc[:0]
+        if len(crowded):
+            out.append(f"Runs with more processes than this machine's {n} core(s) ({', '.join(crowded.run)}) took turns "
+                       f"on the cores: their speed says little about the strategy.")
+    if equal is not None and len(equal):
+        ok = equal.loc[equal["result"] == "holds", "strategy"].tolist()
+        bad = equal.loc[equal["result"] == "FAILS", "strategy"].tolist()
+        if ok:
+            out.append(f"Proven to train the one-process model here: {', '.join(ok)}.")
+        if bad:
+            out.append(f"Not to be trusted until fixed (different parameters): {', '.join(bad)}.")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+COLUMNS = ["strategy", "measured_on", "hardware", "world_size", "global_batch", "per_device_batch", "samples_per_s",
+           "epoch_s", "speedup", "efficiency", "peak_mem_mb", "loss", "test_accuracy"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m lessons.scaling_report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--log-dir", default=str(LOG_DIR))
+    p.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
+    p.add_argument("--no-figures", action="store_true", help="tables and sentences only")
+    a = p.parse_args(argv)
+    import pandas as pd
+    pd.set_option("display.width", 200)
+    runs, left_out = load(a.log_dir)
+    missing = what_is_missing(runs, left_out)
+    if missing:
+        print(missing)
+    table = performance(runs)
+    if len(table):
+        print(table[COLUMNS].round(3).to_string(index=False))
+    equal = equivalence(runs, a.checkpoint_dir)
+    print(equal[["strategy", "largest_difference", "tolerance", "result", "reason"]].to_string(index=False))
+    print(about_equivalence(equal))
+    if len(table) and not a.no_figures:
+        scaling_plot(table)
+        t, target = time_to_accuracy(runs)
+        time_plot(t, target)
+        memory_plot(table, model_sizes(runs, a.checkpoint_dir))
+        print(f"figures: {IMAGE_DIR.name}/scaling_report_*.png")
+    print("\n".join(recommend(table, equal)))
+    if (equal["result"] == "FAILS").any():
+        print("error: a strategy ended with parameters different from its one-process baseline", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
