@@ -1,0 +1,255 @@
+"""The scaling report (lessons/scaling_report.py): empty logs/, references only, a synthetic full set, logs
+of older schema states, every equivalence row failing on a run that differs, and one real pair end to end.
+
+Only the last test trains (a one-process run and a 2-rank DDP job, side by side); the others write small
+logs and checkpoints in temporary folders, shaped as the scripts write them (logs/README.md).
+"""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, SCRIPTS, finish_job, start_job
+from lessons import checks, launch
+from lessons import scaling_report as sr
+
+ARGS = dict(dataset="digits", model="cnn", batch_size=64, epochs=2, lr=1.0, gamma=0.7, dropout=0.0, seed=1,
+            train_size=512, test_size=256, image_shape=[1, 28, 28], num_classes=10, threads=1)
+STATE = {"conv.weight": torch.arange(12.0).reshape(3, 4), "fc.bias": torch.ones(5)}
+EQUIVALENCE_ROWS = [s for s in sr.STRATEGIES if s.baseline is not None]
+
+
+def write_run(log_dir, name, script, world_size=1, samples_per_s=100.0, peak_mem_mb=500.0, device="cpu",
+              accuracies=(0.6, 0.8), state=None, checkpoint_dir=None, extra_args=None, extra_records=(),
+              schema_version=1, time=1000.0):
+    """A finished run's log as the scripts write it; its checkpoint too when `state` is given."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = None
+    if state is not None:
+        ckpt = (checkpoint_dir or log_dir / "checkpoints") / f"{name}.pt"
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": state, "epoch": 2}, ckpt)
+    common = dict(run=name, time=time)
+    records = [dict(type="config", schema_version=schema_version, script=script, lesson="x",
+                    args={**ARGS, **(extra_args or {})}, **common),
+               dict(type="env", torch="2.13.0", python="3.11", host="h", platform="p", cpu_count=2, threads=1,
+                    device=device, gpus=["NVIDIA H100"] if device.startswith("cuda") else [], cuda=None,
+                    world_size=world_size, backend="gloo" if world_size > 1 else "none", **common),
+               *extra_records]
+    for epoch, acc in enumerate(accuracies, 1):
+        records.append(dict(type="epoch", epoch=epoch, loss=2.0 / epoch, accuracy=acc, test_loss=1.0 / epoch,
+                            test_accuracy=acc, wall_s=512 / samples_per_s, samples=512, samples_per_s=samples_per_s,
+                            peak_mem_mb=peak_mem_mb, **common))
+    last = accuracies[-1] if accuracies else None  # a sweep trains no epoch: its summary has nulls
+    records.append(dict(type="summary", status="finished", epochs=len(accuracies),
+                        loss=2.0 / len(accuracies) if accuracies else None, accuracy=last, test_accuracy=last,
+                        wall_s=10.0, samples_per_s=samples_per_s if accuracies else None, peak_mem_mb=peak_mem_mb, checkpoint=str(ckpt) if ckpt else None,
+                        **common))
+    (log_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return name
+
+
+def shifted(by):
+    return {k: v + by for k, v in STATE.items()}
+
+
+def report_main(capsys, *argv):
+    code = sr.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_registry_has_every_strategy_of_the_course():
+    names = {s.name for s in EQUIVALENCE_ROWS}
+    for must in ("DataParallel", "DDP, 1 rank", "DDP, 2 ranks", "DDP, 4 ranks", "DDP, no_sync accumulation",
+                 "Horovod", "Lightning DDP", "tensor parallel", *[f"pipeline {s}" for s in sr.PIPELINES]):
+        assert must in names
+    assert sum(s.name.startswith("ZeRO-") for s in EQUIVALENCE_ROWS) == 3
+    assert all(s.atol and s.atol > 0 for s in EQUIVALENCE_ROWS)
+
+
+def test_empty_logs(tmp_path, capsys):
+    code, out, err = report_main(capsys, "--log-dir", tmp_path, "--checkpoint-dir", tmp_path / "c", "--no-figures")
+    assert code == 0 and not err
+    first = out.splitlines()[0]
+    assert "no finished training run" in first and "bash run_course.sh" in first and "lessons.scaling_report" in first
+    runs, left = sr.load(tmp_path)
+    equal = sr.equivalence(runs, tmp_path)
+    assert runs == [] and len(equal) == len(EQUIVALENCE_ROWS) and set(equal["result"]) == {"skipped"}
+    assert all(equal["reason"].str.len() > 10)  # every skip says why
+
+
+def test_references_only(tmp_path, capsys):
+    ref = tmp_path / "reference" / "h100_2026-11-22"
+    write_run(ref, "gpu_one", "_trainup_gpu.py", device="cuda:0", samples_per_s=5000)
+    write_run(ref, "ddp_n2", "_trainup_ddp.py", world_size=2, device="cuda:0", samples_per_s=9000)
+    runs, left = sr.load(tmp_path)
+    missing = sr.what_is_missing(runs, left)
+    assert "only reference runs (h100_2026-11-22)" in missing and "run_course.sh" in missing
+    table = sr.performance(runs)
+    row = table.set_index("run").loc["ddp_n2"]
+    assert row.measured_on == "h100_2026-11-22" and row.hardware == "NVIDIA H100" and row.speedup == pytest.approx(1.8)
+    equal = sr.equivalence(runs, tmp_path / "checkpoints").set_index("strategy")
+    assert equal.loc["DDP, 2 ranks", "result"] == "skipped" and "no checkpoint" in equal.loc["DDP, 2 ranks", "reason"]
+    code, out, _ = report_main(capsys, "--log-dir", tmp_path, "--checkpoint-dir", tmp_path / "c", "--no-figures")
+    assert code == 0 and out.startswith("logs/ holds only reference runs") and "NVIDIA H100" in out
+
+
+@pytest.fixture
+def full_set(tmp_path):
+    """One device and DDP with 1, 2 and 4 ranks here, with checkpoints a hair apart; one more on a GPU server."""
+    for name, script, n, rate, mem, by in (("one", "_trainup_gpu.py", 1, 100, 800, 0.0),
+                                           ("d1", "_trainup_ddp.py", 1, 100, 800, 0.0),
+                                           ("d2", "_trainup_ddp.py", 2, 180, 700, 1e-7),
+                                           ("d4", "_trainup_ddp.py", 4, 320, 650, 2e-7)):
+        write_run(tmp_path, name, script, n, rate, mem, state=shifted(by), accuracies=(0.5, 0.7 + n / 100))
+    write_run(tmp_path / "reference" / "a100_2026-01-01", "r1", "_trainup_gpu.py", device="cuda:0", samples_per_s=4000)
+    return tmp_path
+
+
+def test_synthetic_full_set(full_set):
+    runs, left = sr.load(full_set)
+    assert left == [] and sr.what_is_missing(runs) is None
+    table = sr.performance(runs).set_index("run")
+    checks.columns(table.reset_index(), *sr.COLUMNS, rows=5)
+    assert table.loc["d4", "strategy"] == "DDP, 4 ranks" and table.loc["d4", "per_device_batch"] == 16
+    assert table.loc["d4", "speedup"] == pytest.approx(3.2) and table.loc["d4", "efficiency"] == pytest.approx(0.8)
+    assert table.loc["d2", "baseline"] == "d1"  # the same script's one-process run, when there is one
+    equal = sr.equivalence(runs, full_set / "checkpoints").set_index("strategy")
+    for n in (1, 2, 4):
+        assert equal.loc[f"DDP, {n} rank{'s' * (n > 1)}", "result"] == "holds"
+    assert equal.loc["DDP, 4 ranks", "largest_difference"] == pytest.approx(2e-7, rel=0.25)  # float32 steps
+    said = " ".join(sr.recommend(sr.performance(runs), equal.reset_index(), cores=8))
+    assert "most samples/s came from DDP, 4 ranks" in said and "scaled best (90% efficiency" in said
+    assert "least memory per device: DDP, 4 ranks" in said and "Proven to train" in said
+    t, target = sr.time_to_accuracy(runs)
+    assert target == 0.7 and (t["epochs_needed"] == 2).all() and t["seconds"].is_monotonic_increasing
+    fig = sr.scaling_plot(sr.performance(runs), "test_scaling_report")
+    checks.figure(fig, "test_scaling_report")
+    checks.figure(sr.memory_plot(sr.performance(runs), sr.model_sizes(runs, full_set), "test_scaling_memory"),
+                  "test_scaling_memory")
+    checks.figure(sr.time_plot(t, target, "test_scaling_time"), "test_scaling_time")
+
+
+def test_logs_of_older_schema_states(tmp_path):
+    # As the first commit (39a402e) wrote them: the four core records, nothing else; the CPU script's flags.
+    write_run(tmp_path, "v1_first", "_trainup_cpu.py", extra_args={"num_processes": 1})
+    # A resumed run: a second config and env, then epoch 2 again (the last one counts).
+    write_run(tmp_path, "resumed", "_trainup_ddp.py", world_size=2, accuracies=(0.5, 0.6))
+    lines = (tmp_path / "resumed.jsonl").read_text().splitlines()
+    later = [json.loads(x) for x in lines[:2]] + [dict(json.loads(lines[3]), test_accuracy=0.75)]
+    (tmp_path / "resumed.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(r) for r in later] + lines[-1:]) + "\n")
+    # Written by a newer lesson: a record type and a schema version this reader does not know.
+    write_run(tmp_path, "newer", "_trainup_ddp.py", world_size=2, schema_version=2,
+              extra_records=[dict(type="zero_shards", run="newer", time=1.0, shards=[1, 2])])
+    # A sweep (no epochs; summary loss null), a broken run (NaN loss) and a log that is not JSON: left out.
+    write_run(tmp_path, "sweep", "_trainup_gpu.py", accuracies=())
+    write_run(tmp_path, "nan", "_trainup_gpu.py")
+    (tmp_path / "nan.jsonl").write_text((tmp_path / "nan.jsonl").read_text().replace('"loss": 2.0,', '"loss": NaN,', 1))
+    (tmp_path / "garbage.jsonl").write_text("not json\n")
+    runs, left = sr.load(tmp_path)
+    got = {r["name"]: r for r in runs}
+    assert set(got) == {"v1_first", "resumed", "newer"}
+    assert got["v1_first"]["strategy"].name == "one process (CPU script)"
+    assert [e["epoch"] for e in got["resumed"]["epochs"]] == [1, 2] and got["resumed"]["epochs"][1]["test_accuracy"] == 0.75
+    assert got["newer"]["strategy"].name == "DDP, 2 ranks" and got["newer"]["extra"][0]["type"] == "zero_shards"
+    why = dict(left)
+    assert "no epoch" in why["sweep"] and "not a finite number" in why["nan"] and "not JSON" in why["garbage"]
+    table = sr.performance(runs).set_index("run")
+    assert table.loc["newer", "per_device_batch"] == 32  # no 'ddp' record needed: global batch / world size
+
+
+def _value(want):
+    """A value that satisfies one `where` condition of the registry."""
+    if callable(want):
+        return next(v for v in (2, 4, 1) if want(v))
+    return want[0] if isinstance(want, tuple) else want
+
+
+def _as_run(where, world=2):
+    """(script, world size, flags) of a run that the registry puts under this `where`."""
+    flags = {k: _value(v) for k, v in where.items() if k not in ("script", "world_size", "devices")}
+    world = _value(where.get("world_size", where.get("devices", world)))
+    if where["script"] in ("_trainup_dp.py", "_trainup_cpu.py"):
+        flags["num_processes" if where["script"] == "_trainup_cpu.py" else "gpus"] = world
+        world = 1
+    return where["script"], world, flags
+
+
+@pytest.mark.parametrize("strategy", EQUIVALENCE_ROWS, ids=lambda s: s.name)
+def test_every_equivalence_row_fails_on_a_run_that_differs(strategy, tmp_path, monkeypatch):
+    """Each row holds for a run equal to its baseline, and FAILS once one parameter moves past its tolerance."""
+    monkeypatch.setattr(sr, "missing_need", lambda *a: None)  # its script and engine here or not (tested below)
+    script, world, flags = _as_run(strategy.where)
+    base_script, base_world, base_flags = _as_run(strategy.baseline, world=1)
+    logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    write_run(logs, "base", base_script, base_world, state=STATE, checkpoint_dir=ckpt, extra_args=base_flags)
+    write_run(logs, "same", script, world, state=shifted(strategy.atol / 10), checkpoint_dir=ckpt, extra_args=flags)
+    runs, _ = sr.load(logs)
+    assert {r["name"]: r["strategy"] for r in runs}["same"] is strategy
+
+    def row():
+        return sr.equivalence_row(strategy, sr.load(logs)[0], ckpt)
+
+    assert row()["result"] == "holds", row()
+    moved = dict(STATE, **{"fc.bias": STATE["fc.bias"] + torch.tensor([0, 0, 10 * strategy.atol, 0, 0])})
+    torch.save({"model": moved}, ckpt / "same.pt")
+    failed = row()
+    assert failed["result"] == "FAILS" and failed["largest_difference"] == pytest.approx(10 * strategy.atol, rel=1e-3)
+    torch.save({"model": {"other.weight": torch.zeros(2)}}, ckpt / "same.pt")  # another model altogether
+    assert row()["result"] == "FAILS" and math.isinf(row()["largest_difference"])
+
+
+def test_what_cannot_be_compared_is_skipped_with_its_reason(tmp_path):
+    ddp2 = next(s for s in sr.STRATEGIES if s.name == "DDP, 2 ranks")
+    write_run(tmp_path, "base", "_trainup_gpu.py", state=STATE, extra_args={"dropout": 0.25})
+    write_run(tmp_path, "drop", "_trainup_ddp.py", 2, state=STATE, extra_args={"dropout": 0.25})
+    row = sr.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
+    assert row["result"] == "skipped" and "dropout" in row["reason"]
+    write_run(tmp_path, "drop", "_trainup_ddp.py", 2, state=STATE, extra_args={"seed": 2})  # no same-seed baseline
+    row = sr.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
+    assert row["result"] == "skipped" and "no one-process baseline" in row["reason"]
+    lightning = next(s for s in sr.STRATEGIES if s.name == "Lightning DDP")
+    assert "scripts/_trainup_lightning.py is not in the course yet" in sr.missing_need(lightning, tmp_path)
+
+
+# ------------------------------------------------------------------- one real pair, the command end to end
+
+TINY = ["--quick", "--device", "cpu", "--batch-size", 64, "--dropout", 0, "--threads", 1, "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def real_pair(tmp_path_factory):
+    """One process with the whole batch and 2 DDP ranks with half each, started side by side."""
+    logs = tmp_path_factory.mktemp("report") / "logs"
+    out = ["--log-dir", logs, "--checkpoint-dir", logs / "ckpt"]
+    cmds = [[sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, "--run-name", "one", *out],
+            launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [str(SCRIPTS / "_trainup_ddp.py"), *TINY,
+                                                                 "--run-name", "two", *out]]
+    jobs = [start_job([str(c) for c in cmd], launch.environment()) for cmd in cmds]
+    for job in jobs:
+        done = finish_job(job)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return logs
+
+
+def test_the_command_on_a_real_pair(real_pair, capsys):
+    """The command, as the README gives it, finds the pair and the row holds; once the 2-rank job's checkpoint
+    moves, the same report (in this process, to save an interpreter) says FAILS and exits 1 with one sentence."""
+    proc = subprocess.run([sys.executable, "-m", "lessons.scaling_report", "--log-dir", str(real_pair),
+                           "--checkpoint-dir", str(real_pair / "ckpt"), "--no-figures"], cwd=ROOT / "scripts",
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("DDP, 2 ranks") and "holds" in line)
+    assert float(row.split()[3]) <= 1e-4  # its largest difference, within the tolerance
+    state = torch.load(real_pair / "ckpt" / "two.pt", weights_only=True)
+    first = next(iter(state["model"]))
+    state["model"][first] = state["model"][first] + 1e-3  # the 2-rank job now ends elsewhere
+    torch.save(state, real_pair / "ckpt" / "two.pt")
+    code, out, err = report_main(capsys, "--log-dir", real_pair, "--checkpoint-dir", real_pair / "ckpt", "--no-figures")
+    failed = next(line for line in out.splitlines() if line.strip().startswith("DDP, 2 ranks") and "FAILS" in line)
+    assert code == 1 and float(failed.split()[3]) == pytest.approx(1e-3, rel=1e-3)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
