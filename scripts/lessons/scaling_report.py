@@ -40,8 +40,10 @@ CORE = ("config", "env", "epoch", "summary")
 # The flags that make two runs train the same thing (same data, model, seed, global batch, steps, rule).
 SAME_TRAINING = ("dataset", "model", "batch_size", "epochs", "lr", "gamma", "dropout", "seed", "train_size",
                  "test_size", "image_shape", "num_classes", "optimizer", "warmup_steps", "precision", "blocks",
-                 "width")
-DEFAULTS = dict(optimizer="adadelta", precision="32")  # a script without the flag trains this way
+                 "width", "no_set_epoch", "fp16_allreduce")
+# A script without the flag trains this way (the same data order every epoch with --no-set-epoch; Horovod's
+# --fp16-allreduce rounds the gradients): a run with another value has no baseline, not a failure.
+DEFAULTS = dict(optimizer="adadelta", precision="32", no_set_epoch=False, fp16_allreduce=False)
 # What makes a throughput comparable: the same work per step, on the same kind of machine.
 SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "blocks", "width")
 
@@ -58,7 +60,10 @@ class Strategy:
     atol: float = None     # the largest parameter difference that still counts as the same model
     needs: tuple = ()      # ("script", file), ("module", name), ("gpus", n): without it, skipped
     made_by: str = ""      # where the course makes such a run (said when none is in logs/)
-    per_device_draws: bool = False  # dropout/BatchNorm see each device's shard: compared only without them
+    # Dropout's masks come from the random stream, which each rank draws from alone (and the DDP script in
+    # another order than the one-device script even on 1 rank): "always" or "several devices" compares only
+    # runs without dropout then. BatchNorm without --sync-bn normalises each device's shard: never compared.
+    dropout_off: str = ""
 
 
 ONE_DEVICE = dict(script="_trainup_gpu.py", devices=1)
@@ -70,13 +75,13 @@ PIPELINES = ("naive", "gpipe", "1f1b", "interleaved1f1b", "looped_bfs", "interle
 def _ddp(n):
     return Strategy(f"DDP, {n} rank{'s' * (n > 1)}", "DDP", dict(script="_trainup_ddp.py", world_size=n,
                     accumulate=(None, 1)), ONE_DEVICE, 1e-4, made_by="notebooks/04_ddp.ipynb (or this notebook)",
-                    per_device_draws=True)
+                    dropout_off="always")
 
 
 def _zero(stage, shard):
     return Strategy(f"ZeRO-{stage}{' / FSDP' * (stage == 3)} (shard {shard})", f"ZeRO-{stage}",
                     dict(script="_trainup_fsdp.py", shard=shard), ONE_DEVICE, 1e-4, (("script", "_trainup_fsdp.py"),),
-                    "the FSDP/ZeRO lesson", per_device_draws=True)
+                    "the FSDP/ZeRO lesson", dropout_off="always")
 
 
 STRATEGIES = [
@@ -84,12 +89,12 @@ STRATEGIES = [
     Strategy("Hogwild (CPU processes, one shared model)", "Hogwild", dict(script="_trainup_cpu.py", devices=ABOVE_1)),
     Strategy("one device", "one device", ONE_DEVICE),
     Strategy("DataParallel", "DataParallel", dict(script="_trainup_dp.py"), ONE_DEVICE, 1e-5,
-             made_by="notebooks/03_data_parallel.ipynb", per_device_draws=True),
+             made_by="notebooks/03_data_parallel.ipynb", dropout_off="several devices"),
     _ddp(1), _ddp(2), _ddp(4),
     Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp.py", accumulate=ABOVE_1),
-             ONE_DEVICE, 1e-4, made_by="notebooks/04_ddp.ipynb", per_device_draws=True),
+             ONE_DEVICE, 1e-4, made_by="notebooks/04_ddp.ipynb", dropout_off="always"),
     Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE, 1e-4, (("module", "horovod"),),
-             "notebooks/05_horovod.ipynb", per_device_draws=True),
+             "notebooks/05_horovod.ipynb", dropout_off="always"),
     Strategy("pipeline, one process", "pipeline", ONE_STAGE),
     *[Strategy(f"pipeline {s}", "pipeline", dict(script="_trainup_pipeline.py", schedule=s, stages=ABOVE_1,
                                                   data_parallel=1), ONE_STAGE, 1e-5,
@@ -98,10 +103,10 @@ STRATEGIES = [
              ONE_STAGE, 1e-5, made_by="notebooks/06_pipeline_parallel.ipynb"),
     # Lessons on their way: their rows are skipped until their script is in scripts/.
     Strategy("Lightning DDP", "Lightning", dict(script="_trainup_lightning.py"), ONE_DEVICE, 1e-4,
-             (("script", "_trainup_lightning.py"),), "the Lightning lesson", per_device_draws=True),
+             (("script", "_trainup_lightning.py"),), "the Lightning lesson", dropout_off="always"),
     _zero(1, "optimizer"), _zero(2, "gradients"), _zero(3, "parameters"),
     Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py"), ONE_DEVICE, 1e-4,
-             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson"),
+             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson", dropout_off="always"),
 ]
 
 
@@ -168,6 +173,7 @@ def facts(run):
     gpus = env.get("gpus") or []
     hardware = f"{gpus[0]}" if device == "cuda" and gpus else f"CPU, {env.get('cpu_count', '?')} cores"
     return {**args, "script": script, "world_size": env.get("world_size", 1), "devices": devices, "device": device,
+            "threads": env.get("threads"),
             "hardware": hardware, "measured_on": measured_on(run["path"]), "time": cfg.get("time", 0),
             "schema_version": cfg.get("schema_version")}
 
@@ -282,11 +288,10 @@ def parameter_difference(a, b):
     return max((float((sa[k].double() - sb[k].double()).abs().max()) for k in sa if sa[k].numel()), default=0.0)
 
 
-def _why_not_comparable(f):
-    """Each device of a data-parallel job draws its own dropout masks and normalises its own shard: the same
-    model as one process only without dropout and BatchNorm (or with --sync-bn)."""
-    if f["devices"] > 1 and f.get("dropout"):
-        return "dropout on: each device draws its own masks"
+def _why_not_comparable(f, dropout_off):
+    """Why a run cannot be held to the one-process parameters (None when it can): see Strategy.dropout_off."""
+    if f.get("dropout") and (dropout_off == "always" or (dropout_off and f["devices"] > 1)):
+        return "dropout on (each rank draws its own masks), so the proof runs with --dropout 0"
     if f["devices"] > 1 and "bn" in str(f.get("model")) and not f.get("sync_bn"):
         return "BatchNorm without --sync-bn: each device normalises its own shard"
     return None
@@ -304,9 +309,10 @@ def equivalence_row(strategy, runs, checkpoint_dir=CHECKPOINT_DIR, scripts_dir=R
         return {**row, "reason": need}
     if not mine:
         return {**row, "reason": f"no run of it in logs/ yet: {strategy.made_by} makes one"}
-    comparable = [r for r in mine if not (strategy.per_device_draws and _why_not_comparable(r["facts"]))]
+    comparable = [r for r in mine if not _why_not_comparable(r["facts"], strategy.dropout_off)]
     if not comparable:
-        return {**row, "reason": f"its runs in logs/ ({len(mine)}) have {_why_not_comparable(mine[-1]['facts'])}"}
+        why = _why_not_comparable(mine[-1]["facts"], strategy.dropout_off)
+        return {**row, "reason": f"its runs in logs/ ({len(mine)}) cannot be compared: {why}"}
     local = [r for r in comparable if checkpoint_of(r, checkpoint_dir)]
     if not local:
         return {**row, "reason": "no checkpoint of its runs on this machine (reference runs keep none)"}
@@ -314,8 +320,9 @@ def equivalence_row(strategy, runs, checkpoint_dir=CHECKPOINT_DIR, scripts_dir=R
     for r in local:
         bases = [b for b in runs if b is not r and _holds_all(strategy.baseline, b["facts"])
                  and _same(b["facts"], r["facts"], SAME_TRAINING + ("measured_on",)) and checkpoint_of(b, checkpoint_dir)]
-        if bases:
-            pairs.append((r, _latest(bases)))
+        if bases:  # the latest, with as many CPU threads if there is one (sums split over threads round apart)
+            same_threads = [b for b in bases if b["facts"]["threads"] == r["facts"]["threads"]]
+            pairs.append((r, _latest(same_threads) or _latest(bases)))
     if not pairs:
         return {**row, "reason": "no one-process baseline with the same data, model, seed, global batch and steps "
                                  "(and a checkpoint) in logs/"}
@@ -326,7 +333,7 @@ def equivalence_row(strategy, runs, checkpoint_dir=CHECKPOINT_DIR, scripts_dir=R
         except ValueError:
             d = float("inf")
         worst = max(worst, d)
-        names.append(f"{r['name']}~{b['name']}")
+        names.append(f"{r['name']}~{b['name']} ({d:.1e})")
     holds = worst <= strategy.atol
     return {**row, "largest_difference": worst, "pairs": ", ".join(names), "result": "holds" if holds else "FAILS",
             "reason": f"{len(pairs)} run(s) against their one-process baseline"}
@@ -377,17 +384,21 @@ def scaling_plot(table, name="scaling_report_scaling"):
     return fig
 
 
-def time_to_accuracy(runs):
+def time_to_accuracy(runs, target=None):
     """Per run of the most common data set: the training time until its test accuracy first reached a
-    target every one of them reached (the lowest of their best accuracies, rounded down to 5 %)."""
+    target (by default one every one of them reached: the lowest of their best accuracies, rounded down to
+    5 %); runs that never reached it are left out."""
     import pandas as pd
     if not runs:
         return pd.DataFrame(columns=["run", "strategy", "world_size", "target", "seconds"]), None
     datasets = pd.Series([r["facts"].get("dataset") for r in runs])
     chosen = [r for r in runs if r["facts"].get("dataset") == datasets.mode()[0]]
-    target = math.floor(20 * min(max(e["test_accuracy"] for e in r["epochs"]) for r in chosen)) / 20
+    if target is None:
+        target = math.floor(20 * min(max(e["test_accuracy"] for e in r["epochs"]) for r in chosen)) / 20
     rows = []
     for r in chosen:
+        if max(e["test_accuracy"] for e in r["epochs"]) < target:
+            continue
         spent = 0.0
         for e in r["epochs"]:
             spent += e["wall_s"]
@@ -396,7 +407,8 @@ def time_to_accuracy(runs):
         rows.append(dict(run=r["name"], strategy=r["strategy"].name if r["strategy"] else r["facts"]["script"],
                          measured_on=r["facts"]["measured_on"], world_size=r["facts"]["devices"], target=target,
                          seconds=spent, epochs_needed=e["epoch"]))
-    return pd.DataFrame(rows).sort_values("seconds").reset_index(drop=True), target
+    columns = ["run", "strategy", "measured_on", "world_size", "target", "seconds", "epochs_needed"]
+    return pd.DataFrame(rows, columns=columns).sort_values("seconds").reset_index(drop=True), target
 
 
 def time_plot(t, target, name="scaling_report_time"):
@@ -442,38 +454,83 @@ def memory_plot(table, sizes, name="scaling_report_memory"):
 # ------------------------------------------------------------------------------------------ the sentence
 
 def recommend(table, equal=None, cores=None):
-    """A few sentences, each worked out from the table: per machine, what gave the most samples/s, what
-    scaled best, what used the least memory per device; which strategies are proven equal."""
+    """A few sentences, each worked out from the table: per machine and model, what gave the most samples/s,
+    what scaled best, what needed the least memory per device (each flagged when it is not proven to train
+    the one-process model); which runs crowded the cores; which strategies are proven equal."""
     import os
     if not len(table):
         return ["No training run to recommend from."]
+    ok = set(equal.loc[equal["result"] == "holds", "strategy"]) if equal is not None and len(equal) else set()
+
+    def named(r):
+        flag = "" if r.world_size == 1 or r.strategy in ok else " (not proven to train the same model)"
+        return f"{r.strategy}{flag}"
+
     out = []
-    for (where, hardware), g in table.groupby(["measured_on", "hardware"], sort=False):
-        head = f"On {hardware} ({'this machine' if where == 'here' else where}):"
-        fast = g.loc[g["samples_per_s"].idxmax()]
-        parts = [f"the most samples/s came from {fast.strategy} ({fast.samples_per_s:,.0f} samples/s on "
-                 f"{fast.world_size} device(s))"]
-        multi = g[(g["world_size"] > 1) & g["efficiency"].notna()]
-        if len(multi):
-            best = multi.loc[multi["efficiency"].idxmax()]
-            parts.append(f"of the jobs on several devices, {best.strategy} scaled best ({best.efficiency:.0%} "
-                         f"efficiency: {best.speedup:.2f}x one device on {best.world_size})")
-            low = multi.loc[multi["peak_mem_mb"].idxmin()]
-            parts.append(f"the least memory per device: {low.strategy} ({low.peak_mem_mb:,.0f} MB)")
-        out.append(head + " " + "; ".join(parts) + ".")
-        n = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-        crowded = g[(g["world_size"] > n) & g["hardware"].str.startswith("CPU")] if where == "here" else g.iloc[:0]
+    n = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    for (where, hardware), machine in table.groupby(["measured_on", "hardware"], sort=False):
+        for model, g in machine.groupby("model", sort=False):
+            head = f"On {hardware} ({'this machine' if where == 'here' else where}), model {model}:"
+            fast = g.loc[g["samples_per_s"].idxmax()]
+            parts = [f"the most samples/s came from {named(fast)} ({fast.samples_per_s:,.0f} samples/s on "
+                     f"{fast.world_size} device(s))"]
+            multi = g[(g["world_size"] > 1) & g["efficiency"].notna()]
+            if len(multi):
+                best = multi.loc[multi["efficiency"].idxmax()]
+                parts.append(f"of the jobs on several devices, {named(best)} scaled best ({best.efficiency:.0%} "
+                             f"efficiency: {best.speedup:.2f}x one device on {best.world_size})")
+                low = multi.loc[multi["peak_mem_mb"].idxmin()]
+                one = g.loc[g["world_size"] == 1, "peak_mem_mb"]
+                parts.append(f"when memory per device is the limit, {named(low)} needed the least "
+                             f"({low.peak_mem_mb:,.0f} MB" + (f" against {one.min():,.0f} MB on one device)" if len(one)
+                                                              else ")"))
+            out.append(head + " " + "; ".join(parts) + ".")
+        crowded = machine[(machine["world_size"] > n)] if where == "here" and hardware.startswith("CPU") else machine.iloc[:0]
         if len(crowded):
             out.append(f"Runs with more processes than this machine's {n} core(s) ({', '.join(crowded.run)}) took turns "
                        f"on the cores: their speed says little about the strategy.")
     if equal is not None and len(equal):
-        ok = equal.loc[equal["result"] == "holds", "strategy"].tolist()
         bad = equal.loc[equal["result"] == "FAILS", "strategy"].tolist()
         if ok:
-            out.append(f"Proven to train the one-process model here: {', '.join(ok)}.")
+            out.append(f"Proven to train the one-process model here: {', '.join(sorted(ok))}.")
         if bad:
             out.append(f"Not to be trusted until fixed (different parameters): {', '.join(bad)}.")
     return out
+
+
+# ----------------------------------------------------------------------------------- this lesson's pair
+
+# The cheapest proof made here: one process with the whole batch, and 2 DDP ranks with half each (dropout
+# off: each rank would draw its own masks). Notebook 10 makes them when logs/ lacks them.
+PAIR_FLAGS = ["--device", "cpu", "--batch-size", 64, "--dropout", 0, "--threads", 1]
+PAIR = (("report_one", "_trainup_gpu.py", 1), ("report_ddp_n2", "_trainup_ddp.py", 2))
+
+
+def _made(name, log_dir, checkpoint_dir):
+    path = Path(log_dir) / f"{name}.jsonl"
+    if not path.exists():
+        return False
+    r = read_log(path)
+    return not r["problems"] and (r["summary"] or {}).get("status") == "finished" and \
+        (Path(checkpoint_dir) / f"{name}.pt").exists()
+
+
+def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
+    """Run this lesson's pair where logs/ lacks it (quietly: the sentence is the same either way)."""
+    import contextlib
+    import io
+    from . import launch, report
+    for name, script, nproc in PAIR:
+        if not _made(name, log_dir, checkpoint_dir):
+            with contextlib.redirect_stdout(io.StringIO()):
+                if nproc == 1:
+                    report.run(script, *PAIR_FLAGS, name=name)
+                else:
+                    launch.run(script, *PAIR_FLAGS, name=name, nproc=nproc)
+        if not _made(name, log_dir, checkpoint_dir):
+            raise AssertionError(f"{name}: no finished log in the schema with its checkpoint")
+    return (f"{PAIR[0][0]} (one process, batch 64) and {PAIR[1][0]} (2 DDP ranks, 32 samples each): finished, "
+            f"logs in the schema, checkpoints here.")
 
 
 # ---------------------------------------------------------------------------------------------- command
@@ -496,10 +553,12 @@ def main(argv=None):
         print(missing)
     table = performance(runs)
     if len(table):
-        print(table[COLUMNS].round(3).to_string(index=False))
+        print(table[["run"] + COLUMNS].round(3).to_string(index=False))
     equal = equivalence(runs, a.checkpoint_dir)
     print(equal[["strategy", "largest_difference", "tolerance", "result", "reason"]].to_string(index=False))
     print(about_equivalence(equal))
+    for _, row in equal[equal["result"] == "FAILS"].iterrows():
+        print(f"{row['strategy']} FAILS: run~baseline (largest difference): {row['pairs']}")
     if len(table) and not a.no_figures:
         scaling_plot(table)
         t, target = time_to_accuracy(runs)
