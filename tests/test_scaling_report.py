@@ -254,3 +254,23 @@ def test_the_command_on_a_real_pair(real_pair, capsys):
     failed = next(line for line in out.splitlines() if line.strip().startswith("DDP, 2 ranks") and "FAILS" in line)
     assert code == 1 and float(failed.split()[3]) == pytest.approx(1e-3, rel=1e-3)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def _solution():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("solution_10", ROOT / "notebooks" / "solutions" / "10_scaling_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_exercises_10(full_set):
+    s = _solution()
+    assert s.serial_fraction(2.0, 2) == 0 and s.serial_fraction(1.0, 4) == pytest.approx(1.0)
+    assert s.predicted_speedup(s.serial_fraction(1.6, 2), 2) == pytest.approx(1.6)
+    assert s.predicted_speedup(0.25, 8) == pytest.approx(1 / (0.25 + 0.75 / 8))
+    row = s.with_ddp8(full_set, full_set / "checkpoints")
+    assert row["result"] == "skipped" and "no run of it" in row["reason"]
+    write_run(full_set, "d8", "_trainup_ddp.py", 8, state=STATE)  # now there is one, equal to the baseline
+    assert s.with_ddp8(full_set, full_set / "checkpoints")["result"] == "holds"
+    assert 0 < s.reorder_gap(draws=50) < 1e-6

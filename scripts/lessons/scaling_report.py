@@ -346,6 +346,8 @@ def _holds_all(where, f):
 def equivalence(runs, checkpoint_dir=CHECKPOINT_DIR, strategies=None, scripts_dir=ROOT / "scripts"):
     """One row per strategy that claims to train the single-process model (it has a baseline)."""
     import pandas as pd
+    if strategies:  # another registry (a row added): each run is classified against it
+        runs = [{**r, "strategy": classify(r["facts"], strategies)} for r in runs]
     return pd.DataFrame([equivalence_row(s, runs, checkpoint_dir, scripts_dir)
                          for s in strategies or STRATEGIES if s.baseline is not None])
 
