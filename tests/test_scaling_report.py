@@ -274,3 +274,12 @@ def test_exercises_10(full_set):
     write_run(full_set, "d8", "_trainup_ddp.py", 8, state=STATE)  # now there is one, equal to the baseline
     assert s.with_ddp8(full_set, full_set / "checkpoints")["result"] == "holds"
     assert 0 < s.reorder_gap(draws=50) < 1e-6
+
+
+def test_the_course_command_ends_with_the_report():
+    """run_course.sh executes notebooks/[0-9]*.ipynb in order: the report comes last, after every run."""
+    assert "notebooks/[0-9]*.ipynb" in (ROOT / "run_course.sh").read_text()
+    assert sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))[-1] == "10_scaling_report.ipynb"
+    text = "".join("".join(c["source"]) for c in json.loads((ROOT / "notebooks" / "10_scaling_report.ipynb").read_text())
+                   ["cells"] if c["cell_type"] == "markdown")
+    assert "## Exercises" in text and (ROOT / "notebooks" / "solutions" / "10_scaling_report.py").exists()
