@@ -40,12 +40,14 @@ CORE = ("config", "env", "epoch", "summary")
 # The flags that make two runs train the same thing (same data, model, seed, global batch, steps, rule).
 SAME_TRAINING = ("dataset", "model", "batch_size", "epochs", "lr", "gamma", "dropout", "seed", "train_size",
                  "test_size", "image_shape", "num_classes", "optimizer", "warmup_steps", "precision", "blocks",
-                 "width", "no_set_epoch", "fp16_allreduce")
+                 "width", "hidden", "no_set_epoch", "fp16_allreduce")
 # A script without the flag trains this way (the same data order every epoch with --no-set-epoch; Horovod's
 # --fp16-allreduce rounds the gradients): a run with another value has no baseline, not a failure.
 DEFAULTS = dict(optimizer="adadelta", precision="32", no_set_epoch=False, fp16_allreduce=False)
 # What makes a throughput comparable: the same work per step, on the same kind of machine.
-SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "blocks", "width")
+SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "blocks", "width", "hidden")
+# Lesson records whose fields say how a run was laid out (a flag's default is worked out in the script).
+LAYOUT_RECORDS = {"tp": ("tp", "dp")}
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -78,10 +80,14 @@ def _ddp(n):
                     dropout_off="always")
 
 
+ONE_SHARDING = dict(script="_trainup_fsdp.py", shard="none", devices=1)
+ONE_TP = dict(script="_trainup_tp.py", devices=1)
+
+
 def _zero(stage, shard):
     return Strategy(f"ZeRO-{stage}{' / FSDP' * (stage == 3)} (shard {shard})", f"ZeRO-{stage}",
-                    dict(script="_trainup_fsdp.py", shard=shard), ONE_DEVICE, 1e-4, (("script", "_trainup_fsdp.py"),),
-                    "the FSDP/ZeRO lesson", dropout_off="always")
+                    dict(script="_trainup_fsdp.py", shard=shard, devices=ABOVE_1), ONE_SHARDING, 1e-5,
+                    (("script", "_trainup_fsdp.py"),), "the sharding lesson (notebook 09)")
 
 
 STRATEGIES = [
@@ -101,12 +107,18 @@ STRATEGIES = [
                made_by="notebooks/06_pipeline_parallel.ipynb") for s in PIPELINES],
     Strategy("pipeline 1f1b x 2 data-parallel", "pipeline x DP", dict(script="_trainup_pipeline.py", data_parallel=2),
              ONE_STAGE, 1e-5, made_by="notebooks/06_pipeline_parallel.ipynb"),
-    # Lessons on their way: their rows are skipped until their script is in scripts/.
-    Strategy("Lightning DDP", "Lightning", dict(script="_trainup_lightning.py"), ONE_DEVICE, 1e-4,
-             (("script", "_trainup_lightning.py"),), "the Lightning lesson", dropout_off="always"),
+    # Lessons 07-09: their rows are skipped until their script is in scripts/.
+    Strategy("Lightning DDP", "Lightning", dict(script="_trainup_lightning.py"), ONE_DEVICE, 1e-5,
+             (("script", "_trainup_lightning.py"),), "the Lightning lesson (notebook 07)", dropout_off="always"),
+    Strategy("sharding script, one process", "sharding", ONE_SHARDING),
+    Strategy("DDP (sharding script, shard none)", "sharding", dict(script="_trainup_fsdp.py", shard="none",
+             devices=ABOVE_1), ONE_SHARDING, 1e-5, (("script", "_trainup_fsdp.py"),), "the sharding lesson (notebook 09)"),
     _zero(1, "optimizer"), _zero(2, "gradients"), _zero(3, "parameters"),
-    Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py"), ONE_DEVICE, 1e-4,
-             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson", dropout_off="always"),
+    Strategy("tensor parallel, one process", "tensor parallel", ONE_TP),
+    Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py", devices=ABOVE_1, dp=(None, 1)), ONE_TP,
+             1e-5, (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
+    Strategy("data x tensor parallel (2-D)", "tensor parallel x DP", dict(script="_trainup_tp.py", dp=ABOVE_1), ONE_TP,
+             1e-5, (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
 ]
 
 
@@ -172,7 +184,9 @@ def facts(run):
     device = str(env.get("device", "cpu")).split(":")[0]
     gpus = env.get("gpus") or []
     hardware = f"{gpus[0]}" if device == "cuda" and gpus else f"CPU, {env.get('cpu_count', '?')} cores"
-    return {**args, "script": script, "world_size": env.get("world_size", 1), "devices": devices, "device": device,
+    layout = {k: rec[k] for rec in run["extra"] if isinstance(rec, dict) for k in LAYOUT_RECORDS.get(rec.get("type"), ())
+              if k in rec}
+    return {**args, **layout, "script": script, "world_size": env.get("world_size", 1), "devices": devices, "device": device,
             "threads": env.get("threads"),
             "hardware": hardware, "measured_on": measured_on(run["path"]), "time": cfg.get("time", 0),
             "schema_version": cfg.get("schema_version")}
