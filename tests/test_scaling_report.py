@@ -283,3 +283,12 @@ def test_the_course_command_ends_with_the_report():
     text = "".join("".join(c["source"]) for c in json.loads((ROOT / "notebooks" / "10_scaling_report.ipynb").read_text())
                    ["cells"] if c["cell_type"] == "markdown")
     assert "## Exercises" in text and (ROOT / "notebooks" / "solutions" / "10_scaling_report.py").exists()
+
+
+def test_layout_from_lesson_records(tmp_path):
+    """The tensor-parallel script works out --tp/--dp in the job; its 'tp' record, not the flags, says the layout."""
+    tp = dict(type="tp", run="x", time=1.0, tp=2, dp=2, mesh=[2, 2])
+    write_run(tmp_path, "two_d", "_trainup_tp.py", 4, extra_records=[dict(tp, run="two_d")])
+    write_run(tmp_path, "tp_only", "_trainup_tp.py", 2, extra_records=[dict(tp, run="tp_only", tp=2, dp=1)])
+    got = {r["name"]: r["strategy"].name for r in sr.load(tmp_path)[0]}
+    assert got == {"two_d": "data x tensor parallel (2-D)", "tp_only": "tensor parallel"}
