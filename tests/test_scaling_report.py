@@ -157,6 +157,7 @@ def test_logs_of_older_schema_states(tmp_path):
     assert got["v1_first"]["strategy"].name == "one process (CPU script)"
     assert [e["epoch"] for e in got["resumed"]["epochs"]] == [1, 2] and got["resumed"]["epochs"][1]["test_accuracy"] == 0.75
     assert got["newer"]["strategy"].name == "DDP, 2 ranks" and got["newer"]["extra"][0]["type"] == "zero_shards"
+    assert "1 log(s) come from a schema newer than this reader's version 1 (newer)" in sr.about_schema(runs)
     why = dict(left)
     assert "no epoch" in why["sweep"] and "not a finite number" in why["nan"] and "not JSON" in why["garbage"]
     table = sr.performance(runs).set_index("run")

@@ -28,7 +28,7 @@ import importlib.util
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
@@ -238,6 +238,16 @@ def what_is_missing(runs, left_out=()):
             f"logs/ holds no finished training run" + (f" ({len(left_out)} other log(s))" if left_out else ""))
     return (f"{have}: run `bash run_course.sh` (every lesson, quick mode) or the lesson notebooks, then "
             f"`python -m lessons.scaling_report` from scripts/ again.")
+
+
+def about_schema(runs):
+    """A sentence naming the runs whose log a newer schema version wrote (read by their core records), or None."""
+    newer = sorted(r["name"] for r in runs if (r["facts"]["schema_version"] or 0) > SCHEMA_VERSION)
+    if not newer:
+        return None
+    return (f"{len(newer)} log(s) come from a schema newer than this reader's version {SCHEMA_VERSION} "
+            f"({', '.join(newer[:5])}{', ...' if len(newer) > 5 else ''}): read by their config, env, epoch and "
+            f"summary records; their lesson records are not shown.")
 
 
 # ----------------------------------------------------------------------------------------- the big table
@@ -565,8 +575,9 @@ def main(argv=None):
     pd.set_option("display.width", 200)
     runs, left_out = load(a.log_dir)
     missing = what_is_missing(runs, left_out)
-    if missing:
-        print(missing)
+    for sentence in (missing, about_schema(runs)):
+        if sentence:
+            print(sentence)
     table = performance(runs)
     if len(table):
         print(table[["run"] + COLUMNS].round(3).to_string(index=False))
