@@ -377,3 +377,25 @@ def test_the_checks_used_by_setup_and_notebook_00_run_here():
     lines = devices.checks()
     assert lines and all(isinstance(line, str) and line for line in lines)
     assert all("\n" not in line for line in lines)
+
+
+def test_the_horovod_build_names_its_log_and_the_failing_line(course_copy, tmp_path):
+    """build_horovod.sh in a copy whose .venv's pip cannot download the sdist: with Horovod required (CI), one
+    sentence naming pip's ERROR line and the log; nothing is downloaded and the shared .venv is untouched."""
+    copy = tmp_path / "course"
+    shutil.copytree(course_copy, copy)
+    shutil.copytree(ROOT / "tools" / "horovod", copy / "tools" / "horovod")
+    venv_python = copy / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text('#!/bin/sh\ncase "$*" in *"pip download"*) echo "Collecting horovod==0.28.1"; '
+                           'echo "ERROR: No matching distribution found for horovod==0.28.1"; exit 1;; '
+                           '*) echo 2.13.0;; esac\n')
+    venv_python.chmod(0o755)
+    done = subprocess.run(["bash", str(copy / "tools" / "build_horovod.sh")], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TRAINUP_REQUIRE_HOROVOD": "1", "CUDA_HOME": str(tmp_path)})
+    if "not found (install it" in done.stdout + done.stderr:
+        pytest.skip("a compiler, cmake, make or patch is missing here, so the build stops before downloading")
+    assert done.returncode == 1, done.stdout + done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and "ERROR: No matching distribution found" in err[0] and "download.log" in err[0], err
+    assert "building Horovod 0.28.1" in done.stdout and "85 to 190 s" in done.stdout
