@@ -43,8 +43,9 @@ def python_sentence(version):
             % (version_text(version), why, supported))
 
 
-def nvidia_driver_found(which=shutil.which, exists=os.path.exists):
+def nvidia_driver_found(which=None, exists=os.path.exists):
     """An NVIDIA driver is installed: nvidia-smi is on PATH or the kernel module reports itself."""
+    which = which or shutil.which  # looked up here: Python 2 has none, and must still reach python_sentence
     return bool(which("nvidia-smi")) or exists("/proc/driver/nvidia/version")
 
 
