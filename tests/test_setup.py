@@ -401,3 +401,15 @@ def test_the_horovod_build_names_its_log_and_the_failing_line(course_copy, tmp_p
     err = done.stderr.strip().splitlines()
     assert len(err) == 1 and "ERROR: No matching distribution found" in err[0] and "download.log" in err[0], err
     assert "building Horovod 0.28.1" in done.stdout and "85 to 190 s" in done.stdout
+
+
+def test_a_script_asking_for_the_gpu_behind_an_old_driver_gets_the_fix(monkeypatch, capsys):
+    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "nvidia_smi", lambda: OLD)
+    monkeypatch.setattr(devices.torch.version, "cuda", "13.0")
+    with pytest.raises(devices.UserError, match="535.104.05 runs CUDA up to 12.2.*cu129"):
+        devices.pick("cuda")
+    assert devices.pick("auto").type == "cpu"  # auto still runs, and says why it is on the CPU
+    assert "note: running on the CPU: the NVIDIA driver 535.104.05" in capsys.readouterr().err
+    monkeypatch.setattr(devices, "nvidia_smi", lambda: None)
+    assert devices.pick("auto").type == "cpu" and capsys.readouterr().err == ""

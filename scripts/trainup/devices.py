@@ -3,6 +3,7 @@ driver and hardware checks that the set-up (tools/setup_env.sh) and notebook 00 
 import re
 import shutil
 import subprocess
+import sys
 
 import torch
 
@@ -114,9 +115,16 @@ def too_old(capabilities=None, arch_list=None, cuda=None):
 
 def pick(requested="auto", local_rank=0):
     """torch.device for --device auto|cuda|cpu; on GPUs, this process's GPU is number local_rank."""
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    if requested == "cpu":
         return torch.device("cpu")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    blind = driver_sentence(nvidia_smi()) if count == 0 else None  # a GPU is there, but torch cannot use it
+    if requested == "auto" and count == 0:
+        if blind:  # say why the run is on the CPU rather than let a GPU lesson quietly run there
+            print(f"note: running on the CPU: {blind}", file=sys.stderr)
+        return torch.device("cpu")
+    if blind:
+        raise UserError(f"{blind}; or use --device cpu")
     if count == 0:
         raise UserError("--device cuda needs an NVIDIA GPU, and torch sees none on this machine "
                         "(no GPU, no driver, or a CPU-only torch); use --device cpu or --device auto")
