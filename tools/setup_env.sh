@@ -52,7 +52,7 @@ if [ "$flavour" = cpu ]; then
 else
   reqs=requirements.txt
   pip_args=(--requirement "$reqs")
-  size="about 5.4 GB"; first="about 2.5 min on 2 cores with a fast network, measured 2026-11-22"; key=$want
+  size="about 5.4 GB"; first="about 2.5 min on 2 idle cores with a fast network, measured 2026-11-22; much longer on a busy machine"; key=$want
 fi
 say "step 3/4: install $n pinned packages from $reqs into $PWD/.venv ($size; the first time took $first)"
 say "  pip's own output goes to $PWD/$LOG"
