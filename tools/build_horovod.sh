@@ -51,9 +51,13 @@ key=${key//+/-}
 dir=$CACHE/$key
 mkdir -p "$dir"
 
+# The line of a log that says what went wrong: its first error, else its last line.
+failing_line() { grep -m1 -iE '(^|[^a-z])error[: ]' "$1" || tail -1 "$1"; }
 installed_key() { cat .venv/.horovod-key 2>/dev/null || true; }
 install_wheel() {
-  "$py" -m pip install --quiet --no-deps --force-reinstall "$1"
+  say "installing $(basename "$1") into .venv (pip's output: $dir/install.log)"
+  "$py" -m pip install --no-deps --force-reinstall "$1" > "$dir/install.log" 2>&1 \
+    || { echo "build_horovod: pip could not install $1: $(failing_line "$dir/install.log") (log: $dir/install.log)" >&2; exit 1; }
   "$py" -c 'import horovod.torch' || { echo "build_horovod: the wheel installed but horovod.torch does not import" >&2; exit 1; }
   echo "$key" > .venv/.horovod-key
   say "installed $(basename "$1")"
@@ -74,15 +78,16 @@ command -v cmake >/dev/null || cannot "cmake not found (install it, e.g. apt-get
 command -v make >/dev/null || cannot "make not found (install it, e.g. apt-get install make)"
 command -v patch >/dev/null || cannot "patch not found (install it, e.g. apt-get install patch)"
 
-say "building Horovod $VERSION against torch $torch_version ($flavour): a few minutes, once (log: $dir/build.log)"
+say "building Horovod $VERSION against torch $torch_version ($flavour), once: download its source (3.5 MB),"
+say "  patch it for C++17, compile a wheel (85 to 190 s on 2 cores, 2026-11-21), keep it in $dir/ (log: $dir/build.log)"
 # The source tree lives beside the wheel it builds; one left by an interrupted build keeps its compiled objects.
 src=$dir/src
 sdist=$src/horovod-$VERSION.tar.gz
 tree=$src/horovod-$VERSION
 if ! { [ -f "$sdist" ] && echo "$SDIST_SHA256  $sdist" | sha256sum --check --quiet 2>/dev/null; }; then
   rm -rf "$src" && mkdir -p "$src"
-  "$py" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$src" \
-    || cannot "could not download the horovod $VERSION sdist from PyPI"
+  "$py" -m pip download --no-deps --no-binary :all: "horovod==$VERSION" -d "$src" > "$dir/download.log" 2>&1 \
+    || cannot "could not download the horovod $VERSION sdist from PyPI: $(failing_line "$dir/download.log") (log: $dir/download.log)"
   echo "$SDIST_SHA256  $sdist" | sha256sum --check --quiet \
     || { echo "build_horovod: $sdist does not have the pinned sha256; not building it" >&2; exit 1; }
 fi
@@ -102,7 +107,8 @@ if ! HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WI
      "$py" -m pip wheel --no-build-isolation --no-deps --wheel-dir "$dir" "$tree" \
      > "$dir/build.log" 2>&1; then
   touch "$dir/FAILED"
-  cannot "the Horovod build failed (last lines of $dir/build.log: $(tail -3 "$dir/build.log" | tr '\n' ' '))"
+  cannot "the Horovod build failed: $(failing_line "$dir/build.log") (whole log: $dir/build.log)"
 fi
+say "built in $(( SECONDS / 60 )) min $(( SECONDS % 60 )) s: $(ls "$dir"/horovod-*.whl | head -1)"
 rm -rf "$src"
 install_wheel "$(ls "$dir"/horovod-*.whl | head -1)"

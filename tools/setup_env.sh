@@ -1,23 +1,83 @@
 #!/usr/bin/env bash
 # Create .venv with the pinned packages of requirements.txt: once, and again when that file changes.
-# The first time downloads torch and friends (a few GB, a few minutes).
+# It says what it does, step by step; pip's own output goes to .venv-install.log.
+#
+#   tools/setup_env.sh              PyPI's CUDA build of torch (about 5.4 GB; also runs without a GPU)
+#   tools/setup_env.sh --cpu        the CPU-only build of the same versions (also TRAINUP_CPU_ONLY=1)
+#   tools/setup_env.sh --dry-run    check Python, say what would be installed and where, change nothing
+#   PYTHON=python3.12 tools/...     the Python to build .venv from (default python3; 3.11 to 3.14)
+#
+# Which Python versions and which PyTorch build: tools/setup_choice.py (tested in tests/test_setup.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+dry=0
+for arg in "$@"; do
+  case $arg in
+    --cpu) ;;  # read by tools/setup_choice.py
+    --dry-run) dry=1 ;;
+    *) echo "error: unknown option $arg (tools/setup_env.sh [--cpu] [--dry-run])" >&2; exit 2 ;;
+  esac
+done
+LOG=.venv-install.log
+say() { echo "setup: $*"; }
+
+# Up to date already (either build): only lesson 05's Horovod is checked (built once, then reused).
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
-if [ -x .venv/bin/python ] && [ "$(cat .venv/.requirements.sha256 2>/dev/null)" = "$want" ]; then
-  exec tools/build_horovod.sh  # lesson 05's Horovod: built once, then reused (TRAINUP_SKIP_HOROVOD=1 skips it)
+have=$(cat .venv/.requirements.sha256 2>/dev/null || true)
+explicit_cpu=0
+{ [[ " $* " == *" --cpu "* ]] || [ "${TRAINUP_CPU_ONLY:-0}" != 0 ]; } && explicit_cpu=1
+if [ -x .venv/bin/python ] && { [ "$have" = "$want cpu" ] || { [ "$have" = "$want" ] && [ $explicit_cpu = 0 ]; }; }; then
+  if [ $dry = 1 ]; then say ".venv is up to date with requirements.txt; would only run tools/build_horovod.sh"; exit 0; fi
+  exec tools/build_horovod.sh  # TRAINUP_SKIP_HOROVOD=1 skips it
 fi
+
 python=${PYTHON:-python3}
-"$python" -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 13), "trainup needs Python 3.10 to 3.13"' \
-  || { echo "error: $($python --version 2>&1) found; set PYTHON to a Python 3.10 to 3.13" >&2; exit 2; }
-echo "Setting up .venv from requirements.txt (the first time takes a few minutes)..."
+say "step 1/4: Python"
+command -v "$python" >/dev/null || { echo "error: $python not found: install Python 3.11 to 3.14 and set PYTHON to it" >&2; exit 2; }
+pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
+  || { echo "error: $python does not run; set PYTHON to a Python 3.11 to 3.14" >&2; exit 2; }
+"$python" tools/setup_choice.py python "$pyver" || exit 2
+say "  $("$python" --version 2>&1) at $(command -v "$python"): supported (3.11 to 3.14)"
+
+say "step 2/4: which PyTorch build"
+choice=$("$python" tools/setup_choice.py choose "$@")
+flavour=$(head -1 <<<"$choice")
+say "  $(tail -n +2 <<<"$choice")"
+
+n=$(grep -cv '^\s*\(#\|$\)' requirements.txt)
+if [ "$flavour" = cpu ]; then
+  reqs=.venv/requirements-cpu.txt
+  pip_args=(--extra-index-url https://download.pytorch.org/whl/cpu --requirement "$reqs")
+  size="size not measured here"; first="not measured here"; key="$want cpu"
+else
+  reqs=requirements.txt
+  pip_args=(--requirement "$reqs")
+  size="about 5.4 GB"; first="about 2.5 min on 2 idle cores with a fast network, measured 2026-11-22; much longer on a busy machine"; key=$want
+fi
+say "step 3/4: install $n pinned packages from $reqs into $PWD/.venv ($size; the first time took $first)"
+say "  pip's own output goes to $PWD/$LOG"
+if [ $dry = 1 ]; then
+  say "  would run: $python -m venv .venv && .venv/bin/python -m pip install ${pip_args[*]}"
+  say "step 4/4: would check that torch, torchvision and Lightning import, and the GPU driver against torch's CUDA"
+  say "then: tools/build_horovod.sh (lesson 05's Horovod, built once)"
+  exit 0
+fi
+start=$SECONDS
 "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --requirement requirements.txt
+[ "$flavour" = cpu ] && "$python" tools/setup_choice.py requirements cpu > "$reqs"
+if ! .venv/bin/python -m pip install --progress-bar off "${pip_args[@]}" > "$LOG" 2>&1; then
+  line=$(grep -m1 -E '^ERROR:' "$LOG" || tail -1 "$LOG")
+  echo "error: pip could not install $reqs: $line (pip's full output: $LOG)" >&2
+  exit 1
+fi
+say "  done in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s; .venv now takes $(du -sh .venv/ | cut -f1)"
+
+say "step 4/4: check that the packages load, and the GPU driver against torch's CUDA"
 .venv/bin/python - <<'PY'
 # The pairing that must hold: torchvision loads beside this torch, and Lightning imports.
 import torch, torchvision, pytorch_lightning
-print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, Lightning {pytorch_lightning.__version__}")
+print(f"setup:   torch {torch.__version__}, torchvision {torchvision.__version__}, Lightning {pytorch_lightning.__version__}")
 PY
-(cd scripts && ../.venv/bin/python -m trainup.devices)  # one sentence if a GPU here is too old for this CUDA build
-echo "$want" > .venv/.requirements.sha256
+(cd scripts && ../.venv/bin/python -m trainup.devices | sed 's/^/setup:   /')  # the driver, the GPU's age, bf16
+echo "$key" > .venv/.requirements.sha256
 tools/build_horovod.sh  # lesson 05's Horovod, built from source against this torch (a few minutes, once)

@@ -1,0 +1,57 @@
+"""The course on Colab: where it lives, and the set-up that each notebook's first cell runs there.
+
+tools/colab_cell.py writes that cell (and the "Open in Colab" badge) into every notebook. On Colab the cell
+clones REPO_URL into HOME, then calls set_up(): install what Colab lacks (requirements-colab.txt) while holding
+Colab's own torch, torchvision, numpy and pandas where they are, and move into the notebooks folder.
+Outside Colab the cell does nothing. Safe to run twice, and no runtime restart is needed (nothing Colab had
+already imported is replaced).
+"""
+import hashlib
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+# The course's home on GitHub. To run a fork on Colab, change it here and run `python tools/colab_cell.py`,
+# which rewrites every notebook's badge and set-up cell from it.
+REPO_URL = "https://github.com/trainup-course/trainup"
+BRANCH = "main"
+HOME = "/content/trainup"  # where the cell clones the course on Colab (/content is Colab's working folder)
+KEPT = ("torch", "torchvision", "numpy", "pandas")  # Colab's own, never replaced
+
+
+def on_colab(env=None):
+    """Colab sets COLAB_RELEASE_TAG in every runtime (and only there)."""
+    return "COLAB_RELEASE_TAG" in (os.environ if env is None else env)
+
+
+def constraints(version=importlib.metadata.version):
+    """pip constraints that hold each package of KEPT at the version installed now."""
+    lines = []
+    for name in KEPT:
+        try:
+            lines.append(f"{name}=={version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return "\n".join(lines) + "\n"
+
+
+def set_up(home=HOME, run=subprocess.run):
+    """Install what Colab lacks (once per runtime), then move into home/notebooks. Returns what it did."""
+    requirements = os.path.join(home, "requirements-colab.txt")
+    with open(requirements, "rb") as f:
+        want = hashlib.sha256(f.read()).hexdigest()
+    marker = os.path.join(home, ".colab-installed")
+    done = []
+    if not os.path.exists(marker) or open(marker).read() != want:
+        held = os.path.join(home, ".colab-constraints.txt")
+        with open(held, "w") as f:
+            f.write(constraints())
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--requirement", requirements,
+             "--constraint", held], check=True)
+        with open(marker, "w") as f:
+            f.write(want)
+        done.append("installed requirements-colab.txt, keeping " + ", ".join(constraints().split()))
+    os.chdir(os.path.join(home, "notebooks"))
+    done.append("working folder: " + os.getcwd())
+    return done
