@@ -42,6 +42,12 @@ def traces(run, log_dir=LOG_DIR):
     return found
 
 
+def relative(path):
+    """A path as a learner types it from the course's folder (unchanged when it lies elsewhere)."""
+    path = Path(path)
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def load(path):
     """A trace as a dict (chrome-trace JSON: 'traceEvents')."""
     return json.loads(Path(path).read_text())
@@ -180,13 +186,13 @@ def about_split(table):
 def split_plot(table, name, title="Where a step's time went, per rank"):
     """Stacked bars: computation only, overlap, communication only, idle, per rank."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 1.2 + 0.6 * len(table)))
+    fig, ax = plt.subplots(figsize=(6.4, 1.7 + 0.5 * len(table)))
     left = [0.0] * len(table)
     for part, colour in zip(PARTS, ("tab:blue", "tab:purple", "tab:red", "0.8")):
         ax.barh([f"rank {r}" for r in table["rank"]], table[part], left=left, color=colour, label=part)
         left = [a + b for a, b in zip(left, table[part])]
     ax.set(xlim=(0, 1), xlabel="share of the recorded steps' time", title=title)
-    ax.legend(fontsize="small", ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.12))
+    ax.legend(fontsize="small", ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     save(fig, name)
     return fig
 
@@ -240,9 +246,11 @@ GPU_SCALARS = ("utilization_pct", "memory_used_mb")
 def to_tensorboard(runs, tb_dir=TB_DIR, log_dir=LOG_DIR):
     """Write runs' logs as TensorBoard scalars (one TensorBoard run each, under tb_dir/<run>): the epoch
     records as train/* and test/*, the GPU samples (trainup.gpumon) as gpu<N>/* by elapsed tenth of a second."""
+    import shutil
     from torch.utils.tensorboard import SummaryWriter
     for name in runs:
         run = read_run(Path(log_dir) / f"{name}.jsonl")
+        shutil.rmtree(Path(tb_dir) / name, ignore_errors=True)  # a rerun replaces the run, not adds to it
         with SummaryWriter(str(Path(tb_dir) / name)) as w:
             for e in run["epochs"]:
                 for key in EPOCH_SCALARS:
@@ -271,6 +279,14 @@ def scalars(tb_dir=TB_DIR):
     return pd.DataFrame(rows, columns=["run", "tag", "step", "value"])
 
 
+def device_tags(table):
+    """The device statistics among a run's tags: GPU utilisation and memory where a GPU logged them (nvitop's
+    callback, DeviceStatsMonitor on CUDA, trainup.gpumon), else DeviceStatsMonitor's CPU load per step."""
+    tags = sorted(set(table["tag"]))
+    gpu = [t for t in tags if "utilization" in t.lower() or ("gpu" in t.lower() and "mem" in t.lower())]
+    return gpu[:2] or [t for t in tags if t.endswith("on_train_batch_end/cpu_percent")]
+
+
 def scalars_plot(table, tags, name, title="Read back from TensorBoard's event files"):
     """One panel per tag, one line per run."""
     import matplotlib.pyplot as plt
@@ -278,9 +294,11 @@ def scalars_plot(table, tags, name, title="Read back from TensorBoard's event fi
     for ax, tag in zip(axes[0], tags):
         for run, g in table[table["tag"] == tag].groupby("run"):
             ax.plot(g["step"], g["value"], marker="o", label=run)
-        ax.set(title=tag, xlabel="step")
+        source, _, short = tag.rpartition("/")  # DeviceStatsMonitor.on_train_batch_end/cpu_percent
+        ax.set(title=short + (f"\n({source.split('.')[0]})" if source else ""), xlabel="step")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize="small")
+    if table["run"].nunique() > 1:
+        axes[0][0].legend(fontsize="small")
     fig.suptitle(title)
     save(fig, name)
     return fig
