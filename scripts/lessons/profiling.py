@@ -68,6 +68,16 @@ def engine_sentence(trace):
             "operators' and gloo collectives' time ranges.")
 
 
+def hta_overlap(run, log_dir=LOG_DIR):
+    """HolisticTraceAnalysis' computation/communication overlap per rank, for GPU traces, where it is
+    installed (pip install holistictraceanalysis); None where it is not."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return None
+    return TraceAnalysis(trace_dir=str(trace_dir(log_dir, run))).get_comm_comp_overlap()
+
+
 def _ranges(events):
     return [(e["ts"], e["ts"] + e["dur"]) for e in events]
 
