@@ -10,6 +10,7 @@ profiler's own start-up), then STEPS steps are recorded. tensorboard_trace_handl
 process's trace to <log-dir>/profiles/<run>/<run>.rank<R>.<time>.pt.trace.json: plain chrome-trace JSON that
 TensorBoard (with torch-tb-profiler), ui.perfetto.dev and chrome://tracing open.
 """
+import shutil
 from pathlib import Path
 
 import torch
@@ -46,6 +47,8 @@ class _On:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
         self.dir = trace_dir(args.log_dir, args.run_name)
         self.rank, self.wanted, self.seen = rank, args.profile, 0
+        if rank == 0:  # a rerun replaces the run's traces (the others write theirs only after steps with rank 0)
+            shutil.rmtree(self.dir, ignore_errors=True)
         self.prof = profile(activities=activities, schedule=schedule(wait=WAIT, warmup=WARMUP, active=args.profile, repeat=1),
                             on_trace_ready=tensorboard_trace_handler(str(self.dir), f"{args.run_name}.rank{rank}"))
         self.prof.start()
