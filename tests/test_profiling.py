@@ -111,6 +111,9 @@ def test_bad_profile_flags_are_one_sentence(capsys, tmp_path):
     assert_clean_error(in_process(main, ["--profile", "2", "--num-processes", "2", *common], capsys),
                        "--profile", "--num-processes")
     assert not (tmp_path / "logs").exists()  # nothing half-written
+    # 64 samples at batch 64: 2 steps in all, both before recording starts
+    short = in_process(main, ["--profile", "3", "--train-size", "64", *common], capsys)
+    assert_clean_error(short, "--profile 3", "only 2 training steps")
 
 
 def test_the_exercise_solutions(runs, tmp_path):
