@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, metrics, models
+from trainup import UserError, checkpoint, cli, data, metrics, models, profiling
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress):
@@ -100,6 +100,7 @@ def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="cpu")
     p.add_argument("--num-processes", type=cli.positive(int), default=1,
                    help="worker processes training one shared model (Hogwild)")
+    profiling.add_flag(p)
     args = cli.parse(p, argv)
     if args.batch_size < args.num_processes:
         p.error(f"--batch-size {args.batch_size} cannot be split across {args.num_processes} processes")
@@ -112,6 +113,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    profiler = profiling.start(args)  # --profile STEPS: a trace of a few steps
     train_set, test_set = data.load(args)
     test_loader = DataLoader(test_set, batch_size=1000)
     model = models.build(args, train_set)
@@ -129,7 +131,7 @@ def main(argv=None):
             for epoch in range(start_epoch, args.epochs + 1):
                 tick = time.perf_counter()
                 sampler.set_epoch(epoch)
-                train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress)
+                train = train_epoch(model, profiler.steps(train_loader), optimizer, epoch, args.show_progress)
                 scheduler.step()
                 yield epoch, train, time.perf_counter() - tick
     else:
@@ -139,6 +141,7 @@ def main(argv=None):
     for epoch, train, wall in epochs():
         log.epoch(epoch, train, evaluate(model, test_loader), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+    profiler.stop()
     log.summary(checkpoint=ckpt)
 
 

@@ -24,7 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models
+from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models, profiling
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler, accumulate=1, warmup=None):
@@ -142,6 +142,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=cli.positive(int), default=None,
                    help="raise the learning rate linearly from lr/N to lr over the first N steps")
     p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over the whole global batch (GPUs)")
+    profiling.add_flag(p)
     args = cli.parse(p, argv)
     if args.workers is not None and args.workers < 0:
         p.error(f"--workers must be 0 or more, got {args.workers}")
@@ -211,11 +212,12 @@ def main(argv=None):
     accumulate = args.accumulate or 1
     train_loader = loader_for(train_set, args.batch_size // ctx.world_size // accumulate, sampler, args, device)
     test_loader = loader_for(test_set, 1000, range(ctx.rank, len(test_set), ctx.world_size), args, device)
+    profiler = profiling.start(args, ctx.rank, device)  # --profile STEPS: a trace of a few steps
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
-        train = train_epoch(model, distributed.faults(train_loader, ctx, epoch), optimizer, epoch,
+        train = train_epoch(model, profiler.steps(distributed.faults(train_loader, ctx, epoch)), optimizer, epoch,
                             args.show_progress and ctx.is_main, device, args.precision, scaler, accumulate, warmup)
         scheduler.step()
         if allreduces:
@@ -229,6 +231,7 @@ def main(argv=None):
                   distributed.reduce(evaluate(model.module, test_loader, device, args.precision)), wall)
         if ctx.is_main:  # one writer; the others would race for the same file
             checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args, scaler)
+    profiler.stop()
     monitor.stop()
     log.summary(checkpoint=ckpt)
     distributed.cleanup(ctx)  # a barrier, then destroy_process_group()

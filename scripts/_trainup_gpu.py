@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, devices, gpumon, metrics, models
+from trainup import checkpoint, cli, data, devices, gpumon, metrics, models, profiling
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
@@ -105,6 +105,7 @@ def parse_args(argv=None):
     p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
     p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
     p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
+    profiling.add_flag(p)
     args = cli.parse(p, argv)
     if args.workers is not None and args.workers < 0:
         p.error(f"--workers must be 0 or more, got {args.workers}")
@@ -145,15 +146,17 @@ def main(argv=None):
     sampler = data.ShuffleSampler(len(train_set), args.seed)
     train_loader = loader_for(train_set, args.batch_size, sampler, args, device)
     test_loader = loader_for(test_set, 1000, range(len(test_set)), args, device)
+    profiler = profiling.start(args, 0, device)  # --profile STEPS: a trace of a few steps
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress, device, args.precision, scaler)
+        train = train_epoch(model, profiler.steps(train_loader), optimizer, epoch, args.show_progress, device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args, scaler)
+    profiler.stop()
     monitor.stop()
     log.summary(checkpoint=ckpt)
 

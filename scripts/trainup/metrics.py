@@ -44,6 +44,10 @@ SCHEMA = {
     "pipeline": ("schedule", "stages", "stages_per_rank", "pipeline_ranks", "data_parallel", "microbatches",
                  "microbatch_size", "blocks", "width", "stage_blocks", "placement"),
     "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
+    "lightning": ("strategy", "accelerator", "precision", "world_size", "num_nodes", "devices", "sync_dist",
+                  "launcher"),
+    "lightning_sync": ("epoch", "sync_dist", "logged_loss", "job_loss", "rank_loss", "rank_samples", "sampler"),
+    "monitor": ("callbacks", "skipped"),
 }
 COMMON = ("type", "run", "time")
 

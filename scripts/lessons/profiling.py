@@ -1,0 +1,359 @@
+"""Lesson 08 (monitoring and profiling): profiler traces read back (top operators; for DDP, how much of a
+step is computation, communication and both at once), TensorBoard scalars written and read back, and the
+GPU samples of the course's logs beside the training statistics.
+
+    from lessons import profiling
+    profiling.top_operators("prof_cpu")       # the operators that took the most time, per step
+    profiling.split_table("prof_ddp")         # one row per rank: computation, communication, overlap, idle
+    profiling.to_tensorboard(["prof_ddp"])    # the course's logs as TensorBoard scalars
+    profiling.scalars(profiling.TB_DIR)       # read back with tensorboard's EventAccumulator
+
+The traces are chrome-trace JSON written by `--profile STEPS` (trainup/profiling.py). HolisticTraceAnalysis
+computes the same split from GPU kernels; on a CPU trace there are none, so the split is computed here from
+the operators' and collectives' time ranges.
+"""
+import json
+from pathlib import Path
+
+from trainup import LOG_DIR, ROOT
+from trainup.profiling import trace_dir
+
+from .report import read_run, save
+
+TB_DIR = LOG_DIR / "tensorboard"
+REFERENCE_DIR = ROOT / "logs" / "reference"
+# CPU (gloo): c10d::allreduce_ hands a bucket over on the main thread; gloo:all_reduce is the collective
+# itself on a pt_gloo_runloop thread, waiting for the other ranks included. GPU: NCCL kernels.
+COMM_PREFIXES = ("c10d::", "gloo:", "nccl")
+BACKWARD = "autograd::engine::evaluate_function"
+PARTS = ("computation only", "overlap", "communication only", "idle")
+
+
+# --- the traces ---------------------------------------------------------------------------------------
+
+def traces(run, log_dir=LOG_DIR):
+    """{rank: trace path}: the newest trace of each rank of a --profile run."""
+    found = {}
+    for path in sorted(trace_dir(log_dir, run).glob(f"{run}.rank*.pt.trace.json")):
+        rank = int(path.name[len(run) + len(".rank"):].split(".")[0])
+        found[rank] = path  # names end with a time in ns: sorted, the newest wins
+    if not found:
+        raise AssertionError(f"{run}: no profiler trace under profiles/{run}/ (was it run with --profile?)")
+    return found
+
+
+def relative(path):
+    """A path as a learner types it from the course's folder (unchanged when it lies elsewhere)."""
+    path = Path(path)
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def load(path):
+    """A trace as a dict (chrome-trace JSON: 'traceEvents')."""
+    return json.loads(Path(path).read_text())
+
+
+def has_gpu_kernels(trace):
+    return any(e.get("cat") == "kernel" for e in trace["traceEvents"])
+
+
+def engine_sentence(trace):
+    """Which analysis applies, decided by what the trace holds."""
+    if has_gpu_kernels(trace):
+        return ("This trace holds GPU kernels: HolisticTraceAnalysis (pip install holistictraceanalysis) computes "
+                "the same split from them (TraceAnalysis(trace_dir=...).get_comm_comp_overlap()); below, the "
+                "kernels' time ranges, NCCL kernels as communication.")
+    return ("This trace holds no GPU kernels, so HolisticTraceAnalysis' overlap and idle-time breakdowns (built "
+            "on GPU kernels; NaN on CPU traces) do not apply: the split below is computed from the CPU "
+            "operators' and gloo collectives' time ranges.")
+
+
+def hta_overlap(run, log_dir=LOG_DIR):
+    """HolisticTraceAnalysis' computation/communication overlap per rank, for GPU traces, where it is
+    installed (pip install holistictraceanalysis); None where it is not."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return None
+    return TraceAnalysis(trace_dir=str(trace_dir(log_dir, run))).get_comm_comp_overlap()
+
+
+def _ranges(events):
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events]
+
+
+def is_comm(event):
+    return event["name"].startswith(COMM_PREFIXES) or "nccl" in event["name"].lower()
+
+
+def steps(trace):
+    """The recorded training steps: ProfilerStep#N ranges (start, end) in microseconds."""
+    return sorted(_ranges(e for e in trace["traceEvents"]
+                          if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")))
+
+
+# --- time ranges as sorted lists of disjoint (start, end) ---------------------------------------------
+
+def union(ranges):
+    out = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def intersect(x, y):
+    x, y, out, i, j = union(x), union(y), [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if b > a:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(x, y):
+    out = []
+    for a, b in union(x):
+        for c, d in union(y):
+            if d <= a or c >= b:
+                continue
+            if c > a:
+                out.append((a, c))
+            a = max(a, d)
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+def length(ranges):
+    return sum(b - a for a, b in union(ranges))
+
+
+# --- computation against communication ----------------------------------------------------------------
+
+def split(trace):
+    """Shares of the recorded steps' time (they sum to 1): computation only, overlap (computing while a
+    collective is in flight), communication only, idle (neither: Python, data loading, waiting); and
+    comm_in_backward, the share of communication time that ran while backward was computing.
+
+    CPU trace: computation is the main thread's operators (its c10d hand-offs excluded), communication the
+    collectives on any thread. GPU trace: kernels, NCCL's as communication."""
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    window = steps(trace)
+    if not window:
+        raise AssertionError("the trace has no ProfilerStep#N range: no training step was recorded")
+    if has_gpu_kernels(trace):
+        kernels = [e for e in ev if e.get("cat") == "kernel"]
+        comm = _ranges(e for e in kernels if is_comm(e))
+        comp = _ranges(e for e in kernels if not is_comm(e))
+        backward = []  # a kernel does not say which pass launched it
+    else:
+        main = next(e["tid"] for e in ev if e["name"].startswith("ProfilerStep#"))
+        ops = [e for e in ev if e.get("cat") in ("cpu_op", "user_annotation")]  # gloo's are annotations
+        comm = _ranges(e for e in ops if is_comm(e))
+        main_ops = [e for e in ops if e["tid"] == main and e["cat"] == "cpu_op"]
+        comp = subtract(_ranges(main_ops), _ranges(e for e in main_ops if is_comm(e)))  # less the hand-offs
+        backward = _ranges(e for e in main_ops if e["name"].startswith(BACKWARD))
+    comm, comp = intersect(comm, window), intersect(comp, window)
+    total, both = length(window), length(intersect(comp, comm))
+    busy = length(comp + comm)
+    shares = {"computation only": (length(comp) - both) / total, "overlap": both / total,
+              "communication only": (length(comm) - both) / total, "idle": (total - busy) / total}
+    return dict(shares, steps=len(window), step_ms=total / len(window) / 1e3,
+                communication=length(comm) / total, computation=length(comp) / total,
+                comm_in_backward=length(intersect(comm, backward)) / length(comm) if comm and backward else None)
+
+
+def split_table(run, log_dir=LOG_DIR):
+    """One row per rank: split() of its trace."""
+    import pandas as pd
+    rows = [dict(rank=rank, **split(load(path))) for rank, path in traces(run, log_dir).items()]
+    return pd.DataFrame(rows)
+
+
+def about_split(table):
+    """Computed sentences: the communication share, what of it overlapped computing, the idle share."""
+    out = []
+    for _, r in table.iterrows():
+        s = (f"Rank {r['rank']:.0f}: a step took {r['step_ms']:.0f} ms on average over {r['steps']:.0f} steps; "
+             f"{r['communication']:.0%} of it had a collective in flight and {r['computation']:.0%} computed")
+        if r["communication"] > 0:
+            hidden = r["overlap"] / r["communication"]
+            s += (f"; {hidden:.0%} of the communication overlapped computation"
+                  + (f" ({r['comm_in_backward']:.0%} of it ran during backward)" if r["comm_in_backward"] is not None
+                     and r["comm_in_backward"] == r["comm_in_backward"] else "")
+                  + f", {1 - hidden:.0%} did not")
+        out.append(s + f"; {r['idle']:.0%} was neither (Python, data loading, waiting).")
+    return out
+
+
+def split_plot(table, name, title="Where a step's time went, per rank"):
+    """Stacked bars: computation only, overlap, communication only, idle, per rank."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 1.7 + 0.5 * len(table)))
+    left = [0.0] * len(table)
+    for part, colour in zip(PARTS, ("tab:blue", "tab:purple", "tab:red", "0.8")):
+        ax.barh([f"rank {r}" for r in table["rank"]], table[part], left=left, color=colour, label=part)
+        left = [a + b for a, b in zip(left, table[part])]
+    ax.set(xlim=(0, 1), xlabel="share of the recorded steps' time", title=title)
+    ax.legend(fontsize="small", ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    save(fig, name)
+    return fig
+
+
+# --- top operators --------------------------------------------------------------------------------------
+
+def self_times(events):
+    """(event, self time): its duration less that of the operators directly inside it (on its thread)."""
+    out = []
+    by_thread = {}
+    for e in events:
+        by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
+    for evs in by_thread.values():
+        stack = []  # [event, children's time]
+        for e in sorted(evs, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0]["dur"]:
+                out.append((stack[-1][0], stack[-1][0]["dur"] - stack[-1][1]))
+                stack.pop()
+            if stack:
+                stack[-1][1] += e["dur"]
+            stack.append([e, 0.0])
+        out += [(ev, ev["dur"] - inner) for ev, inner in stack]
+    return out
+
+
+def top_operators(run, rank=0, n=10, log_dir=LOG_DIR):
+    """The n operators with the most self time over the recorded steps: calls, self and total ms per step,
+    and self time as a share of a step. gloo's collectives run on their own threads, at the same time as the
+    main thread's operators (so the shares can add up past 100 %), and count their waiting."""
+    import pandas as pd
+    trace = load(traces(run, log_dir)[rank])
+    window = steps(trace)
+    inside = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e
+              and (e.get("cat") in ("cpu_op", "kernel") or is_comm(e)) and any(a <= e["ts"] < b for a, b in window)]
+    t = pd.DataFrame([dict(operator=e["name"], self_us=s, total_us=e["dur"]) for e, s in self_times(inside)])
+    per_step = length(window) / len(window)
+    g = t.groupby("operator").agg(calls=("self_us", "size"), self_us=("self_us", "sum"), total_us=("total_us", "sum"))
+    g = g.sort_values("self_us", ascending=False).head(n).reset_index()
+    return pd.DataFrame(dict(operator=g["operator"], calls_per_step=g["calls"] / len(window),
+                             self_ms_per_step=g["self_us"] / len(window) / 1e3,
+                             total_ms_per_step=g["total_us"] / len(window) / 1e3,
+                             self_share=g["self_us"] / len(window) / per_step))
+
+
+# --- TensorBoard ------------------------------------------------------------------------------------------
+
+EPOCH_SCALARS = ("loss", "accuracy", "test_loss", "test_accuracy", "samples_per_s", "peak_mem_mb")
+GPU_SCALARS = ("utilization_pct", "memory_used_mb")
+
+
+def to_tensorboard(runs, tb_dir=TB_DIR, log_dir=LOG_DIR):
+    """Write runs' logs as TensorBoard scalars (one TensorBoard run each, under tb_dir/<run>): the epoch
+    records as train/* and test/*, the GPU samples (trainup.gpumon) as gpu<N>/* by elapsed tenth of a second."""
+    import shutil
+    from torch.utils.tensorboard import SummaryWriter
+    for name in runs:
+        run = read_run(Path(log_dir) / f"{name}.jsonl")
+        shutil.rmtree(Path(tb_dir) / name, ignore_errors=True)  # a rerun replaces the run, not adds to it
+        with SummaryWriter(str(Path(tb_dir) / name)) as w:
+            for e in run["epochs"]:
+                for key in EPOCH_SCALARS:
+                    if e.get(key) is not None:
+                        w.add_scalar(("test/" if key.startswith("test") else "train/") + key.removeprefix("test_"),
+                                     e[key], e["epoch"])
+            for g in (r for r in run["extra"] if r["type"] == "gpu"):
+                for key in GPU_SCALARS:
+                    if g.get(key) is not None:
+                        w.add_scalar(f"gpu{g['gpu']}/{key}", g[key], round(g["elapsed_s"] * 10))
+    return Path(tb_dir)
+
+
+def scalars(tb_dir=TB_DIR):
+    """Every scalar of every TensorBoard run under tb_dir, read back with tensorboard's EventAccumulator:
+    one row per (run, tag, step, value); run is the folder of the event file, relative to tb_dir."""
+    import pandas as pd
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    rows = []
+    for folder in sorted({p.parent for p in Path(tb_dir).rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})  # 0: keep every point
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            rows += [dict(run=str(folder.relative_to(tb_dir)), tag=tag, step=s.step, value=s.value)
+                     for s in acc.Scalars(tag)]
+    return pd.DataFrame(rows, columns=["run", "tag", "step", "value"])
+
+
+def device_tags(table):
+    """The device statistics among a run's tags: GPU utilisation and memory where a GPU logged them (nvitop's
+    callback, DeviceStatsMonitor on CUDA, trainup.gpumon), else DeviceStatsMonitor's CPU load per step."""
+    tags = sorted(set(table["tag"]))
+    gpu = [t for t in tags if "utilization" in t.lower() or ("gpu" in t.lower() and "mem" in t.lower())]
+    return gpu[:2] or [t for t in tags if t.endswith("on_train_batch_end/cpu_percent")]
+
+
+def scalars_plot(table, tags, name, title="Read back from TensorBoard's event files"):
+    """One panel per tag, one line per run."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(tags), figsize=(3.4 * len(tags), 3.2), squeeze=False)
+    for ax, tag in zip(axes[0], tags):
+        for run, g in table[table["tag"] == tag].groupby("run"):
+            ax.plot(g["step"], g["value"], marker="o", label=run)
+        source, _, short = tag.rpartition("/")  # DeviceStatsMonitor.on_train_batch_end/cpu_percent
+        ax.set(title=short + (f"\n({source.split('.')[0]})" if source else ""), xlabel="step")
+        ax.grid(alpha=0.3)
+    if table["run"].nunique() > 1:
+        axes[0][0].legend(fontsize="small")
+    fig.suptitle(title)
+    save(fig, name)
+    return fig
+
+
+# --- GPU statistics beside training statistics -----------------------------------------------------------
+
+def gpu_runs(log_dir=LOG_DIR, reference_dir=REFERENCE_DIR):
+    """Logs holding GPU samples ('gpu' records): this machine's, then committed reference runs."""
+    paths = sorted(Path(log_dir).glob("*.jsonl")) + sorted(Path(reference_dir).glob("*/*.jsonl"))
+    return [p for p in paths if any(r["type"] == "gpu" for r in read_run(p)["extra"])]
+
+
+def gpu_note(log_dir=LOG_DIR, reference_dir=REFERENCE_DIR):
+    """One sentence: where the GPU statistics below come from, or why there are none."""
+    import torch
+    runs = gpu_runs(log_dir, reference_dir)
+    here = "this machine has a GPU" if torch.cuda.is_available() else "this machine has no GPU"
+    ref = Path(reference_dir)
+    held = sorted(p.name for p in ref.iterdir() if p.is_dir()) if ref.exists() else []
+    refs = (f"logs/reference holds {len(held)} reference folder(s) ({', '.join(held)})" if held
+            else "logs/reference holds no reference run yet (no GPU was lent when the course was built)")
+    if not runs:
+        return f"No GPU statistics to draw: {here}, no log here has GPU samples, and {refs}."
+    return f"GPU statistics from {len(runs)} log(s) with GPU samples ({here}; {refs}): " + \
+        ", ".join(p.stem for p in runs) + "."
+
+
+def gpu_beside_training(path, name):
+    """A run's GPU utilisation and memory over time beside its training loss by epoch."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    run = read_run(path)
+    g = pd.DataFrame([r for r in run["extra"] if r["type"] == "gpu"])
+    e = pd.DataFrame(run["epochs"])
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+    axes[0].plot(e["epoch"], e["loss"], marker="o")
+    axes[0].set(title="training loss", xlabel="epoch")
+    for ax, key, label in ((axes[1], "utilization_pct", "GPU utilisation (%)"),
+                           (axes[2], "memory_used_mb", "GPU memory used (MB)")):
+        for gpu, s in g.groupby("gpu"):
+            ax.plot(s["elapsed_s"], s[key], label=f"GPU {gpu}")
+        ax.set(title=label, xlabel="seconds into the run")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{Path(path).stem}")
+    save(fig, name)
+    return fig

@@ -1,0 +1,87 @@
+"""The course's run log and checkpoint for a Lightning run: one small Callback.
+
+Lightning logs to TensorBoard through self.log; the course's lessons read logs/<run>.jsonl (one schema
+for every script, logs/README.md) and checkpoints/<run>.pt. This callback writes both from the job's
+true numbers: each rank's loss, accuracy and sample count summed over all ranks (as
+trainup.distributed.reduce does for the plain DDP script), whatever self.log was told to do. Beside
+them, a 'lightning_sync' record holds what self.log reported on rank 0, so a run with and a run without
+sync_dist=True show the difference.
+"""
+import time
+
+import torch
+import torch.distributed as dist
+from pytorch_lightning import Callback
+
+from . import checkpoint, devices, metrics
+
+
+def _gathered(pl_module, meter):
+    """One Meter per rank, in rank order: the sums all-gathered (on the GPU for NCCL, gloo takes CPU tensors)."""
+    t = meter.as_tensor()
+    if not dist.is_available() or not dist.is_initialized():
+        return [meter]
+    t = t.to(pl_module.device if dist.get_backend() == "nccl" else "cpu")
+    parts = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    return [metrics.Meter.from_tensor(p.cpu()) for p in parts]
+
+
+def _summed(meters):
+    return metrics.Meter.from_tensor(torch.stack([m.as_tensor() for m in meters]).sum(0))
+
+
+class CourseLog(Callback):
+    """logs/<run>.jsonl (config, env, epoch, lightning_sync, summary) and checkpoints/<run>.pt, by rank 0."""
+
+    def __init__(self, args, script, extra_records=()):
+        self.args, self.script, self.extra_records = args, script, list(extra_records)
+        self.ckpt = checkpoint.path_for(args)  # made and checked writable now, before any training
+
+    def setup(self, trainer, pl_module, stage):
+        strategy = trainer.strategy
+        backend = getattr(strategy, "process_group_backend", None) or getattr(
+            strategy, "_process_group_backend", None) or "none"
+        self.log = metrics.RunLog(self.args, self.script, pl_module.device, trainer.world_size, backend,
+                                  enabled=trainer.is_global_zero)
+        for kind, fields in self.extra_records:
+            self.log.write(kind, **fields)
+        self.log.write("lightning", strategy=type(strategy).__name__, accelerator=type(trainer.accelerator).__name__,
+                       precision=str(trainer.precision), world_size=trainer.world_size, num_nodes=trainer.num_nodes,
+                       devices=trainer.num_devices, global_rank=trainer.global_rank,
+                       sync_dist=bool(pl_module.sync_dist), launcher=type(strategy.cluster_environment).__name__
+                       if getattr(strategy, "cluster_environment", None) else "none")
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        pl_module.train_meter = metrics.Meter()
+        loader = trainer.train_dataloader
+        self.sampler = type(getattr(loader, "sampler", None)).__name__
+        self.tick = self.tock = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.tock = time.perf_counter()  # the last batch's end: training only, the test set is not timed
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        devices.synchronize(pl_module.device)
+        pl_module.test_meter = metrics.Meter()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        epoch = trainer.current_epoch + 1  # Lightning counts from 0, the course's logs from 1
+        ranks = _gathered(pl_module, pl_module.train_meter)
+        train, test = _summed(ranks), _summed(_gathered(pl_module, pl_module.test_meter))
+        logged = trainer.callback_metrics.get("train_loss_epoch")
+        self.log.write("lightning_sync", epoch=epoch, sync_dist=bool(pl_module.sync_dist),
+                       logged_loss=float(logged) if logged is not None else None, job_loss=train.mean_loss,
+                       rank_loss=[m.mean_loss for m in ranks], rank_samples=[m.samples for m in ranks],
+                       sampler=self.sampler)
+        self.log.epoch(epoch, train, test, max(self.tock - self.tick, 1e-9))
+        if trainer.is_global_zero:  # one writer; the others would race for the same file
+            scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
+            checkpoint.save(self.ckpt, pl_module.model, trainer.optimizers[0], scheduler, epoch, self.args)
+
+    def on_fit_end(self, trainer, pl_module):
+        self.log.summary(checkpoint=self.ckpt)
+
+    def on_exception(self, trainer, pl_module, exception):
+        if getattr(self, "log", None) is not None and self.log.enabled and not self.log._file.closed:
+            self.log.summary(checkpoint=None, status="failed")

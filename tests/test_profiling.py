@@ -1,0 +1,131 @@
+"""--profile for real: a trace of the single-process baseline and of a 2-process DDP job (gloo), read back;
+the computation/communication split checked on the real traces and, to the microsecond, on a hand-made one;
+the course's logs written as TensorBoard scalars and read back; bad input."""
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from lessons import launch, profiling, report
+
+# 320 samples: 5 steps an epoch (batch 64, or 32 a rank); the first 2 are not recorded, the next 2 are
+TINY = ["--quick", "--train-size", "320", "--test-size", "64", "--epochs", "1", "--profile", "2", "--no-progress"]
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One single-process run and one 2-process DDP job, started side by side."""
+    log_dir = tmp_path_factory.mktemp("profiling") / "logs"
+    out = ["--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
+    jobs = [start_job([sys.executable, str(SCRIPTS / "_trainup_cpu.py"), *TINY, "--run-name", "cpu", *out],
+                      launch.environment()),
+            start_job([*launch.TORCHRUN, *launch.torchrun_flags(nproc=2), str(SCRIPTS / "_trainup_ddp.py"), *TINY,
+                       "--run-name", "ddp", *out], launch.environment())]
+    for done in map(finish_job, jobs):
+        assert done.returncode == 0, f"{done.args}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        assert "traced in" in done.stdout
+    return log_dir
+
+
+@pytest.mark.parametrize("run, ranks", [("cpu", [0]), ("ddp", [0, 1])])
+def test_a_readable_trace_per_rank_with_the_recorded_steps(runs, run, ranks):
+    found = profiling.traces(run, runs)
+    assert sorted(found) == ranks
+    for path in found.values():
+        trace = json.loads(path.read_text())  # chrome-trace JSON, as Perfetto and TensorBoard read it
+        assert len(profiling.steps(trace)) == STEPS
+        assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])
+
+
+@pytest.mark.parametrize("run", ["cpu", "ddp"])
+def test_the_split_is_shares_that_sum_to_one(runs, run):
+    table = profiling.split_table(run, runs)
+    for _, r in table.iterrows():
+        parts = [r[p] for p in profiling.PARTS]
+        assert all(0 <= p <= 1 for p in parts) and sum(parts) == pytest.approx(1, abs=1e-9)
+        assert r["communication"] == pytest.approx(r["overlap"] + r["communication only"], abs=1e-9)
+        assert r["computation"] == pytest.approx(r["overlap"] + r["computation only"], abs=1e-9)
+        assert r["steps"] == STEPS and r["computation"] > 0.2
+    if run == "cpu":
+        assert (table["communication"] == 0).all()  # one process: no collective at all
+    else:  # DDP all-reduces gradients every step, mostly while backward still runs
+        assert (table["communication"] > 0).all() and (table["comm_in_backward"] > 0).all()
+        assert len(profiling.about_split(table)) == 2
+
+
+def test_top_operators_are_the_model_s_own(runs):
+    cpu, ddp = profiling.top_operators("cpu", log_dir=runs), profiling.top_operators("ddp", rank=1, log_dir=runs)
+    assert "aten::convolution_backward" in set(cpu["operator"]) and "gloo:all_reduce" in set(ddp["operator"])
+    for t in (cpu, ddp):
+        assert t["self_ms_per_step"].is_monotonic_decreasing and (t["self_ms_per_step"] <= t["total_ms_per_step"]).all()
+        assert ((0 < t["self_share"]) & (t["self_share"] <= 1 + 1e-9)).all()
+    assert cpu["self_share"].sum() <= 1 + 1e-9  # one thread: its operators' self times fit in the steps
+
+
+def X(name, ts, dur, tid=1, cat="cpu_op"):
+    return dict(ph="X", name=name, ts=ts, dur=dur, pid=7, tid=tid, cat=cat)
+
+
+# Two steps of 100 us on thread 1. Step 1: forward 0-40, backward 40-80 with DDP's hand-off (c10d) at
+# 60-62, the collective 60-90 on a gloo thread. Step 2: computes 100-150 and 170-200, collective 140-180.
+HAND_MADE = {"traceEvents": [
+    X("ProfilerStep#2", 0, 100, cat="user_annotation"), X("aten::conv2d", 0, 40),
+    X("autograd::engine::evaluate_function: ConvolutionBackward0", 40, 40), X("aten::convolution_backward", 41, 30),
+    X("c10d::allreduce_", 60, 2), X("gloo:all_reduce", 60, 30, tid=2, cat="user_annotation"),
+    X("ProfilerStep#3", 100, 100, cat="user_annotation"), X("aten::mm", 100, 50), X("aten::add_", 170, 30),
+    X("gloo:all_reduce", 140, 40, tid=3, cat="user_annotation"), X("gloo:all_reduce", 300, 50, tid=3, cat="user_annotation")]}
+
+
+def test_the_split_of_a_hand_made_trace_is_exact():
+    s = profiling.split(HAND_MADE)
+    # computing: 0-60, 62-80, 100-150, 170-200 (158 us: the hand-off is communication); communicating:
+    # 60-90, 140-180 (70 us; 300-350 is outside the steps); both: 62-80, 140-150, 170-180 (38 us);
+    # neither: 90-100 (10 us); of 200 us
+    assert s["steps"] == 2 and s["step_ms"] == pytest.approx(0.1)
+    assert {p: round(s[p], 6) for p in profiling.PARTS} == {
+        "computation only": 0.6, "overlap": 0.19, "communication only": 0.16, "idle": 0.05}
+    assert s["comm_in_backward"] == pytest.approx(20 / 70)  # 60-80 of the collectives ran during backward
+    ops = {e["name"]: t for e, t in profiling.self_times(HAND_MADE["traceEvents"][1:6])}
+    assert ops["autograd::engine::evaluate_function: ConvolutionBackward0"] == 10  # 40 less its 30 inside
+    assert "no GPU kernels" in profiling.engine_sentence(HAND_MADE)
+
+
+def test_logs_round_trip_through_tensorboard(runs, tmp_path):
+    profiling.to_tensorboard(["cpu", "ddp"], tmp_path / "tb", log_dir=runs)
+    table = profiling.scalars(tmp_path / "tb")
+    assert set(table["run"]) == {"cpu", "ddp"}
+    loss = table[(table["run"] == "ddp") & (table["tag"] == "train/loss")]
+    epoch = report.read_run(runs / "ddp.jsonl")["epochs"][0]
+    assert loss["step"].tolist() == [1] and loss["value"].iloc[0] == pytest.approx(epoch["loss"], rel=1e-6)
+    assert "no GPU" in profiling.gpu_note(runs, tmp_path / "no_reference") or profiling.gpu_runs(runs)
+
+
+def test_bad_profile_flags_are_one_sentence(capsys, tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    from _trainup_cpu import main
+    common = ["--quick", "--log-dir", tmp_path / "logs", "--checkpoint-dir", tmp_path / "ck", "--no-progress"]
+    assert_clean_error(in_process(main, ["--profile", "0", *common], capsys), "--profile", "greater than 0")
+    assert_clean_error(in_process(main, ["--profile", "2", "--num-processes", "2", *common], capsys),
+                       "--profile", "--num-processes")
+    assert not (tmp_path / "logs").exists()  # nothing half-written
+    # 64 samples at batch 64: 2 steps in all, both before recording starts
+    short = in_process(main, ["--profile", "3", "--train-size", "64", *common], capsys)
+    assert_clean_error(short, "--profile 3", "only 2 training steps")
+
+
+def test_the_exercise_solutions(runs, tmp_path):
+    path = ROOT / "notebooks" / "solutions" / "08_monitoring_and_profiling.py"
+    spec = importlib.util.spec_from_file_location("solution_08", path)
+    s = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s)
+    assert s.communication_share(HAND_MADE) == pytest.approx(70 / 200)
+    assert s.exposed_communication(HAND_MADE) == pytest.approx(0.16)
+    real = profiling.split(profiling.load(profiling.traces("ddp", runs)[0]))  # the same on a real trace
+    trace = profiling.load(profiling.traces("ddp", runs)[0])
+    assert s.communication_share(trace) == pytest.approx(real["communication"], abs=1e-9)
+    assert s.exposed_communication(trace) == pytest.approx(real["communication only"], abs=1e-9)
+    back = s.ranks_to_tensorboard("ddp", tmp_path / "tb", runs)
+    assert sorted(back) == [0, 1] and all(len(points) == 1 for points in back.values())
