@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.strategies import StrategyRegistry
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
@@ -90,11 +91,8 @@ class Digits(pl.LightningDataModule):
         self.train_set, self.test_set, self.batch_size = train_set, test_set, batch_size
 
     def train_dataloader(self):
-        world = self.trainer.world_size
-        if self.batch_size % world:
-            raise UserError(f"--batch-size {self.batch_size} is the global batch and cannot be split evenly over "
-                            f"{world} processes; use a multiple of {world}")
-        return DataLoader(self.train_set, batch_size=self.batch_size // world, shuffle=True)
+        per_process = self.batch_size // self.trainer.world_size  # --batch-size is the global batch, as in lesson 04
+        return DataLoader(self.train_set, batch_size=per_process, shuffle=True)
 
     def val_dataloader(self):
         return DataLoader(self.test_set, batch_size=1000)
@@ -158,7 +156,7 @@ def build_trainer(args, callbacks):
                              logger=tensorboard, callbacks=[*callbacks, lightning_ckpt], log_every_n_steps=1,
                              enable_model_summary=False, enable_progress_bar=not args.no_progress,
                              num_sanity_val_steps=0, deterministic=False)
-    except (ValueError, RuntimeError, TypeError) as e:  # MisconfigurationException is a ValueError
+    except (MisconfigurationException, ImportError, ValueError, RuntimeError, TypeError) as e:
         raise UserError(f"Lightning refuses these flags: {str(e).splitlines()[0]}") from None
     return trainer
 
@@ -180,10 +178,16 @@ def main(argv=None):
     from trainup.lightning_log import CourseLog
     accelerator = "cuda" if args.accelerator in ("gpu", "cuda") or (
         args.accelerator == "auto" and torch.cuda.is_available()) else args.accelerator
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--accelerator {args.accelerator} needs an NVIDIA GPU, and torch sees none on this machine; "
+                        f"use --accelerator cpu (or auto)")
     watchers, skipped = monitors(args, accelerator)
     records = [("monitor", dict(callbacks=[type(c).__name__ for c in watchers], skipped=skipped))] if args.monitor else []
     course_log = CourseLog(args, __file__, records)
     trainer = build_trainer(args, [course_log, *watchers])
+    if args.batch_size % trainer.world_size:  # checked before Lightning starts the other processes
+        raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
+                        f"{trainer.world_size} processes; use a multiple of {trainer.world_size}")
     if skipped and trainer.is_global_zero:
         print(skipped)
     ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"
