@@ -13,6 +13,7 @@ of the metrics, rank-0 guards or autocast in this file: Lightning's Trainer does
 callback (trainup/lightning_log.py); TensorBoard's from Lightning's TensorBoardLogger, in
 logs/tensorboard/<run>.
 """
+import importlib.util
 import logging
 import os
 import shutil
@@ -29,7 +30,7 @@ from pytorch_lightning.strategies import StrategyRegistry
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
-from trainup import UserError, cli, data, distributed, lightning_compat, metrics, models
+from trainup import UserError, cli, data, distributed, lightning_compat, lightning_gpustats, metrics, models
 
 # Lightning's banners ("GPU available: ...", "Initializing distributed ...", "`Trainer.fit` stopped") are INFO
 # messages of these loggers: the course's own lines say what ran, so only warnings and errors pass.
@@ -128,19 +129,18 @@ def trainer_flags(args):
 
 
 def monitors(args, accelerator):
-    """--monitor: Lightning's DeviceStatsMonitor, and nvitop's GPU callback where a GPU and nvitop exist."""
+    """--monitor: Lightning's DeviceStatsMonitor, and nvitop's GPU readings where a GPU and nvitop exist
+    (nvitop's own Lightning callback if this nvitop has one, else the course's: trainup/lightning_gpustats.py)."""
     if not args.monitor:
         return [], None
     from pytorch_lightning.callbacks import DeviceStatsMonitor
     callbacks = [DeviceStatsMonitor()]
     if accelerator != "cuda":
-        return callbacks, "--monitor on the CPU: DeviceStatsMonitor logs CPU statistics; nvitop's GPU callback skipped (no GPU)"
-    try:
-        from nvitop.callbacks.lightning import GpuStatsLogger
-    except ImportError:
-        return callbacks, ("--monitor: this nvitop has no nvitop.callbacks.lightning.GpuStatsLogger; "
-                           "DeviceStatsMonitor alone logs the GPU's memory")
-    return callbacks + [GpuStatsLogger()], None
+        return callbacks, "--monitor on the CPU: DeviceStatsMonitor logs CPU statistics; nvitop's GPU readings skipped (no GPU)"
+    if importlib.util.find_spec("nvitop") is None:
+        return callbacks, "--monitor: nvitop is not installed (pip install nvitop), so DeviceStatsMonitor alone logs the GPU"
+    nvitop_logger = lightning_gpustats.nvitop_callback()
+    return callbacks + [nvitop_logger() if nvitop_logger else lightning_gpustats.NvitopGpuStats()], None
 
 
 def build_trainer(args, callbacks):

@@ -178,3 +178,37 @@ def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(local_
     checks.learned("pl_slurm", log_dir=tmp_path)
     (tmp_path / "checkpoints" / "one.pt").write_bytes((log_dir / "checkpoints" / "one.pt").read_bytes())
     assert checks.same_parameters("pl_slurm", "one", atol=TOLERANCE, checkpoint_dir=tmp_path / "checkpoints") <= TOLERANCE
+
+
+# --- The exercises' solutions (no training: checked against the fixture's log) --------------------------
+
+def test_the_exercise_solutions_give_the_right_answers(runs):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("solution_07", ROOT / "notebooks" / "solutions" / "07_lightning.py")
+    s = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s)
+    assert s.to_lightning2(dict(gpus=4, num_nodes=2, precision=16)) == dict(
+        devices=4, accelerator="gpu", num_nodes=2, precision="16-mixed")
+    with pytest.raises(ValueError, match="dp"):
+        s.to_lightning2(dict(strategy="dp"))
+    assert s.steps_per_epoch(4000, 48, 6) == (667, 84) and s.steps_per_epoch(512, 64, 2) == (256, 8)
+    means, counts = [2.0, 1.0], [256, 64]
+    assert s.mean_of_means(means) == 1.5 and s.job_mean(means, counts) == pytest.approx(1.8)
+    assert s.lightning_synced(means, counts) == pytest.approx(1.8)
+    log_dir, _ = runs
+    assert s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < 1e-5
+
+
+def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it_cannot():
+    """On a GPU, --monitor logs nvitop's readings into TensorBoard (nvitop 1.7 has no Lightning callback of its own,
+    trainup/lightning_gpustats.py stands in); here with readings as nvitop gives them, one value missing (NA)."""
+    from types import SimpleNamespace
+    from trainup.lightning_gpustats import NvitopGpuStats
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda m, step: logged.append((m, step)))
+    readings = [dict(gpu=0, utilization_pct=87.0, memory_used_mb=512.0, memory_total_mb=81559.0),
+                dict(gpu=1, utilization_pct=None, memory_used_mb=3.0, memory_total_mb=81559.0)]
+    callback = NvitopGpuStats(every=2, source=lambda: readings)
+    for step, zero in ((3, True), (4, True), (4, False)):  # step 3: not every 2nd; rank 1: never writes
+        callback.on_train_batch_end(SimpleNamespace(is_global_zero=zero, global_step=step, logger=logger), None, None, None, 0)
+    assert logged == [({"gpu0/utilization_pct": 87.0, "gpu0/memory_used_mb": 512.0, "gpu1/memory_used_mb": 3.0}, 4)]
