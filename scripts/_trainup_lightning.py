@@ -13,6 +13,7 @@ of the metrics, rank-0 guards or autocast in this file: Lightning's Trainer does
 callback (trainup/lightning_log.py); TensorBoard's from Lightning's TensorBoardLogger, in
 logs/tensorboard/<run>.
 """
+import importlib.util
 import logging
 import os
 import shutil
@@ -23,12 +24,13 @@ from types import SimpleNamespace
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.strategies import StrategyRegistry
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
-from trainup import UserError, cli, data, distributed, lightning_compat, metrics, models
+from trainup import UserError, cli, data, distributed, lightning_compat, lightning_gpustats, metrics, models
 
 # Lightning's banners ("GPU available: ...", "Initializing distributed ...", "`Trainer.fit` stopped") are INFO
 # messages of these loggers: the course's own lines say what ran, so only warnings and errors pass.
@@ -90,11 +92,8 @@ class Digits(pl.LightningDataModule):
         self.train_set, self.test_set, self.batch_size = train_set, test_set, batch_size
 
     def train_dataloader(self):
-        world = self.trainer.world_size
-        if self.batch_size % world:
-            raise UserError(f"--batch-size {self.batch_size} is the global batch and cannot be split evenly over "
-                            f"{world} processes; use a multiple of {world}")
-        return DataLoader(self.train_set, batch_size=self.batch_size // world, shuffle=True)
+        per_process = self.batch_size // self.trainer.world_size  # --batch-size is the global batch, as in lesson 04
+        return DataLoader(self.train_set, batch_size=per_process, shuffle=True)
 
     def val_dataloader(self):
         return DataLoader(self.test_set, batch_size=1000)
@@ -130,19 +129,18 @@ def trainer_flags(args):
 
 
 def monitors(args, accelerator):
-    """--monitor: Lightning's DeviceStatsMonitor, and nvitop's GPU callback where a GPU and nvitop exist."""
+    """--monitor: Lightning's DeviceStatsMonitor, and nvitop's GPU readings where a GPU and nvitop exist
+    (nvitop's own Lightning callback if this nvitop has one, else the course's: trainup/lightning_gpustats.py)."""
     if not args.monitor:
         return [], None
     from pytorch_lightning.callbacks import DeviceStatsMonitor
     callbacks = [DeviceStatsMonitor()]
     if accelerator != "cuda":
-        return callbacks, "--monitor on the CPU: DeviceStatsMonitor logs CPU statistics; nvitop's GPU callback skipped (no GPU)"
-    try:
-        from nvitop.callbacks.lightning import GpuStatsLogger
-    except ImportError:
-        return callbacks, ("--monitor: this nvitop has no nvitop.callbacks.lightning.GpuStatsLogger; "
-                           "DeviceStatsMonitor alone logs the GPU's memory")
-    return callbacks + [GpuStatsLogger()], None
+        return callbacks, "--monitor on the CPU: DeviceStatsMonitor logs CPU statistics; nvitop's GPU readings skipped (no GPU)"
+    if importlib.util.find_spec("nvitop") is None:
+        return callbacks, "--monitor: nvitop is not installed (pip install nvitop), so DeviceStatsMonitor alone logs the GPU"
+    nvitop_logger = lightning_gpustats.nvitop_callback()
+    return callbacks + [nvitop_logger() if nvitop_logger else lightning_gpustats.NvitopGpuStats()], None
 
 
 def build_trainer(args, callbacks):
@@ -158,7 +156,7 @@ def build_trainer(args, callbacks):
                              logger=tensorboard, callbacks=[*callbacks, lightning_ckpt], log_every_n_steps=1,
                              enable_model_summary=False, enable_progress_bar=not args.no_progress,
                              num_sanity_val_steps=0, deterministic=False)
-    except (ValueError, RuntimeError, TypeError) as e:  # MisconfigurationException is a ValueError
+    except (MisconfigurationException, ImportError, ValueError, RuntimeError, TypeError) as e:
         raise UserError(f"Lightning refuses these flags: {str(e).splitlines()[0]}") from None
     return trainer
 
@@ -180,10 +178,16 @@ def main(argv=None):
     from trainup.lightning_log import CourseLog
     accelerator = "cuda" if args.accelerator in ("gpu", "cuda") or (
         args.accelerator == "auto" and torch.cuda.is_available()) else args.accelerator
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--accelerator {args.accelerator} needs an NVIDIA GPU, and torch sees none on this machine; "
+                        f"use --accelerator cpu (or auto)")
     watchers, skipped = monitors(args, accelerator)
     records = [("monitor", dict(callbacks=[type(c).__name__ for c in watchers], skipped=skipped))] if args.monitor else []
     course_log = CourseLog(args, __file__, records)
     trainer = build_trainer(args, [course_log, *watchers])
+    if args.batch_size % trainer.world_size:  # checked before Lightning starts the other processes
+        raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
+                        f"{trainer.world_size} processes; use a multiple of {trainer.world_size}")
     if skipped and trainer.is_global_zero:
         print(skipped)
     ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"

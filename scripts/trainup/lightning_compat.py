@@ -18,7 +18,7 @@ REMOVED_FLAGS = {
 # Strategies Lightning 2 removed -> the sentence that answers them.
 REMOVED_STRATEGIES = {
     "dp": "Lightning 2 removed strategy 'dp' (torch's DataParallel, one process driving all GPUs): use "
-          "--strategy ddp, one process per device, also on one machine (lesson 03 shows why DataParallel is slower)",
+          "--strategy ddp, one process per device, also on one machine (lesson 03: why DDP replaced DataParallel)",
     "horovod": "Lightning 2 removed strategy 'horovod': use --strategy ddp, or Horovod itself without Lightning "
                "(lesson 05, scripts/_trainup_horovod.py)",
     "ddp2": "Lightning 2 has no strategy 'ddp2' (removed in the 1.x series): use --strategy ddp",

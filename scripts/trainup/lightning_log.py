@@ -48,7 +48,7 @@ class CourseLog(Callback):
             self.log.write(kind, **fields)
         self.log.write("lightning", strategy=type(strategy).__name__, accelerator=type(trainer.accelerator).__name__,
                        precision=str(trainer.precision), world_size=trainer.world_size, num_nodes=trainer.num_nodes,
-                       devices=trainer.num_devices, global_rank=trainer.global_rank,
+                       devices=trainer.num_devices,
                        sync_dist=bool(pl_module.sync_dist), launcher=type(strategy.cluster_environment).__name__
                        if getattr(strategy, "cluster_environment", None) else "none")
 

@@ -1,0 +1,130 @@
+"""Lesson 07 (PyTorch Lightning): what Lightning took over from the plain DDP script, read from the scripts and
+the runs' logs; the 1.x flags answered by the script itself; sync_dist on and off; TensorBoard read back.
+
+    from lessons import lightning
+    lightning.who_does_what()              # each distributed chore: where _trainup_ddp.py does it, if Lightning's script does
+    lightning.setup("l_ddp")               # what the Trainer chose: strategy, launcher, processes, sampler
+    lightning.old_flags()                  # the 1.x flags, run through the script: exit status and its sentence
+    lightning.sync_table(["l_ddp", "l_nosync"])  # what rank 0 logged against the whole job's loss
+    lightning.tensorboard_scalars("l_ddp") # the event file read back (tensorboard's EventAccumulator)
+"""
+import contextlib
+import io
+import re
+from pathlib import Path
+
+from trainup import LOG_DIR, ROOT
+
+from .report import read_run
+
+SCRIPT = "_trainup_lightning.py"
+PLAIN = "_trainup_ddp.py"
+# The distributed chores of lesson 04, each with the code that does it by hand (a regular expression).
+CHORES = {
+    "join the process group": r"distributed\.setup\(|init_process_group",
+    "a DistributedSampler": r"DistributedSampler\(",
+    "sampler.set_epoch each epoch": r"\.set_epoch\(",
+    "wrap the model in DDP": r"\bDDP\(|DistributedDataParallel\(",
+    "the batch split over the ranks": r"batch_size // ctx\.world_size|// self\.trainer\.world_size",
+    "metrics summed over the ranks": r"distributed\.reduce\(|all_reduce\(",
+    "rank 0 alone logs and checkpoints": r"ctx\.is_main",
+    "mixed precision (autocast, GradScaler)": r"devices\.autocast\(|GradScaler\(",
+    "leave the group together": r"distributed\.cleanup\(|destroy_process_group",
+}
+
+
+def _lines(script, pattern):
+    text = (ROOT / "scripts" / script).read_text().splitlines()
+    return [n for n, line in enumerate(text, 1) if re.search(pattern, line.split("#")[0])]
+
+
+def who_does_what():
+    """A table: each chore, the lines of the plain DDP script that do it, and those of the Lightning script
+    (empty: Lightning's Trainer does it). Read from the two scripts' code, so it cannot drift from them."""
+    import pandas as pd
+    rows = []
+    for chore, pattern in CHORES.items():
+        plain, lit = _lines(PLAIN, pattern), _lines(SCRIPT, pattern)
+        rows.append({"chore": chore, f"{PLAIN} lines": ", ".join(map(str, plain)) or "-",
+                     f"{SCRIPT} lines": ", ".join(map(str, lit)) or "- (the Trainer)"})
+    return pd.DataFrame(rows).set_index("chore")
+
+
+def records(name, kind, log_dir=LOG_DIR):
+    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
+
+
+def setup(name, log_dir=LOG_DIR):
+    """What the Trainer chose for a run: its 'lightning' record, with the sampler Lightning put in."""
+    s = dict(records(name, "lightning", log_dir)[0])
+    s["sampler"] = records(name, "lightning_sync", log_dir)[0]["sampler"]
+    s["rank_samples"] = records(name, "lightning_sync", log_dir)[0]["rank_samples"]
+    return {k: s[k] for k in ("strategy", "launcher", "accelerator", "precision", "num_nodes", "devices",
+                              "world_size", "sampler", "rank_samples", "sync_dist")}
+
+
+# The flags of Lightning 1.x tutorials, as they would be passed to this script.
+OLD_FLAGS = [["--gpus", "2"], ["--num-processes", "2"], ["--tpu-cores", "8"], ["--strategy", "dp"],
+             ["--strategy", "horovod"], ["--strategy", "ddp2"], ["--strategy", "ddp_sharded"]]
+
+
+def answer(flags):
+    """Run the script's main() here with these flags: (exit status, what it wrote on stderr). The 1.x flags are
+    refused before any training starts, so this takes no time."""
+    import _trainup_lightning
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            _trainup_lightning.main(["--quick", "--no-progress", *flags, "--run-name", "l_flag_check"])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return code, err.getvalue().strip().removeprefix("error: ")
+
+
+def old_flags(flags=OLD_FLAGS):
+    """A table: each 1.x flag, the script's exit status and its one-sentence answer."""
+    import pandas as pd
+    rows = []
+    for f in flags:
+        code, sentence = answer(f)
+        rows.append({"Lightning 1.x": " ".join(f), "exit status": code, "answer": sentence})
+    return pd.DataFrame(rows).set_index("Lightning 1.x")
+
+
+def precision_names():
+    """The precision spellings the script takes, and Lightning 2's name for each (from trainup.lightning_compat)."""
+    import pandas as pd
+    from trainup.lightning_compat import PRECISIONS
+    return pd.DataFrame({"--precision": list(PRECISIONS), "Lightning 2 name": list(PRECISIONS.values())}).set_index("--precision")
+
+
+def sync_table(names, log_dir=LOG_DIR):
+    """One row per run and epoch: sync_dist, what self.log reported on rank 0, the whole job's loss, each rank's."""
+    import pandas as pd
+    rows = []
+    for name in names:
+        for r in records(name, "lightning_sync", log_dir):
+            row = {"run": name, "epoch": r["epoch"], "sync_dist": r["sync_dist"], "logged on rank 0": r["logged_loss"],
+                   "whole job": r["job_loss"]}
+            row.update({f"rank {i}": v for i, v in enumerate(r["rank_loss"])})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sync_sentence(table):
+    """Computed: which runs' logged loss is the job's, and which is rank 0's own."""
+    parts = []
+    for (name, sync), g in table.groupby(["run", "sync_dist"], sort=False):
+        off_job = (g["logged on rank 0"] - g["whole job"]).abs().max()
+        off_rank0 = (g["logged on rank 0"] - g["rank 0"]).abs().max()
+        what = "the whole job's loss" if off_job < 1e-5 else ("rank 0's own shard" if off_rank0 < 1e-5 else "neither")
+        parts.append(f"{name} (sync_dist={sync}) logged {what} (largest gap to the job's loss {off_job:.1e})")
+    return "; ".join(parts) + "."
+
+
+def tensorboard_scalars(name, log_dir=LOG_DIR):
+    """The scalars of logs/tensorboard/<name> read back: {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(Path(log_dir) / "tensorboard" / name)).Reload()
+    return {t: [(s.step, s.value) for s in events.Scalars(t)] for t in events.Tags()["scalars"]}

@@ -1,0 +1,214 @@
+"""_trainup_lightning.py run for real: Lightning DDP with 2 CPU processes (Lightning's own launcher, and torchrun),
+against the course's one-process baseline; TensorBoard's files, the checkpoints, the 1.x flags, and SLURM."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from lessons import checks, launch, report, slurm
+
+SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
+# Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
+TINY = ["--quick", "--dropout", "0", "--no-progress", "--batch-size", "64"]
+# SLURM is installed here (lesson 04b): Lightning warns that srun exists but was not used, in every run outside a job
+pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")
+TOLERANCE = 1e-5  # float32 sums in another order: about 1e-7 here; a wrong sampler or batch is above 1e-2
+
+
+def _out(log_dir):
+    return ["--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three jobs at once: the baseline (_trainup_gpu.py, one process, whole batch); Lightning DDP on 2 processes
+    that Lightning starts itself, with --monitor; and Lightning under torchrun without sync_dist."""
+    log_dir = tmp_path_factory.mktemp("lightning") / "logs"
+    one = start_job([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, "--device", "cpu", "--run-name", "one",
+                     *_out(log_dir)], launch.environment())
+    ddp = start_job([sys.executable, SCRIPT, *TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
+                     "--monitor", "--run-name", "pl_ddp", *_out(log_dir)], launch.environment())
+    tr = start_job(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [SCRIPT, *TINY, "--no-sync-dist",
+                   "--run-name", "pl_torchrun", *_out(log_dir)], launch.environment())
+    procs = {name: ok(finish_job(p)) for name, p in (("one", one), ("pl_ddp", ddp), ("pl_torchrun", tr))}
+    return log_dir, procs
+
+
+def records(log_dir, name, kind):
+    return [r for r in report.read_run(log_dir / f"{name}.jsonl")["extra"] if r["type"] == kind]
+
+
+def test_lightning_ddp_on_two_processes_ends_like_one_process(runs):
+    log_dir, _ = runs
+    for name in ("pl_ddp", "pl_torchrun"):  # with sync_dist or without: logging does not change training
+        checks.learned(name, log_dir=log_dir)
+        worst = checks.same_parameters(name, "one", atol=TOLERANCE, checkpoint_dir=log_dir / "checkpoints")
+        assert worst <= TOLERANCE
+    one = torch.load(log_dir / "checkpoints" / "one.pt", weights_only=True)
+    assert one["epoch"] == 2 and one["scheduler"]["last_epoch"] == 2  # both decayed the rate twice
+    run1, run2 = report.read_run(log_dir / "one.jsonl"), report.read_run(log_dir / "pl_ddp.jsonl")
+    for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):
+        assert e2["samples"] == e1["samples"] == 512
+        assert e2["loss"] == pytest.approx(e1["loss"], abs=1e-5)
+        assert e2["test_accuracy"] == pytest.approx(e1["test_accuracy"], abs=1e-9)
+
+
+def test_lightning_put_in_the_distributed_sampler_and_each_rank_took_half(runs):
+    log_dir, _ = runs
+    for name, launcher in (("pl_ddp", "LightningEnvironment"), ("pl_torchrun", "TorchElasticEnvironment")):
+        setup = records(log_dir, name, "lightning")[0]
+        assert (setup["strategy"], setup["world_size"], setup["devices"], setup["num_nodes"]) == ("DDPStrategy", 2, 2, 1)
+        assert setup["launcher"] == launcher and report.read_run(log_dir / f"{name}.jsonl")["env"]["backend"] == "gloo"
+        for r in records(log_dir, name, "lightning_sync"):
+            assert r["sampler"] == "DistributedSampler" and r["rank_samples"] == [256, 256]
+
+
+def test_with_sync_dist_the_log_is_the_jobs_and_without_it_rank_0s_own(runs):
+    log_dir, _ = runs
+    synced, unsynced = records(log_dir, "pl_ddp", "lightning_sync"), records(log_dir, "pl_torchrun", "lightning_sync")
+    assert [r["sync_dist"] for r in synced + unsynced] == [True, True, False, False]
+    for r in synced:
+        assert r["logged_loss"] == pytest.approx(r["job_loss"], abs=1e-5)
+    for r in unsynced:
+        assert r["logged_loss"] == pytest.approx(r["rank_loss"][0], abs=1e-5)  # rank 0's shard alone
+        assert abs(r["logged_loss"] - r["job_loss"]) > 1e-4
+
+
+def test_only_rank_0_writes_and_once(runs):
+    log_dir, procs = runs
+    for name in ("pl_ddp", "pl_torchrun"):
+        assert (log_dir / f"{name}.stdout").read_text().count("epoch 1:") == 1
+        assert procs[name].stdout.count("epoch 1:") == 1
+    names = sorted(p.name for p in (log_dir / "checkpoints").iterdir())
+    assert names == ["one.pt", "pl_ddp-lightning.ckpt", "pl_ddp.pt", "pl_torchrun-lightning.ckpt", "pl_torchrun.pt"]
+    course = torch.load(log_dir / "checkpoints" / "pl_ddp.pt", weights_only=True)["model"]
+    lightning = torch.load(log_dir / "checkpoints" / "pl_ddp-lightning.ckpt", weights_only=False)["state_dict"]
+    assert sorted(lightning) == sorted(f"model.{k}" for k in course)  # the same weights, Lightning's names
+    for k, v in course.items():
+        torch.testing.assert_close(lightning[f"model.{k}"], v, rtol=0, atol=0)
+
+
+def test_tensorboard_event_files_hold_the_loss_and_the_device_statistics(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    log_dir, _ = runs
+    folder = log_dir / "tensorboard" / "pl_ddp"
+    assert list(folder.glob("events.out.tfevents.*")), f"no event file in {folder}"
+    events = EventAccumulator(str(folder)).Reload()
+    tags = events.Tags()["scalars"]
+    for tag in ("train_loss_step", "train_loss_epoch", "test_loss", "test_accuracy"):
+        assert tag in tags, tags
+    logged = [s.value for s in events.Scalars("train_loss_epoch")]
+    job = [e["loss"] for e in report.read_run(log_dir / "pl_ddp.jsonl")["epochs"]]
+    assert logged == pytest.approx(job, abs=1e-5)  # TensorBoard and the course's log tell the same story
+    assert len(events.Scalars("train_loss_step")) == 2 * 512 // 64
+    device = [t for t in tags if t.startswith("DeviceStatsMonitor")]
+    assert device and events.Scalars(device[0]), tags  # --monitor: CPU statistics in the same run as the loss
+    monitor = records(log_dir, "pl_ddp", "monitor")[0]
+    assert monitor["callbacks"] == ["DeviceStatsMonitor"] and "skipped" in monitor["skipped"]
+
+
+# --- Flags answered in one sentence, in this process (no training starts) -------------------------------
+
+@pytest.fixture(scope="module")
+def main():
+    import _trainup_lightning
+    return _trainup_lightning.main
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--gpus", "2"], ["Lightning 2 removed Trainer(gpus=N)", "--accelerator gpu --devices 2"]),
+    (["--strategy", "dp"], ["removed strategy 'dp'", "--strategy ddp"]),
+    (["--strategy", "horovod"], ["removed strategy 'horovod'", "lesson 05"]),
+    (["--num-processes", "2"], ["--accelerator cpu --devices 2"]),
+    (["--strategy", "nosuch"], ["no strategy 'nosuch'", "ddp_spawn", "fsdp"]),
+    (["--strategy", "fsdp", "--accelerator", "cpu"], ["requires a GPU accelerator"]),
+    (["--accelerator", "cpu", "--devices", "3", "--strategy", "ddp"], ["cannot be split evenly over 3 processes"]),
+])
+def test_old_and_bad_flags_are_one_sentence_and_a_nonzero_exit(main, flags, words, capsys, log_dir):
+    proc = in_process(main, [*TINY, *flags, "--run-name", "bad", *_out(log_dir)], capsys)
+    assert_clean_error(proc, *words)
+    assert not (log_dir / "bad.jsonl").exists()  # nothing half-written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the sentence for a machine without a GPU")
+def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, log_dir):
+    assert_clean_error(in_process(main, [*TINY, "--accelerator", "gpu", *_out(log_dir)], capsys),
+                       "needs an NVIDIA GPU", "--accelerator cpu")
+
+
+# --- SLURM: srun, one task per process, nodes from SLURM's variables ------------------------------------
+
+@pytest.fixture(scope="module")
+def local_slurm(tmp_path_factory):
+    """A real SLURM for this module (as tests/test_slurm.py starts it); every daemon stopped by pid."""
+    state = tmp_path_factory.mktemp("slurm")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINUP_SLURM_DIR", str(state))
+        started, why = slurm.start(owner=os.getpid())
+        if started == "cannot" and os.environ.get("TRAINUP_REQUIRE_SLURM") != "1":
+            pytest.skip(f"the real-SLURM tests need root and Debian's slurm-wlm and munge: {why}")
+        if started != "running":
+            pytest.fail(f"the local SLURM did not start: {why}", pytrace=False)
+        try:
+            yield state
+        finally:
+            slurm.stop()
+
+
+def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(local_slurm, runs, tmp_path):
+    log_dir, _ = runs
+    template = ROOT / "slurm" / "lightning" / "cpu.sbatch"
+    assert slurm.check_counts(template)[1] == []
+    # one task on each of 2 nodes: Lightning's num_nodes comes from SLURM_NNODES, its devices from SLURM's tasks
+    job = slurm.submit(template, *TINY, "--run-name", "pl_slurm", *_out(tmp_path),
+                       sbatch_args=[f"--output={tmp_path}/job.out", "--nodes=2", "--ntasks-per-node=1"])
+    state = slurm.wait([job], timeout=600)[job]
+    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no output file)"
+    assert state == "COMPLETED", out
+    setup = records(tmp_path, "pl_slurm", "lightning")[0]
+    assert (setup["launcher"], setup["num_nodes"], setup["devices"], setup["world_size"]) == ("SLURMEnvironment", 2, 1, 2)
+    checks.learned("pl_slurm", log_dir=tmp_path)
+    (tmp_path / "checkpoints" / "one.pt").write_bytes((log_dir / "checkpoints" / "one.pt").read_bytes())
+    assert checks.same_parameters("pl_slurm", "one", atol=TOLERANCE, checkpoint_dir=tmp_path / "checkpoints") <= TOLERANCE
+
+
+# --- The exercises' solutions (no training: checked against the fixture's log) --------------------------
+
+def test_the_exercise_solutions_give_the_right_answers(runs):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("solution_07", ROOT / "notebooks" / "solutions" / "07_lightning.py")
+    s = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s)
+    assert s.to_lightning2(dict(gpus=4, num_nodes=2, precision=16)) == dict(
+        devices=4, accelerator="gpu", num_nodes=2, precision="16-mixed")
+    with pytest.raises(ValueError, match="dp"):
+        s.to_lightning2(dict(strategy="dp"))
+    assert s.steps_per_epoch(4000, 48, 6) == (667, 84) and s.steps_per_epoch(512, 64, 2) == (256, 8)
+    means, counts = [2.0, 1.0], [256, 64]
+    assert s.mean_of_means(means) == 1.5 and s.job_mean(means, counts) == pytest.approx(1.8)
+    assert s.lightning_synced(means, counts) == pytest.approx(1.8)
+    log_dir, _ = runs
+    assert s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < 1e-5
+
+
+def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it_cannot():
+    """On a GPU, --monitor logs nvitop's readings into TensorBoard (nvitop 1.7 has no Lightning callback of its own,
+    trainup/lightning_gpustats.py stands in); here with readings as nvitop gives them, one value missing (NA)."""
+    from types import SimpleNamespace
+    from trainup.lightning_gpustats import NvitopGpuStats
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda m, step: logged.append((m, step)))
+    readings = [dict(gpu=0, utilization_pct=87.0, memory_used_mb=512.0, memory_total_mb=81559.0),
+                dict(gpu=1, utilization_pct=None, memory_used_mb=3.0, memory_total_mb=81559.0)]
+    callback = NvitopGpuStats(every=2, source=lambda: readings)
+    for step, zero in ((3, True), (4, True), (4, False)):  # step 3: not every 2nd; rank 1: never writes
+        callback.on_train_batch_end(SimpleNamespace(is_global_zero=zero, global_step=step, logger=logger), None, None, None, 0)
+    assert logged == [({"gpu0/utilization_pct": 87.0, "gpu0/memory_used_mb": 512.0, "gpu1/memory_used_mb": 3.0}, 4)]
