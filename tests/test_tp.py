@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error, finish_job, in_process, start_job
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
 from lessons import launch, report, tensor_parallel as lesson
 from trainup import models
 
-SCRIPT = str(ROOT / "scripts" / "_trainup_tp.py")
+SCRIPT = str(SCRIPTS / "_trainup_tp.py")
 BLOCKS, WIDTH, HIDDEN, BATCH = 2, 16, 32, 32
 # a tiny model and data set: each job is mostly start-up; 4 steps of 32 samples
 TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", BATCH,
