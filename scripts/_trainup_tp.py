@@ -99,7 +99,8 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
     if not isinstance(train_set, data.Images):
-        raise UserError("the tensor-parallel lesson takes a data set held in memory (digits, mnist, cifar10), not synthetic")
+        raise UserError("the tensor-parallel lesson takes a data set held in memory (digits, mnist, cifar10), "
+                        "not synthetic")
     torch.manual_seed(args.seed)  # every rank builds the same whole model; parallelize keeps its slices
     model = models.FeedForwardStack(train_set.shape, train_set.num_classes, args.blocks, args.width, args.hidden)
     model = model.to(device)

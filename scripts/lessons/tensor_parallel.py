@@ -111,6 +111,8 @@ def about_comm(name, log_dir=LOG_DIR):
     """Sentences computed from one step's collectives: the tp all-reduces against theory, and what data
     parallelism over dp added."""
     cfg = layout(name, log_dir)
+    if cfg["tp"] * cfg["dp"] == 1:
+        return [f"{label(cfg)}: no collectives ({len(comm_table(name, log_dir))} kinds counted)."]
     out = []
     for phase, calls, per_call, want_calls, want_bytes in tp_allreduces(name, log_dir):
         verdict = "as Megatron-LM counts" if (calls, per_call) == (want_calls, want_bytes) else (
@@ -125,8 +127,10 @@ def about_comm(name, log_dir=LOG_DIR):
         out.append(f"{label(cfg)}: FSDP over dp added " + ", ".join(parts)
                    + ": it gathers each block's parameters before using them and reduce-scatters the gradients.")
     step = t[t["phase"] == "step"]
-    out.append(f"{label(cfg)}: the optimizer step " + ("communicated nothing: each rank updates the slices it holds."
-                                                       if step.empty else f"ran {int(step['calls'].sum())} collective(s)."))
+    if step.empty:
+        out.append(f"{label(cfg)}: the optimizer step communicated nothing: each rank updates the slices it holds.")
+    else:
+        out.append(f"{label(cfg)}: the optimizer step ran {int(step['calls'].sum())} collective(s).")
     return out
 
 
