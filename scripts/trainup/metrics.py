@@ -44,6 +44,9 @@ SCHEMA = {
     "pipeline": ("schedule", "stages", "stages_per_rank", "pipeline_ranks", "data_parallel", "microbatches",
                  "microbatch_size", "blocks", "width", "stage_blocks", "placement"),
     "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
+    "sharding": ("shard", "zero_stage", "mesh", "precision", "parameters", "blocks", "width", "start_epoch"),
+    "shard_memory": ("shard", "world_size", "parameters", "param_bytes", "grad_bytes", "optim_bytes", "expected_bytes"),
+    "shard_comm": ("shard", "world_size", "parameters", "ops"),
 }
 COMMON = ("type", "run", "time")
 
@@ -61,6 +64,8 @@ TYPES = {
     "launcher": TEXT, "local_world_size": INT, "nnodes": INT, "master_addr": TEXT, "master_port": INT,
     "restart_count": INT, "timeout_s": NUMBER, "global_batch": INT, "per_rank_batch": INT,
     "first_indices": ("list",),
+    "shard": TEXT, "param_bytes": ("list",), "grad_bytes": ("list",), "optim_bytes": ("list",),
+    "expected_bytes": ("list",), "ops": ("dict",),
 }
 # Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
 # a run without epochs (a sweep) has no loss.
@@ -75,6 +80,8 @@ TYPES_IN = {
                       backward_s=NUMBER),
     "ddp": dict(world_size=INT, ranks=("list",)),
     "gpumon": dict(samples=INT),
+    "sharding": dict(zero_stage=INT, mesh=INT, parameters=INT, start_epoch=INT),
+    "shard_memory": dict(parameters=INT),
 }
 
 
