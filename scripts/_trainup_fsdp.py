@@ -86,8 +86,7 @@ def parse_args(argv=None):
     unknown = [m for m in args.shard if m not in sharding.MODES]
     if unknown or len(set(args.shard)) != len(args.shard):
         p.error(f"--shard takes {', '.join(sharding.MODES)} (each once, comma-separated), got {','.join(args.shard)}")
-    args.resume = args.resume or args.resume_from is not None
-    if args.resume and not set(args.shard) <= set(sharding.RESUMABLE):
+    if (args.resume or args.resume_from) and not set(args.shard) <= set(sharding.RESUMABLE):
         p.error(f"--resume: sharded checkpoints are written for --shard {' and '.join(sharding.RESUMABLE)} only "
                 f"(get_state_dict knows DDP and FSDP, not ZeRO-1/2's split optimizers)")
     if args.model != "blocks" and {"gradients", "parameters"} & set(args.shard):
@@ -116,7 +115,7 @@ def train(args, ctx, mode, name, train_set, test_set):
     source = folder.with_name(f"{name.replace(args.run_name, args.resume_from, 1)}.dcp") if args.resume_from else folder
     if args.resume_from and not source.exists():
         raise UserError(f"--resume-from {args.resume_from}: no sharded checkpoint {source.name} in {source.parent}")
-    start_epoch = sharding.load_sharded(source, model, optimizer, scheduler) if args.resume else 1
+    start_epoch = sharding.load_sharded(source, model, optimizer, scheduler) if args.resume or args.resume_from else 1
     log = metrics.RunLog(run, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **distributed.describe(ctx, args))
     log.write("sharding", shard=mode, zero_stage=sharding.ZERO_STAGE[mode], mesh=ctx.world_size,

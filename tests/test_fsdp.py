@@ -146,3 +146,15 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypat
         monkeypatch.setenv(name, value)  # rank 0 of a 2-process job, told the mesh holds 4: stops before waiting
     assert_clean_error(in_process(main, TINY + ["--mesh", "4"] + out, capsys), "--mesh 4", "2 process(es)")
     assert not log_dir.exists() or not any(log_dir.rglob("*.jsonl"))  # nothing half-written
+
+
+def test_09_solutions_agree_with_the_lesson():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("solution_09", ROOT / "notebooks" / "solutions" / "09_sharding.py")
+    s = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s)
+    fits = s.largest_model(24, 8)
+    table = lesson.largest_model(memory_gb=24, ns=(8,), per_param=(2, 2, 12)).set_index("zero")["N=8"]
+    assert [fits[m] / 1e9 for m in MODES] == pytest.approx([table[lesson.LABELS[m]] for m in MODES])
+    assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(8 * 24e9 / 16)
+    assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)

@@ -136,20 +136,27 @@ def largest_model(memory_gb=80, ns=(1, 8, 64), per_param=None):
     return pd.DataFrame(rows)
 
 
+# Bytes a rank sends per byte of a collective's whole buffer, in a ring of N: an all-reduce is a reduce-scatter
+# plus an all-gather, each (N-1)/N; a broadcast relayed around the ring about (N-1)/N on average.
+RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+        "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: (n - 1) / n}
+
+
 def comm_table(names, log_dir=LOG_DIR):
-    """One row per run: rank 0's collectives in one step, calls and bytes, bytes also in units of the
-    model's fp32 size (4Ψ)."""
+    """One row per run: rank 0's collectives in one step, calls and whole-buffer bytes in units of the model's
+    fp32 size (4Ψ), and `sent_x_model`: the bytes one rank sends with ring algorithms, in the same unit."""
     import pandas as pd
     rows = []
     for name in names:
         for r in _records(name, "shard_comm", log_dir):
-            row = dict(run=name, zero=LABELS[r["shard"]], N=r["world_size"])
-            total = 0
-            for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+            n, model = r["world_size"], 4 * r["parameters"]
+            row = dict(run=name, zero=LABELS[r["shard"]], N=n)
+            sent = 0.0
+            for op in RING:
                 calls, size = r["ops"].get(op, {}).get("calls", 0), r["ops"].get(op, {}).get("bytes", 0)
-                row[f"{op}_calls"], row[f"{op}_x_model"] = calls, size / (4 * r["parameters"])
-                total += size
-            row["total_x_model"] = total / (4 * r["parameters"])
+                row[f"{op}_calls"], row[f"{op}_x_model"] = calls, size / model
+                sent += RING[op](n) * size
+            row["sent_x_model"] = sent / model
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -162,3 +169,10 @@ def started_at(name, log_dir=LOG_DIR):
 
 def zero_stage(mode):
     return ZERO_STAGE[mode]
+
+
+def block_share(name, log_dir=LOG_DIR):
+    """The share of the model's parameters in its blocks (the groups FSDP gathers again for backward)."""
+    r = _records(name, "sharding", log_dir)[-1]
+    per_block = r["width"] * r["width"] + 3 * r["width"]  # Linear weight and bias, LayerNorm weight and bias
+    return r["blocks"] * per_block / r["parameters"]
