@@ -92,6 +92,8 @@ def parse_args(argv=None):
     if args.model != "blocks" and {"gradients", "parameters"} & set(args.shard):
         p.error(f"--shard {'/'.join(m for m in args.shard if m in ('gradients', 'parameters'))} is shown on the block "
                 f"stack (fully_shard per block), and --model {args.model} has no blocks; use --model blocks")
+    if args.precision == "bf16" and args.shard != ["parameters"]:
+        p.error("--precision bf16 is FSDP's MixedPrecisionPolicy here: use it with --shard parameters alone")
     args.show_progress = not args.no_progress
     return args
 

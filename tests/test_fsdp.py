@@ -140,6 +140,7 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypat
              (["--shard", "optimizer", "--resume"], ["--resume", "--shard none and parameters only"])]
     if not torch.cuda.is_available():
         cases.append((["--precision", "bf16"], ["--precision bf16", "on the CPU every state stays fp32"]))
+    cases.append((["--precision", "bf16", "--shard", "none,parameters"], ["with --shard parameters alone"]))
     for flags, words in cases:
         assert_clean_error(in_process(main, TINY + flags + out, capsys), *words)
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):

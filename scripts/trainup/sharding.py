@@ -18,6 +18,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import UserError
 
+# torch 2.13 names them *_single; older releases (a GPU machine's or Colab's torch) have only the old names
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 MODES = ("none", "optimizer", "gradients", "parameters")
 ZERO_STAGE = {"none": 0, "optimizer": 1, "gradients": 2, "parameters": 3}
 # Bytes per parameter of each state: (parameters, gradients, optimizer state)
@@ -72,7 +76,7 @@ class GradientShards:
         full = torch.zeros(per * self.world, dtype=p.grad.dtype, device=p.grad.device)
         full[:p.numel()] = p.grad.view(-1)
         mine = torch.empty(per, dtype=p.grad.dtype, device=p.grad.device)
-        dist.reduce_scatter_single(mine, full)  # summed over the ranks, this rank's slice only
+        reduce_scatter_single(mine, full)  # summed over the ranks, this rank's slice only
         piece.grad = mine[:piece.numel()].div_(self.world)  # the mean, as DDP's all-reduce gives
         p.grad = None  # the whole gradient is freed: ZeRO-2's saving
 
@@ -83,7 +87,7 @@ class GradientShards:
             mine = torch.zeros(per, dtype=p.dtype, device=p.device)
             mine[:piece.numel()] = piece
             full = torch.empty(per * self.world, dtype=p.dtype, device=p.device)
-            dist.all_gather_single(full, mine)
+            all_gather_single(full, mine)
             p.view(-1).copy_(full[:p.numel()])
 
     def zero_grad(self):
