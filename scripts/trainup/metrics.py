@@ -41,6 +41,9 @@ SCHEMA = {
                     "parameters", "step_s"),
     "ddp_step": ("world_size", "params_before", "params_after"),
     "bn_stats": ("world_size", "running_mean_rank_diff", "local_mean_vs_full", "allreduced_mean_vs_full"),
+    "tp": ("tp", "dp", "mesh", "blocks", "width", "hidden", "plan", "placement", "param_bytes", "sharded_bytes",
+           "full_param_bytes", "full_sharded_bytes"),
+    "tp_comm": ("epoch", "step", "per_replica_batch", "step_s", "collectives"),
     "pipeline": ("schedule", "stages", "stages_per_rank", "pipeline_ranks", "data_parallel", "microbatches",
                  "microbatch_size", "blocks", "width", "stage_blocks", "placement"),
     "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
@@ -82,6 +85,9 @@ TYPES_IN = {
     "gpumon": dict(samples=INT),
     "sharding": dict(zero_stage=INT, mesh=INT, parameters=INT, start_epoch=INT),
     "shard_memory": dict(parameters=INT),
+    "tp": dict(tp=INT, dp=INT, param_bytes=("list",), sharded_bytes=("list",), full_param_bytes=INT,
+               full_sharded_bytes=INT),
+    "tp_comm": dict(epoch=INT, collectives=("list",)),
 }
 
 

@@ -74,3 +74,29 @@ class BlockStack(nn.Module):
 
     def forward(self, x):
         return self.head(self.blocks(self.stem(x.flatten(1))))
+
+
+class FeedForward(nn.Module):
+    """A transformer's MLP block (pre-norm, residual): width -> hidden -> width. Tensor parallelism cuts
+    `up` by its output features and `down` by its input features (Megatron-LM), so each process computes
+    its slice of the hidden layer and one all-reduce sums the slices' contributions."""
+    def __init__(self, width, hidden):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, hidden)
+        self.down = nn.Linear(hidden, width)
+
+    def forward(self, x):
+        return x + self.down(F.relu(self.up(self.norm(x))))
+
+
+class FeedForwardStack(nn.Module):
+    """Flatten, a linear stem, `blocks` FeedForward blocks, a linear head: the tensor-parallel lesson's model."""
+    def __init__(self, shape=(1, 28, 28), num_classes=10, blocks=2, width=64, hidden=256):
+        super().__init__()
+        self.stem = nn.Linear(shape[0] * shape[1] * shape[2], width)
+        self.blocks = nn.Sequential(*(FeedForward(width, hidden) for _ in range(blocks)))
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x.flatten(1))))

@@ -1,0 +1,172 @@
+"""Lesson 09 (sharding), its tensor-parallel section: what each rank holds, the collectives of one step
+against Megatron-LM's count, and throughput, read from the 'tp' and 'tp_comm' records of _trainup_tp.py
+(logs/README.md).
+
+    from lessons import tensor_parallel as tpl
+    tpl.memory_table(["tp_one", "tp_2", "tp_2x2"])  # bytes per rank, measured beside replicated + sharded/tp
+    tpl.comm_table("tp_2")                           # one step's collectives, beside the theory
+"""
+from pathlib import Path
+
+from trainup import LOG_DIR
+
+from .report import read_run, save
+
+FLOAT_BYTES = 4  # fp32 on the CPU
+
+
+def _records(name, kind, log_dir):
+    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
+
+
+def layout(name, log_dir=LOG_DIR):
+    """The run's 'tp' record: tp, dp, the plan, where each rank sits, the bytes each holds."""
+    return _records(name, "tp", log_dir)[-1]
+
+
+def label(cfg):
+    return "one process" if cfg["tp"] * cfg["dp"] == 1 else (f"tp {cfg['tp']}" if cfg["dp"] == 1
+                                                             else f"dp {cfg['dp']} x tp {cfg['tp']}")
+
+
+def memory_table(names, log_dir=LOG_DIR):
+    """One row per run: the bytes of parameters rank 0 holds, measured, beside what the plan says it should
+    hold: the layers cut over tp (1/tp of them), everything else whole; under dp, FSDP shards it all once more."""
+    import pandas as pd
+    rows = []
+    for name in names:
+        cfg = layout(name, log_dir)
+        tp, dp = cfg["tp"], cfg["dp"]
+        replicated = cfg["full_param_bytes"] - cfg["full_sharded_bytes"]
+        expected = (replicated + cfg["full_sharded_bytes"] / tp) / dp
+        rows.append(dict(run=name, layout=label(cfg), tp=tp, dp=dp, processes=tp * dp,
+                         model_mb=cfg["full_param_bytes"] / 1e6, held_mb=cfg["param_bytes"][0] / 1e6,
+                         expected_mb=expected / 1e6, sharded_held_mb=cfg["sharded_bytes"][0] / 1e6,
+                         sharded_full_mb=cfg["full_sharded_bytes"] / 1e6,
+                         share_of_model=cfg["param_bytes"][0] / cfg["full_param_bytes"],
+                         same_on_every_rank=len(set(cfg["param_bytes"])) == 1))
+    return pd.DataFrame(rows)
+
+
+def about_memory(t):
+    """A sentence per run: what rank 0 held, against the model and the plan's expectation."""
+    out = []
+    for _, r in t.iterrows():
+        if r["processes"] == 1:
+            out.append(f"{r['layout']}: holds the whole model, {r['held_mb']:.3f} MB of parameters.")
+            continue
+        match = abs(r["held_mb"] - r["expected_mb"]) <= 0.01 * r["expected_mb"]
+        out.append(f"{r['layout']}: each rank holds {r['held_mb']:.3f} MB, {r['share_of_model']:.0%} of the model "
+                   f"({r['sharded_held_mb']:.3f} MB of the {r['sharded_full_mb']:.3f} MB of cut layers, the rest whole"
+                   + (", then sharded over dp" if r["dp"] > 1 else "") + "); "
+                   + ("as the plan says" if match else f"NOT the {r['expected_mb']:.3f} MB the plan says") + ".")
+    return out
+
+
+def memory_plot(t, name):
+    """Bytes of parameters one rank holds, per layout: the layers cut over tp and the rest."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    rest = t["held_mb"] - t["sharded_held_mb"]
+    ax.bar(t["layout"], t["sharded_held_mb"], label="layers cut over tp (up, down)")
+    ax.bar(t["layout"], rest, bottom=t["sharded_held_mb"], label="the rest (stem, head, norms, down's bias)")
+    ax.set(title="Parameters one rank holds", ylabel="MB")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small")
+    save(fig, name)
+    return fig
+
+
+def comm_table(name, log_dir=LOG_DIR, rank=0):
+    """One step's collectives on one rank: phase, op, mesh dimension, calls, bytes (summed over the calls)."""
+    import pandas as pd
+    rec = _records(name, "tp_comm", log_dir)[-1]
+    rows = rec["collectives"][rank]
+    return pd.DataFrame(rows, columns=["phase", "op", "dimension", "calls", "bytes"])
+
+
+def theory(cfg, per_replica_batch):
+    """Megatron-LM's count for a column- then row-parallel MLP: per block, one all-reduce of the block's
+    output in forward and one of its input gradient in backward, each batch x width values, over tp."""
+    if cfg["tp"] == 1:
+        return dict(calls=0, bytes_per_call=0)
+    return dict(calls=cfg["blocks"], bytes_per_call=per_replica_batch * cfg["width"] * FLOAT_BYTES)
+
+
+def tp_allreduces(name, log_dir=LOG_DIR):
+    """Measured against theory, per phase: [(phase, calls, bytes per call, theory calls, theory bytes)]."""
+    cfg = layout(name, log_dir)
+    rec = _records(name, "tp_comm", log_dir)[-1]
+    want = theory(cfg, rec["per_replica_batch"])
+    t = comm_table(name, log_dir)
+    out = []
+    for phase in ("forward", "backward"):
+        g = t[(t["phase"] == phase) & (t["op"] == "all_reduce") & (t["dimension"] == "tp")]
+        calls, size = int(g["calls"].sum()), int(g["bytes"].sum())
+        out.append((phase, calls, size / calls if calls else 0, want["calls"], want["bytes_per_call"]))
+    return out
+
+
+def about_comm(name, log_dir=LOG_DIR):
+    """Sentences computed from one step's collectives: the tp all-reduces against theory, and what data
+    parallelism over dp added."""
+    cfg = layout(name, log_dir)
+    if cfg["tp"] * cfg["dp"] == 1:
+        return [f"{label(cfg)}: no collectives ({len(comm_table(name, log_dir))} kinds counted)."]
+    out = []
+    for phase, calls, per_call, want_calls, want_bytes in tp_allreduces(name, log_dir):
+        verdict = "as Megatron-LM counts" if (calls, per_call) == (want_calls, want_bytes) else (
+            f"NOT the {want_calls} of {want_bytes:,.0f} bytes Megatron-LM counts")
+        out.append(f"{label(cfg)}, {phase}: {calls} all-reduce(s) over tp of {per_call:,.0f} bytes each "
+                   f"(one per block, batch x width floats), {verdict}.")
+    t = comm_table(name, log_dir)
+    dp = t[t["dimension"] == "dp"]
+    if len(dp):
+        parts = [f"{int(r['calls'])} {r['op'].replace('_', '-')}(s) in {r['phase']} ({r['bytes'] / 1e6:.2f} MB)"
+                 for _, r in dp.iterrows()]
+        out.append(f"{label(cfg)}: FSDP over dp added " + ", ".join(parts)
+                   + ": it gathers each block's parameters before using them and reduce-scatters the gradients.")
+    step = t[t["phase"] == "step"]
+    if step.empty:
+        out.append(f"{label(cfg)}: the optimizer step communicated nothing: each rank updates the slices it holds.")
+    else:
+        out.append(f"{label(cfg)}: the optimizer step ran {int(step['calls'].sum())} collective(s).")
+    return out
+
+
+def comm_plot(names, name, log_dir=LOG_DIR):
+    """Bytes moved by one step's collectives on rank 0, per layout, by operation and mesh dimension."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    kinds = {}
+    for run in names:
+        t = comm_table(run, log_dir)
+        for (op, dim), g in t.groupby(["op", "dimension"]):
+            kinds.setdefault(f"{op} over {dim}", {})[label(layout(run, log_dir))] = g["bytes"].sum() / 1e6
+    labels = [label(layout(run, log_dir)) for run in names]
+    bottom = [0.0] * len(labels)
+    for kind, by_label in kinds.items():
+        values = [by_label.get(lab, 0.0) for lab in labels]
+        ax.bar(labels, values, bottom=bottom, label=kind)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(title="Bytes of collectives in one training step (rank 0)", ylabel="MB")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small")
+    save(fig, name)
+    return fig
+
+
+def throughput(names, log_dir=LOG_DIR):
+    """Samples per second of each run's last epoch (the first also warms up and counts collectives)."""
+    from .report import load_epochs
+    e = load_epochs(names, log_dir)
+    last = e.sort_values("epoch").groupby("run").tail(1).set_index("run")
+    return {n: float(last.loc[n, "samples_per_s"]) for n in names}
+
+
+def processes_note(processes, cores):
+    """Whether a job's processes had a core each: the sentence computed from the cores this machine gives."""
+    if processes <= cores:
+        return f"{processes} processes ran on {cores} core(s), one each."
+    return (f"{processes} processes ran on {cores} core(s), {processes / cores:.0f} per core: they took turns, so "
+            f"this run shows the layout and its correctness, not its speed; the model is kept tiny for that reason.")

@@ -1,0 +1,154 @@
+"""_trainup_tp.py run for real: the one-process baseline, tensor parallelism over 2 processes and a 2-D mesh
+(2 data-parallel replicas x 2 tensor-parallel processes) under torchrun (gloo). Both must end with the
+baseline's parameters; each rank must hold 1/tp of the cut layers; one step must communicate what
+Megatron-LM counts. Bad input: one sentence, exit status 2, checked in this process (no job started)."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from lessons import launch, report, tensor_parallel as lesson
+from trainup import models
+
+SCRIPT = str(SCRIPTS / "_trainup_tp.py")
+BLOCKS, WIDTH, HIDDEN, BATCH = 2, 16, 32, 32
+# a tiny model and data set: each job is mostly start-up; 4 steps of 32 samples
+TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", BATCH,
+        "--blocks", BLOCKS, "--width", WIDTH, "--hidden", HIDDEN, "--no-progress"]
+ATOL = 1e-5  # float sums in another order (slices of a matrix product, then the all-reduce), nothing more
+JOBS = {"tp2": (2, []), "dp2xtp2": (4, ["--tp", 2])}  # name: (processes, flags)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def job(log_dir, name, nproc, flags):
+    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc), SCRIPT, *map(str, TINY + flags), "--run-name", name,
+           "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
+    return start_job(cmd, launch.environment())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both torchrun jobs side by side, and the baseline in this process meanwhile (no interpreter to start)."""
+    log_dir = tmp_path_factory.mktemp("tp") / "logs"
+    procs = {name: job(log_dir, name, nproc, flags) for name, (nproc, flags) in JOBS.items()}
+    environ = dict(os.environ)
+    try:
+        import _trainup_tp
+        _trainup_tp.main([*map(str, TINY), "--run-name", "one", "--log-dir", str(log_dir),
+                          "--checkpoint-dir", str(log_dir / "checkpoints")])
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)  # the run set MASTER_ADDR/MASTER_PORT for its one-process group
+        done = {name: finish_job(p) for name, p in procs.items()}
+    for proc in done.values():
+        ok(proc)
+    return log_dir
+
+
+def params(log_dir, name):
+    return torch.load(log_dir / "checkpoints" / f"{name}.pt", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_tensor_parallel_ends_with_the_parameters_of_one_process(runs, name):
+    one, cut = params(runs, "one"), params(runs, name)
+    assert cut.keys() == one.keys()  # the gathered slices are the whole model, under its own names
+    for k in one:
+        assert cut[k].shape == one[k].shape, k
+        torch.testing.assert_close(cut[k], one[k], rtol=0, atol=ATOL, msg=k)
+    first = report.read_run(runs / "one.jsonl")["epochs"][0]
+    run = report.read_run(runs / f"{name}.jsonl")
+    assert run["problems"] == [] and run["summary"]["status"] == "finished"
+    assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=1e-5)
+    assert run["epochs"][0]["samples"] == first["samples"] == 128  # each sample counted once, not once per tp rank
+    assert run["epochs"][0]["samples_per_s"] > 0
+
+
+def test_the_baseline_trained_far_beyond_the_tolerance(runs):
+    torch.manual_seed(1)
+    init = models.FeedForwardStack((1, 28, 28), 10, BLOCKS, WIDTH, HIDDEN).state_dict()
+    one = params(runs, "one")
+    assert min((one[k] - init[k]).abs().max().item() for k in one if k.startswith("blocks.")) > 100 * ATOL
+
+
+def test_each_rank_holds_one_tp_th_of_the_cut_layers(runs):
+    cut_layers = BLOCKS * (WIDTH * HIDDEN + HIDDEN + HIDDEN * WIDTH) * 4  # up's weight and bias, down's weight
+    for name, (nproc, _) in JOBS.items():
+        cfg = lesson.layout(name, log_dir=runs)
+        tp, dp = cfg["tp"], cfg["dp"]
+        assert (tp, dp, cfg["mesh"]) == ((2, 1, [1, 2]) if nproc == 2 else (2, 2, [2, 2]))
+        assert [(p["dp"], p["tp"]) for p in cfg["placement"]] == [divmod(r, tp) for r in range(nproc)]
+        assert cfg["full_sharded_bytes"] == cut_layers
+        whole = cfg["full_param_bytes"] - cut_layers
+        for held, sharded in zip(cfg["param_bytes"], cfg["sharded_bytes"]):
+            assert sharded * tp * dp == cut_layers
+            assert held * dp == whole + cut_layers // tp  # FSDP shards these sizes evenly: no padding counted
+    assert lesson.layout("one", log_dir=runs)["param_bytes"] == [lesson.layout("one", log_dir=runs)["full_param_bytes"]]
+
+
+def test_one_step_communicates_what_megatron_lm_counts(runs):
+    for name, (nproc, _) in JOBS.items():
+        rec = [r for r in report.read_run(runs / f"{name}.jsonl")["extra"] if r["type"] == "tp_comm"][-1]
+        assert len(rec["collectives"]) == nproc
+        batch = BATCH // lesson.layout(name, log_dir=runs)["dp"]
+        for rows in rec["collectives"]:
+            assert rows == rec["collectives"][0]  # every rank takes part in the same collectives
+            got = {(phase, op, dim): (calls, size) for phase, op, dim, calls, size in rows}
+            for phase in ("forward", "backward"):  # one all-reduce of batch x width floats per block
+                assert got[(phase, "all_reduce", "tp")] == (BLOCKS, BLOCKS * batch * WIDTH * 4)
+            assert not [k for k in got if k[0] == "step"]  # the optimizer step is local
+            dp_ops = {k[1] for k in got if k[2] == "dp"}
+            assert dp_ops == (set() if nproc == 2 else {"all_gather", "reduce_scatter"})
+        if nproc == 4:  # the gradients reduce-scattered are every parameter a tp rank holds, once
+            cfg = lesson.layout(name, log_dir=runs)
+            assert got[("backward", "reduce_scatter", "dp")][1] == cfg["param_bytes"][0] * cfg["dp"]
+    one = [r for r in report.read_run(runs / "one.jsonl")["extra"] if r["type"] == "tp_comm"][-1]
+    assert one["collectives"] == [[]]
+
+
+def test_the_lessons_sentences_read_the_runs(runs):
+    t = lesson.memory_table(["one", *JOBS], log_dir=runs)
+    assert t["same_on_every_rank"].all() and (abs(t["held_mb"] - t["expected_mb"]) < 1e-9).all()
+    assert all("as the plan says" in s for s in lesson.about_memory(t)[1:])
+    for name in JOBS:
+        text = " ".join(lesson.about_comm(name, log_dir=runs))
+        assert text.count("as Megatron-LM counts") == 2 and "NOT" not in text
+        assert "communicated nothing" in text
+    assert "FSDP over dp added" in " ".join(lesson.about_comm("dp2xtp2", log_dir=runs))
+
+
+def test_the_exercise_solution_matches_the_measured_bytes(runs):
+    path = ROOT / "notebooks" / "fragments" / "09_tp_solution.py"
+    spec = importlib.util.spec_from_file_location("solution_09_tp", path)
+    s = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s)
+    cfg = lesson.layout("tp2", log_dir=runs)
+    stem_and_head = (28 * 28 * WIDTH + WIDTH + WIDTH * 10 + 10) * 4
+    assert BLOCKS * s.block_bytes_per_rank(WIDTH, HIDDEN, 2) + stem_and_head == cfg["param_bytes"][0]
+    calls, message, sent = s.allreduce_bytes_per_step(BATCH, WIDTH, BLOCKS, 2)
+    assert (calls, message, sent) == (2 * BLOCKS, BATCH * WIDTH * 4, 2 * BLOCKS * BATCH * WIDTH * 4 * 2 * 1 / 2)
+    assert s.allreduce_bytes_per_step(BATCH, WIDTH, BLOCKS, 1) == (0, 0, 0.0)
+    one_block = s.block_bytes_per_rank(8, 32, 1)
+    assert s.largest_tp_that_fits(8, 32, 1, 4 * one_block) == 1
+    assert s.largest_tp_that_fits(8, 32, 1, 4 * one_block - 1) == 2 and s.largest_tp_that_fits(8, 32, 1, 1) is None
+
+
+@pytest.mark.parametrize("world, flags, words", [
+    (2, ["--tp", 3], ["--tp 3 does not divide the 2 process(es)"]),
+    (4, ["--tp", 2, "--dp", 3], ["--dp 3 x --tp 2 needs 6 processes", "this job has 4"]),
+    (1, ["--dp", 2], ["--dp 2 x --tp 1 needs 2 processes", "this job has 1"]),
+    (4, ["--hidden", 30, "--tp", 4], ["--hidden 30 cannot be cut into --tp 4 equal slices"]),
+])
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(monkeypatch, capsys, log_dir, world, flags, words):
+    import _trainup_tp
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", str(world)), monkeypatch.setenv("LOCAL_RANK", "0")
+    proc = in_process(_trainup_tp.main, ["--quick", *flags, "--log-dir", log_dir, "--checkpoint-dir", log_dir], capsys)
+    assert proc.returncode == 2
+    assert_clean_error(proc, *words)
+    assert not log_dir.exists()  # nothing half-written, and no process group was joined
