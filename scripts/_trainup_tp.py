@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, distributed, metrics, models
+from trainup import UserError, checkpoint, cli, data, devices, distributed, metrics, models
 from trainup import tensor_parallel as tpar
 
 
@@ -32,6 +32,8 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, counter=
         x, y = x.to(device), y.to(device)  # the same batch on every process of a tp group
         counting = counter is not None and i == 0  # the collectives of one step
         with counter if counting else contextlib.nullcontext():
+            if counting:
+                counter.phase = "forward"
             tick = time.perf_counter()
             logits = model(x)
             loss = F.cross_entropy(logits, y)
@@ -43,6 +45,7 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, counter=
             optimizer.step()  # each rank updates the slices it holds: no communication
             optimizer.zero_grad()
             if counting:
+                devices.synchronize(device)  # on a GPU, the step's work, not its launch
                 counter.step_s = time.perf_counter() - tick
         meter.add(loss, logits, y)
     return meter
