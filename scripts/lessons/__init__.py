@@ -14,4 +14,5 @@ checkpoint, devices, distributed...). Here:
 - slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
 - horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
 - pipeline: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation memory
+- sharding: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas, collectives, the largest model
 """

@@ -51,6 +51,9 @@ SCHEMA = {
                   "launcher"),
     "lightning_sync": ("epoch", "sync_dist", "logged_loss", "job_loss", "rank_loss", "rank_samples", "sampler"),
     "monitor": ("callbacks", "skipped"),
+    "sharding": ("shard", "zero_stage", "mesh", "precision", "parameters", "blocks", "width", "start_epoch"),
+    "shard_memory": ("shard", "world_size", "parameters", "param_bytes", "grad_bytes", "optim_bytes", "expected_bytes"),
+    "shard_comm": ("shard", "world_size", "parameters", "ops"),
 }
 COMMON = ("type", "run", "time")
 
@@ -68,6 +71,8 @@ TYPES = {
     "launcher": TEXT, "local_world_size": INT, "nnodes": INT, "master_addr": TEXT, "master_port": INT,
     "restart_count": INT, "timeout_s": NUMBER, "global_batch": INT, "per_rank_batch": INT,
     "first_indices": ("list",),
+    "shard": TEXT, "param_bytes": ("list",), "grad_bytes": ("list",), "optim_bytes": ("list",),
+    "expected_bytes": ("list",), "ops": ("dict",),
 }
 # Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
 # a run without epochs (a sweep) has no loss.
@@ -82,6 +87,8 @@ TYPES_IN = {
                       backward_s=NUMBER),
     "ddp": dict(world_size=INT, ranks=("list",)),
     "gpumon": dict(samples=INT),
+    "sharding": dict(zero_stage=INT, mesh=INT, parameters=INT, start_epoch=INT),
+    "shard_memory": dict(parameters=INT),
     "tp": dict(tp=INT, dp=INT, param_bytes=("list",), sharded_bytes=("list",), full_param_bytes=INT,
                full_sharded_bytes=INT),
     "tp_comm": dict(epoch=INT, collectives=("list",)),

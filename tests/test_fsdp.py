@@ -1,0 +1,162 @@
+"""_trainup_fsdp.py run for real: one 2-process torchrun job running every --shard mode in turn (DDP,
+ZeRO-1, ZeRO-2, ZeRO-3), each ending with the parameters of one process; the sharded (DCP) checkpoints
+it wrote resumed by 1 process and by 4, continuing as an uninterrupted run; the bytes each rank holds
+within 10 % of the formulas; the collectives each stage adds; bad input. The one-process runs are
+in-process (no new interpreter)."""
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from lessons import launch, sharding as lesson
+from trainup import models
+from trainup.sharding import MODES, RESUMABLE
+
+SCRIPT = str(SCRIPTS / "_trainup_fsdp.py")
+# a tiny model and data set: 4 steps an epoch; 4 processes on 2 cores stay quick
+TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--batch-size", "32", "--blocks", "2",
+        "--width", "32", "--no-progress"]
+ATOL = 1e-5  # float sums in another order, nothing more
+
+
+def fsdp_main():
+    sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module("_trainup_fsdp").main
+
+
+def torchrun(log_dir, name, nproc, *args):
+    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc), SCRIPT, *TINY, *map(str, args), "--run-name", name,
+           "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
+    return start_job(cmd, launch.environment())
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+def one_process(log_dir, name, *args):
+    """The script's main() in this interpreter, world size 1 (it joins and leaves a 1-process gloo group)."""
+    saved = dict(os.environ)
+    try:
+        fsdp_main()([*TINY, *map(str, args), "--run-name", name, "--log-dir", str(log_dir),
+                     "--checkpoint-dir", str(log_dir / "checkpoints")])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)  # setup() sets MASTER_ADDR/PORT for its group
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """two_<mode>: 2 processes, every mode, 1 epoch (its DCP checkpoints are what the resumes load);
+    one_1 / one_2: the one-process baseline after 1 and 2 epochs; r1_/r4_<mode>: resumed from two_ in 1
+    and in 4 processes for epoch 2."""
+    log_dir = tmp_path_factory.mktemp("fsdp") / "logs"
+    two = torchrun(log_dir, "two", 2, "--shard", ",".join(MODES), "--epochs", 1)
+    one_process(log_dir, "one_1", "--shard", "none", "--epochs", 1)  # while the job runs
+    one_process(log_dir, "one_2", "--shard", "none", "--epochs", 2)
+    ok(finish_job(two))
+    r4 = torchrun(log_dir, "r4", 4, "--shard", ",".join(RESUMABLE), "--epochs", 2, "--resume-from", "two")
+    one_process(log_dir, "r1", "--shard", ",".join(RESUMABLE), "--epochs", 2, "--resume-from", "two")
+    ok(finish_job(r4))
+    return log_dir
+
+
+def params(log_dir, name):
+    return torch.load(log_dir / "checkpoints" / f"{name}.pt", weights_only=True)["model"]
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=ATOL, msg=k)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_ends_with_the_parameters_of_one_process(runs, mode):
+    assert_same(params(runs, f"two_{mode}"), params(runs, "one_1"))
+    from lessons import report
+    one, two = (report.read_run(runs / f"{n}.jsonl") for n in ("one_1", f"two_{mode}"))
+    assert two["problems"] == [] and two["summary"]["status"] == "finished"
+    assert two["epochs"][0]["loss"] == pytest.approx(one["epochs"][0]["loss"], abs=1e-5)
+    assert two["epochs"][0]["samples"] == 128
+
+
+def test_the_baseline_trained_far_beyond_the_tolerance(runs):
+    torch.manual_seed(1)
+    init = models.BlockStack((1, 28, 28), 10, 2, 32).state_dict()
+    one = params(runs, "one_1")
+    assert max((one[k] - init[k]).abs().max().item() for k in one) > 100 * ATOL
+
+
+@pytest.mark.parametrize("resumed", ["r1", "r4"])
+@pytest.mark.parametrize("mode", RESUMABLE)
+def test_a_checkpoint_saved_by_2_processes_resumes_in_another_number_and_continues_identically(runs, resumed, mode):
+    assert lesson.started_at(f"{resumed}_{mode}", log_dir=runs) == (2, [2])  # it loaded epoch 1, trained epoch 2
+    assert_same(params(runs, f"{resumed}_{mode}"), params(runs, "one_2"))  # as if never stopped
+    assert (runs / "checkpoints" / f"two_{mode}.dcp" / ".metadata").exists()
+
+
+def test_each_rank_holds_what_the_formulas_say_within_10_percent(runs):
+    table = lesson.memory_table(["one_1", *(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)], log_dir=runs)
+    assert sorted(set(table["N"])) == [1, 2, 4] and len(table) == 3 * 7
+    lesson.check_memory(table)
+    by = table.set_index(["shard", "N", "state"])
+    psi = int(table["psi"].iloc[0])
+    # what is sharded halves at N=2 and quarters at N=4; what is replicated stays whole
+    assert by.loc[("parameters", 4, "param"), "max_bytes"] == pytest.approx(4 * psi / 4, rel=0.02)
+    assert by.loc[("gradients", 2, "param"), "max_bytes"] == 4 * psi
+    assert by.loc[("gradients", 2, "grad"), "max_bytes"] == pytest.approx(4 * psi / 2, rel=0.02)
+    assert by.loc[("optimizer", 2, "grad"), "max_bytes"] == 4 * psi
+    assert by.loc[("optimizer", 2, "optim"), "mean_bytes"] == pytest.approx(8 * psi / 2, rel=0.02)
+    # the check fails on a rank holding 20 % more than its formula
+    worse = table.copy()
+    worse.loc[worse["shard"] == "parameters", "max_vs_formula"] *= 1.2
+    with pytest.raises(AssertionError, match="formula"):
+        lesson.check_memory(worse)
+
+
+def test_each_stage_runs_the_collectives_it_should(runs):
+    comm = lesson.comm_table([f"two_{m}" for m in MODES], log_dir=runs).set_index("zero")
+    ddp, z1, z2, z3 = (comm.loc[lesson.LABELS[m]] for m in MODES)
+    # DDP: the whole gradient all-reduced once a step (one bucket: the model is small)
+    assert ddp["all_reduce_x_model"] == pytest.approx(1) and ddp["all_gather_calls"] == 0
+    # ZeRO-1: the same all-reduce, then each rank broadcasts the parameters it updated
+    assert z1["all_reduce_x_model"] == pytest.approx(1) and z1["broadcast_x_model"] == pytest.approx(1, rel=0.01)
+    # ZeRO-2: gradients reduce-scattered, updated slices all-gathered: no all-reduce
+    assert (z2["all_reduce_calls"], z2["reduce_scatter_x_model"], z2["all_gather_x_model"]) == (0, 1, 1)
+    # ZeRO-3: parameters all-gathered before forward and again before backward (the root group stays gathered)
+    assert z3["reduce_scatter_x_model"] == pytest.approx(1) and 1 < z3["all_gather_x_model"] < 2
+    assert z3["all_reduce_calls"] == 0
+
+
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypatch):
+    main = fsdp_main()
+    out = ["--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
+    cases = [(["--shard", "parameters", "--model", "cnn"], ["--model cnn has no blocks"]),
+             (["--shard", "zero4"], ["--shard takes none, optimizer, gradients, parameters"]),
+             (["--shard", "optimizer", "--resume"], ["--resume", "--shard none and parameters only"])]
+    if not torch.cuda.is_available():
+        cases.append((["--precision", "bf16"], ["--precision bf16", "on the CPU every state stays fp32"]))
+    cases.append((["--precision", "bf16", "--shard", "none,parameters"], ["with --shard parameters alone"]))
+    for flags, words in cases:
+        assert_clean_error(in_process(main, TINY + flags + out, capsys), *words)
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)  # rank 0 of a 2-process job, told the mesh holds 4: stops before waiting
+    assert_clean_error(in_process(main, TINY + ["--mesh", "4"] + out, capsys), "--mesh 4", "2 process(es)")
+    assert not log_dir.exists() or not any(log_dir.rglob("*.jsonl"))  # nothing half-written
+
+
+def test_09_solutions_agree_with_the_lesson():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("solution_09", ROOT / "notebooks" / "solutions" / "09_sharding.py")
+    s = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s)
+    fits = s.largest_model(24, 8)
+    table = lesson.largest_model(memory_gb=24, ns=(8,), per_param=(2, 2, 12)).set_index("zero")["N=8"]
+    assert [fits[m] / 1e9 for m in MODES] == pytest.approx([table[lesson.LABELS[m]] for m in MODES])
+    assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(8 * 24e9 / 16)
+    assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)
+    assert s.largest_tp_that_fits(4096, 16384, 48, 16e9) == 8  # the tensor-parallel exercise, spliced in
