@@ -61,8 +61,15 @@ def apply(nb, notebook):
 
 
 def main(argv):
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
     check = "--check" in argv
     paths = [Path(a) for a in argv if a != "--check"] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        print(f"colab_cell: no notebook at {', '.join(missing)}", file=sys.stderr)
+        return 2
     stale = []
     for path in paths:
         nb = nbformat.read(path, as_version=4)
