@@ -100,14 +100,17 @@ def test_mnist_from_idx_files_on_disk(log_dir, tmp_path):
     assert report.read_run(log_dir / "m.jsonl")["config"]["args"]["dataset"] == "mnist"
 
 
-def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, tmp_path):
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, tmp_path, capsys):
+    """In this interpreter (each stops before training: seconds, not a new interpreter per case)."""
+    import _trainup_cpu
     for flags, words in [(["--batch-size", "0"], ["--batch-size", "greater than 0"]),
                          (["--dataset", "imagenet"], ["--dataset", "invalid choice"]),
                          (["--dataset", "mnist", "--data-dir", tmp_path / "missing"], ["does not exist"]),
                          (["--num-processes", "4", "--batch-size", "2"], ["cannot be split"])]:
-        proc = run_script("_trainup_cpu.py", "--quick", *flags, log_dir=log_dir, check=False)
+        proc = in_process(_trainup_cpu.main, ["--quick", *flags, "--log-dir", log_dir, "--no-progress"], capsys)
         assert proc.returncode == 2
         assert_clean_error(proc, *words)
+    assert not log_dir.exists()  # nothing half-written
 
 
 def test_bad_files_are_one_sentence_and_leave_nothing_half_written(runs, tmp_path, capsys):

@@ -173,7 +173,13 @@ def test_srun_style_ranks_form_a_job_and_fail_together(log_dir):
     assert ddp["launcher"] == "slurm" and ddp["world_size"] == 2 and ddp["master_port"] == port
 
 
-def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(monkeypatch, capsys, log_dir):
+    """Each is refused before the process group is joined: checked in this interpreter (seconds, not an
+    interpreter each)."""
+    import _trainup_ddp
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))
+              or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")]:
+        monkeypatch.delenv(k)
     busy = socket.socket()
     busy.bind(("", 0))
     busy.listen()
@@ -184,13 +190,16 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
         cases.append(({}, ["--backend", "nccl"], ["--backend nccl", "GPU"]))
     else:
         cases.append(({}, ["--backend", "nccl"], ["--backend nccl", "--device cpu"]))
-    procs = [start([sys.executable, SCRIPT, "--quick", "--device", "cpu", *flags, "--log-dir", str(log_dir)], env)
-             for env, flags, _ in cases]
     with busy:
-        for proc, (_, _, words) in zip(procs, cases):
-            done = finish(proc)
-            assert done.returncode == 2
+        for env, flags, words in cases:
+            with monkeypatch.context() as m:
+                for k, v in env.items():
+                    m.setenv(k, v)
+                done = in_process(_trainup_ddp.main, ["--quick", "--device", "cpu", *flags, "--log-dir", log_dir],
+                                  capsys)
+            assert done.returncode == 2, flags
             assert_clean_error(done, *words)
+    assert not torch.distributed.is_initialized() and not log_dir.exists()
 
 
 def test_launchers_are_read_in_order_torchrun_then_slurm_then_none():
