@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from conftest import assert_clean_error, in_process, run_script
+from conftest import assert_clean_error, finish_script, in_process, run_script, start_script
 from lessons import report
 from trainup import data, models
 
@@ -25,11 +25,13 @@ def params(log_dir, name):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two epochs straight (q); one epoch then --resume to two (r)."""
+    """Two epochs straight (q); one epoch then --resume to two (r): q runs beside r's two parts."""
     log_dir = tmp_path_factory.mktemp("cpu") / "logs"
-    straight = run_script("_trainup_cpu.py", *QUICK, "--run-name", "q", log_dir=log_dir)
-    run_script("_trainup_cpu.py", *QUICK, "--epochs", "1", "--run-name", "r", log_dir=log_dir)
-    run_script("_trainup_cpu.py", *QUICK, "--epochs", "2", "--resume", "--run-name", "r", log_dir=log_dir)
+    straight = start_script("_trainup_cpu.py", *QUICK, "--run-name", "q", log_dir=log_dir)
+    finish_script(start_script("_trainup_cpu.py", *QUICK, "--epochs", "1", "--run-name", "r", log_dir=log_dir))
+    resumed = start_script("_trainup_cpu.py", *QUICK, "--epochs", "2", "--resume", "--run-name", "r", log_dir=log_dir)
+    straight = finish_script(straight)
+    finish_script(resumed)
     return SimpleNamespace(log_dir=log_dir, straight=straight)
 
 
