@@ -98,10 +98,13 @@ def _pytest(name, copy):
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
-    """Each breakage: its broken copy (None if it no longer applies) and what its test's pytest did."""
+def outcomes(tmp_path_factory, request):
+    """Each selected breakage (-k works): its broken copy (None if it no longer applies) and what its test's
+    pytest did."""
     assert sorted(ORDER) == sorted(BREAKAGES)
-    copies = {name: broken_copy(name, tmp_path_factory.mktemp("broken")) for name in ORDER}
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_the_breakage_makes_its_test_fail"}
+    copies = {name: broken_copy(name, tmp_path_factory.mktemp("broken")) for name in ORDER if name in selected}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
         procs = {name: pool.submit(run_its_test, name, copy) for name, copy in copies.items() if copy}
