@@ -212,7 +212,7 @@ def runs(args):
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="pipeline")
     p.set_defaults(lr=0.1)  # a stack of blocks wants a smaller step than the CNN's Adadelta 1.0
-    p.add_argument("--schedule", dest="schedules", default=["gpipe"], type=schedule_list,
+    p.add_argument("--schedule", dest="schedules", default=["gpipe"], type=schedule_list, metavar="NAME[,NAME...]",
                    help="naive: the whole batch at once; gpipe: all forwards, then all backwards; 1f1b: one "
                         "forward, one backward; the others hold 2 stages a process (interleaved, zero bubble); "
                         f"several, comma-separated, run in turn in one job (of: {', '.join(pipeline.SCHEDULES)})")
