@@ -3,6 +3,8 @@ batch cut into micro-batches that flow through the stages, so that they work at 
 
     torchrun --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --quick                  # 2 stages, GPipe
     torchrun --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --schedule 1f1b --microbatches 8
+    torchrun --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --schedule gpipe,1f1b --run-name pp
+        # several schedules in turn in one job (one start-up): runs pp_gpipe and pp_1f1b
     torchrun --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --sweep 1,2,4,8,16       # the bubble
     torchrun --standalone --nproc-per-node 4 scripts/_trainup_pipeline.py --data-parallel 2       # 2 pipelines x 2
     python scripts/_trainup_pipeline.py --stages 1     # the baseline: the whole model in one process
@@ -14,6 +16,7 @@ micro-batch, sending activations forward and gradients back; the first stage fee
 last computes the loss; with --data-parallel the same stage of each pipeline averages its gradients;
 every stage notes when each micro-batch's forward and backward ran, and its activation bytes.
 """
+import argparse
 import itertools
 import time
 
@@ -168,7 +171,12 @@ def sweep(args, model, layout, train_set, device, log, ctx):
     sampler = data.ShuffleSampler(len(train_set), args.seed, layout.pipeline, args.data_parallel)
     batches = itertools.cycle(list(Batches(train_set, per_pipeline, sampler)))
     for m in args.sweep:
-        pipe = Pipe(args, model, layout, device, m)
+        try:
+            pipe = Pipe(args, model, layout, device, m)
+        except UserError as e:  # the schedule's own limit (1F1B: at least as many micro-batches as stages)
+            if ctx.is_main:
+                print(f"{m} micro-batches: skipped ({e})")
+            continue
         optimizer, _ = optimizer_for(pipe.params(), args)
         steps = []
         for step in range(args.sweep_steps + 1):
@@ -183,12 +191,31 @@ def sweep(args, model, layout, train_set, device, log, ctx):
             print(f"{m} micro-batches: {args.sweep_steps} steps measured")
 
 
+def schedule_list(text):
+    """--schedule: one schedule's name, or several, comma-separated."""
+    names = text.split(",")
+    for name in names:
+        if name not in pipeline.SCHEDULES:
+            raise argparse.ArgumentTypeError(f"unknown schedule {name!r}; choose from {', '.join(pipeline.SCHEDULES)}")
+    return names
+
+
+def runs(args):
+    """One set of arguments per schedule: several schedules run in turn, each its own run <run-name>_<schedule>."""
+    for name in args.schedules:
+        yield argparse.Namespace(**{
+            **vars(args), "schedule": name,
+            "run_name": args.run_name if len(args.schedules) == 1 else f"{args.run_name}_{name}",
+            "microbatches": 1 if name == "naive" else args.microbatches})  # naive: the whole batch is one
+
+
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="pipeline")
     p.set_defaults(lr=0.1)  # a stack of blocks wants a smaller step than the CNN's Adadelta 1.0
-    p.add_argument("--schedule", default="gpipe", choices=tuple(pipeline.SCHEDULES),
+    p.add_argument("--schedule", dest="schedules", default=["gpipe"], type=schedule_list, metavar="NAME[,NAME...]",
                    help="naive: the whole batch at once; gpipe: all forwards, then all backwards; 1f1b: one "
-                        "forward, one backward; the others hold 2 stages a process (interleaved, zero bubble)")
+                        "forward, one backward; the others hold 2 stages a process (interleaved, zero bubble); "
+                        f"several, comma-separated, run in turn in one job (of: {', '.join(pipeline.SCHEDULES)})")
     p.add_argument("--stages", type=cli.positive(int), default=2, help="processes in one pipeline (1: no pipeline)")
     p.add_argument("--microbatches", type=cli.positive(int), default=4, help="micro-batches per batch")
     p.add_argument("--data-parallel", type=cli.positive(int), default=1, help="pipelines side by side")
@@ -201,8 +228,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=cli.positive(float), default=300,
                    help="seconds a process waits for the others before the whole job fails")
     args = cli.parse(p, argv)
-    if args.schedule == "naive" and args.microbatches != 1:
-        args.microbatches = 1  # naive model parallelism: the whole batch is one micro-batch
+    args.schedule = args.schedules[0]
+    if len(args.schedules) > 1 and args.stages == 1:
+        p.error("several schedules need a pipeline (--stages 2 or more); --stages 1 is the one-process baseline")
     if args.sweep:
         try:
             args.sweep = [int(m) for m in args.sweep.split(",")]
@@ -218,19 +246,27 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
-    pipeline.check_shape(args, distributed.from_env().world_size)  # before anyone waits for anyone
+    for run in runs(args):
+        pipeline.check_shape(run, distributed.from_env().world_size)  # before anyone waits for anyone
     ctx = distributed.setup(args)
-    device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
     if not isinstance(train_set, data.Images):
         raise UserError("the pipeline lesson takes a data set held in memory (digits, mnist, cifar10), not synthetic")
+    layout = pipeline.Layout(ctx.rank, args.stages, args.data_parallel)
+    for run in runs(args):
+        train(run, ctx, layout, train_set, test_set)
+    distributed.cleanup(ctx)
+
+
+def train(args, ctx, layout, train_set, test_set):
+    """One schedule's run: the model from the seed, its log, its training (or --sweep), its checkpoint."""
+    device = ctx.device
     torch.manual_seed(args.seed)  # every rank builds the same whole model, then keeps its stages
     model = models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
     if args.stages == 1:
         model = model.to(device)  # a pipeline moves only its own stages to its device
-    layout = pipeline.Layout(ctx.rank, args.stages, args.data_parallel)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     placement = [None] * ctx.world_size
     mine = dict(rank=ctx.rank, pipeline=layout.pipeline, position=layout.position, device=str(device),
@@ -247,7 +283,6 @@ def main(argv=None):
             raise UserError("--sweep measures a pipeline; use --stages 2 or more")
         sweep(args, model, layout, train_set, device, log, ctx)
         log.summary()
-        distributed.cleanup(ctx)
         return
 
     pipe = Pipe(args, model, layout, device, args.microbatches) if args.stages > 1 else None
@@ -270,7 +305,6 @@ def main(argv=None):
         if ctx.is_main:
             pipeline.save_model(checkpoint.path_for(args), whole, epoch, args)
     log.summary(checkpoint=checkpoint.path_for(args))
-    distributed.cleanup(ctx)
 
 
 if __name__ == "__main__":

@@ -37,16 +37,39 @@ def finish_job(proc):
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def _script_command(script, args, log_dir, checkpoint_dir):
+    return [sys.executable, str(SCRIPTS / script), *map(str, args),
+            "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir or Path(log_dir) / "checkpoints"),
+            "--no-progress"]
+
+
+def _failed(script, proc):
+    return AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
 def run_script(script, *args, log_dir, timeout=300, env=None, check=True, checkpoint_dir=None):
     """Run scripts/<script> in a fresh interpreter, as a learner would; logs and checkpoints go to log_dir."""
-    cmd = [sys.executable, str(SCRIPTS / script), *map(str, args),
-           "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir or Path(log_dir) / "checkpoints"),
-           "--no-progress"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = subprocess.run(_script_command(script, args, log_dir, checkpoint_dir), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if check and proc.returncode != 0:
-        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        raise _failed(script, proc)
     return proc
+
+
+def start_script(script, *args, log_dir, env=None, checkpoint_dir=None):
+    """run_script's run, started and not waited for (finish_script waits): runs that do not depend on each
+    other go side by side (most of each is starting Python and importing torch, on one core)."""
+    proc = start_job(_script_command(script, args, log_dir, checkpoint_dir),
+                     {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc.script = script
+    return proc
+
+
+def finish_script(proc):
+    done = finish_job(proc)
+    if done.returncode != 0:
+        raise _failed(proc.script, done)
+    return done
 
 
 def in_process(main, flags, capsys):

@@ -4,13 +4,15 @@ For each breakage, scripts/ is copied to a scratch folder, ONE small textual pat
 (the patch must apply exactly once, so a rewritten script cannot silently make a breakage a no-op), and
 the cheapest test that guards that claim runs in a fresh pytest against the copy (conftest honours
 TRAINUP_SCRIPTS_DIR). The test must fail, by an assertion, not by an error. Nothing in scripts/ carries a
-test-only switch for this.
+test-only switch for this. The fresh pytests run side by side, as many at a time as this process has cores
+(most of each is starting Python and importing torch, on one core): one that trains beside one that does not.
 """
 import os
 import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -59,20 +61,62 @@ BREAKAGES = {
 }
 
 
-@pytest.mark.parametrize("name", BREAKAGES)
-def test_the_breakage_makes_its_test_fail(name, tmp_path):
-    file, old, new, test = BREAKAGES[name]
-    copy = tmp_path / "scripts"
+# the breakages whose test trains (seconds of jobs), each followed by one whose test runs in its own process
+TRAINS = ("all-reduce sums instead of averaging", "resume ignored", "every rank writes the checkpoint",
+          "Hogwild workers on private copies")
+_rest = [n for n in BREAKAGES if n not in TRAINS]
+ORDER = [n for pair in zip(TRAINS, _rest + [None] * len(TRAINS)) for n in pair if n]
+
+
+def broken_copy(name, folder):
+    """scripts/ copied into folder with the one breakage applied; None when it no longer applies."""
+    file, old, new, _ = BREAKAGES[name]
+    copy = folder / "scripts"
     shutil.copytree(ROOT / "scripts", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "data").symlink_to(ROOT / "data")  # the offline digits' cache, as beside the real scripts/
-    target = copy / file
-    text = target.read_text()
-    assert text.count(old) == 1, f"the breakage {name!r} no longer applies to scripts/{file}: update it"
-    target.write_text(text.replace(old, new))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", f"tests/{test}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "TRAINUP_SCRIPTS_DIR": str(copy)})
+    (folder / "data").symlink_to(ROOT / "data")  # the offline digits' cache, as beside the real scripts/
+    text = (copy / file).read_text()
+    if text.count(old) != 1:
+        return None
+    (copy / file).write_text(text.replace(old, new))
+    return copy
+
+
+def run_its_test(name, copy):
+    """The breakage's test in a fresh pytest against the broken copy (no notebook plugin: it tests no notebook);
+    a pytest that did not end in time is returned as its TimeoutExpired."""
+    try:
+        return _pytest(name, copy)
+    except subprocess.TimeoutExpired as e:
+        return e
+
+
+def _pytest(name, copy):
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:anyio",
+         "-o", "addopts=", "--basetemp", str(copy.parent / "tmp"), f"tests/{BREAKAGES[name][3]}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "TRAINUP_SCRIPTS_DIR": str(copy)})
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, request):
+    """Each selected breakage (-k works): its broken copy (None if it no longer applies) and what its test's
+    pytest did."""
+    assert sorted(ORDER) == sorted(BREAKAGES)
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_the_breakage_makes_its_test_fail"}
+    copies = {name: broken_copy(name, tmp_path_factory.mktemp("broken")) for name in ORDER if name in selected}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
+        procs = {name: pool.submit(run_its_test, name, copy) for name, copy in copies.items() if copy}
+        return {name: (copies[name], procs[name].result() if name in procs else None) for name in copies}
+
+
+@pytest.mark.parametrize("name", BREAKAGES)
+def test_the_breakage_makes_its_test_fail(name, outcomes):
+    file, _, _, test = BREAKAGES[name]
+    copy, proc = outcomes[name]
+    assert copy is not None, f"the breakage {name!r} no longer applies to scripts/{file}: update it"
+    assert not isinstance(proc, subprocess.TimeoutExpired), f"with {name!r}, {test} did not end in {proc.timeout} s"
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
     assert proc.returncode == 1 and re.search(r"\b1 failed\b", summary) and "error" not in summary, (
         f"with {name!r}, {test} did not fail as it must: {summary}\n{proc.stdout[-3000:]}")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from conftest import assert_clean_error, in_process, run_script
+from conftest import assert_clean_error, finish_script, in_process, run_script, start_script
 from lessons import report
 from trainup import data, models
 
@@ -25,11 +25,13 @@ def params(log_dir, name):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two epochs straight (q); one epoch then --resume to two (r)."""
+    """Two epochs straight (q); one epoch then --resume to two (r): q runs beside r's two parts."""
     log_dir = tmp_path_factory.mktemp("cpu") / "logs"
-    straight = run_script("_trainup_cpu.py", *QUICK, "--run-name", "q", log_dir=log_dir)
-    run_script("_trainup_cpu.py", *QUICK, "--epochs", "1", "--run-name", "r", log_dir=log_dir)
-    run_script("_trainup_cpu.py", *QUICK, "--epochs", "2", "--resume", "--run-name", "r", log_dir=log_dir)
+    straight = start_script("_trainup_cpu.py", *QUICK, "--run-name", "q", log_dir=log_dir)
+    finish_script(start_script("_trainup_cpu.py", *QUICK, "--epochs", "1", "--run-name", "r", log_dir=log_dir))
+    resumed = start_script("_trainup_cpu.py", *QUICK, "--epochs", "2", "--resume", "--run-name", "r", log_dir=log_dir)
+    straight = finish_script(straight)
+    finish_script(resumed)
     return SimpleNamespace(log_dir=log_dir, straight=straight)
 
 
@@ -100,14 +102,17 @@ def test_mnist_from_idx_files_on_disk(log_dir, tmp_path):
     assert report.read_run(log_dir / "m.jsonl")["config"]["args"]["dataset"] == "mnist"
 
 
-def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, tmp_path):
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, tmp_path, capsys):
+    """In this interpreter (each stops before training: seconds, not a new interpreter per case)."""
+    import _trainup_cpu
     for flags, words in [(["--batch-size", "0"], ["--batch-size", "greater than 0"]),
                          (["--dataset", "imagenet"], ["--dataset", "invalid choice"]),
                          (["--dataset", "mnist", "--data-dir", tmp_path / "missing"], ["does not exist"]),
                          (["--num-processes", "4", "--batch-size", "2"], ["cannot be split"])]:
-        proc = run_script("_trainup_cpu.py", "--quick", *flags, log_dir=log_dir, check=False)
+        proc = in_process(_trainup_cpu.main, ["--quick", *flags, "--log-dir", log_dir, "--no-progress"], capsys)
         assert proc.returncode == 2
         assert_clean_error(proc, *words)
+    assert not log_dir.exists()  # nothing half-written
 
 
 def test_bad_files_are_one_sentence_and_leave_nothing_half_written(runs, tmp_path, capsys):

@@ -133,10 +133,30 @@ def test_a_sweep_of_the_ddp_script(log_dir):
     assert "batch size 1024: skipped" in proc.stdout
 
 
-def test_a_restart_resumes_from_the_checkpoint_and_ends_like_an_uninterrupted_run(runs, log_dir):
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    """The jobs with an injected fault, started together (each is mostly start-up and waiting): a rank that
+    dies and is restarted, one that raises, one that hangs, and srun-style ranks (one raises)."""
+    log_dir = tmp_path_factory.mktemp("faults") / "logs"
+    port = distributed.free_port()
+    srun = [start([sys.executable, SCRIPT, *TINY, "--run-name", "srun", "--log-dir", str(log_dir),
+                   "--checkpoint-dir", str(log_dir / "checkpoints")],
+                  dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NNODES="1",
+                       SLURM_NODEID="0", SLURM_JOB_ID="1", SLURM_STEP_ID="0", MASTER_PORT=str(port),
+                       **{distributed.FAULT_ENV: "1:3"}))
+            for r in (0, 1)]
     # rank 1 dies (os._exit) at step 12, in epoch 2 (8 steps an epoch); torchrun restarts both once
-    proc = ok(finish(torchrun(log_dir, "ddp2", "--batch-size", 64, max_restarts=1,
-                              env={distributed.FAULT_ENV: "1:12:exit"})))
+    restart = torchrun(log_dir / "restart", "ddp2", "--batch-size", 64, max_restarts=1,
+                       env={distributed.FAULT_ENV: "1:12:exit"})
+    boom = torchrun(log_dir, "boom", env={distributed.FAULT_ENV: "1:3"})
+    stuck = torchrun(log_dir, "stuck", "--timeout", 5, env={distributed.FAULT_ENV: "1:3:hang"})
+    return SimpleNamespace(log_dir=log_dir, port=port, srun=[finish(p) for p in srun], restart=finish(restart),
+                           boom=finish(boom), stuck=finish(stuck))
+
+
+def test_a_restart_resumes_from_the_checkpoint_and_ends_like_an_uninterrupted_run(runs, faults):
+    log_dir = faults.log_dir / "restart"
+    proc = ok(faults.restart)
     assert "torchrun restart 1: resuming at epoch 2" in proc.stdout
     assert [r["restart_count"] for r in records(log_dir, "ddp2", "ddp")] == [0, 1]
     run = report.read_run(log_dir / "ddp2.jsonl")
@@ -146,34 +166,34 @@ def test_a_restart_resumes_from_the_checkpoint_and_ends_like_an_uninterrupted_ru
         assert torch.equal(resumed[k], straight[k]), k
 
 
-def test_a_rank_that_raises_ends_the_whole_job(log_dir):
-    proc = finish(torchrun(log_dir, "boom", env={distributed.FAULT_ENV: "1:3"}))
+def test_a_rank_that_raises_ends_the_whole_job(faults):
+    proc = faults.boom
     assert proc.returncode != 0 and "injected fault" in proc.stderr
-    assert report.read_run(log_dir / "boom.jsonl")["summary"] is None
+    assert report.read_run(faults.log_dir / "boom.jsonl")["summary"] is None
 
 
-def test_a_rank_that_hangs_fails_the_job_after_the_timeout(log_dir):
-    proc = finish(torchrun(log_dir, "stuck", "--timeout", 5, env={distributed.FAULT_ENV: "1:3:hang"}))
+def test_a_rank_that_hangs_fails_the_job_after_the_timeout(faults):
+    proc = faults.stuck
     assert proc.returncode != 0 and "Timed out" in proc.stderr
 
 
-def test_srun_style_ranks_form_a_job_and_fail_together(log_dir):
+def test_srun_style_ranks_form_a_job_and_fail_together(faults):
     """Two plain processes with SLURM's variables, as `srun -n 2 python ...` starts them: rank 1 raises,
     rank 0 (waiting in an all-reduce) must exit too, with no launcher to stop it."""
-    port = distributed.free_port()
-    procs = [start([sys.executable, SCRIPT, *TINY, "--run-name", "srun", "--log-dir", str(log_dir),
-                    "--checkpoint-dir", str(log_dir / "checkpoints")],
-                   dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NNODES="1",
-                        SLURM_NODEID="0", SLURM_JOB_ID="1", SLURM_STEP_ID="0", MASTER_PORT=str(port), **{distributed.FAULT_ENV: "1:3"}))
-             for r in (0, 1)]
-    done = [finish(p) for p in procs]
+    done = faults.srun
     assert done[0].returncode != 0 and done[1].returncode != 0
     assert "injected fault" in done[1].stderr
-    ddp = records(log_dir, "srun", "ddp")[0]
-    assert ddp["launcher"] == "slurm" and ddp["world_size"] == 2 and ddp["master_port"] == port
+    ddp = records(faults.log_dir, "srun", "ddp")[0]
+    assert ddp["launcher"] == "slurm" and ddp["world_size"] == 2 and ddp["master_port"] == faults.port
 
 
-def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(monkeypatch, capsys, log_dir):
+    """Each is refused before the process group is joined: checked in this interpreter (seconds, not an
+    interpreter each)."""
+    import _trainup_ddp
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))
+              or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")]:
+        monkeypatch.delenv(k)
     busy = socket.socket()
     busy.bind(("", 0))
     busy.listen()
@@ -184,13 +204,16 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
         cases.append(({}, ["--backend", "nccl"], ["--backend nccl", "GPU"]))
     else:
         cases.append(({}, ["--backend", "nccl"], ["--backend nccl", "--device cpu"]))
-    procs = [start([sys.executable, SCRIPT, "--quick", "--device", "cpu", *flags, "--log-dir", str(log_dir)], env)
-             for env, flags, _ in cases]
     with busy:
-        for proc, (_, _, words) in zip(procs, cases):
-            done = finish(proc)
-            assert done.returncode == 2
+        for env, flags, words in cases:
+            with monkeypatch.context() as m:
+                for k, v in env.items():
+                    m.setenv(k, v)
+                done = in_process(_trainup_ddp.main, ["--quick", "--device", "cpu", *flags, "--log-dir", log_dir],
+                                  capsys)
+            assert done.returncode == 2, flags
             assert_clean_error(done, *words)
+    assert not torch.distributed.is_initialized() and not log_dir.exists()
 
 
 def test_launchers_are_read_in_order_torchrun_then_slurm_then_none():

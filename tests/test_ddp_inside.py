@@ -1,11 +1,12 @@
 """Inside DDP, run for real with 2 gloo processes: the collectives, all_reduce bandwidth, DDP's broadcast and
 buckets, no_sync accumulation, BatchNorm statistics, and what mistakes and bad flags look like."""
+import os
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error
+from conftest import ROOT, assert_clean_error, in_process
 from lessons import collectives, launch, report
 from test_ddp import finish, ok, start
 
@@ -117,17 +118,29 @@ def test_a_shape_mismatch_and_a_skipped_collective_say_what_went_wrong(jobs):
     assert "3000ms" in collectives.key_line(hang.stdout + hang.stderr, "hang")
 
 
-def test_bad_flags_are_one_sentence_and_a_nonzero_exit(tmp_path):
+def test_bad_flags_are_one_sentence_and_a_nonzero_exit(tmp_path, monkeypatch, capsys):
+    """The flags refused before any process group: checked in this interpreter (seconds, not an interpreter
+    each); the --sync-bn ones are refused after the script joined its group of one, so in a process of their own."""
+    import _trainup_collectives
+    import _trainup_ddp
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_")) or k in ("RANK", "WORLD_SIZE")]:
+        monkeypatch.delenv(k)
     py = [sys.executable]
-    cases = [(py + [DDP_SCRIPT, "--quick", "--batch-size", 64, "--accumulate", 5], ["--accumulate 5", "divide"]),
-             (py + [DDP_SCRIPT, "--quick", "--accumulate", 2, "--sweep", 32], ["--sweep"]),
-             (py + [DDP_SCRIPT, "--quick", "--sync-bn"], ["BatchNorm", "cnn_bn"]),
-             (py + [COLLECTIVES, "--show", "ddp"], ["2 or more processes"]),
-             (py + [COLLECTIVES, "--show", "bandwidth", "--sizes", "1Q"], ["--sizes"]),
-             (py + [COLLECTIVES, "--show", "hang,ddp"], ["alone"]),
+    alone = [(py + [DDP_SCRIPT, "--quick", "--sync-bn"], ["BatchNorm", "cnn_bn"]),
              (py + [DDP_SCRIPT, "--quick", "--model", "cnn_bn", "--sync-bn", "--device", "cpu"], ["--sync-bn needs GPUs"])]
-    procs = [start([*map(str, cmd), "--log-dir", str(tmp_path)]) for cmd, _ in cases]
-    for proc, (cmd, words) in zip(procs, cases):
+    procs = [start([*map(str, cmd), "--log-dir", str(tmp_path)]) for cmd, _ in alone]
+    here = [(_trainup_ddp.main, ["--quick", "--batch-size", 64, "--accumulate", 5], ["--accumulate 5", "divide"]),
+            (_trainup_ddp.main, ["--quick", "--accumulate", 2, "--sweep", 32], ["--sweep"]),
+            (_trainup_collectives.main, ["--show", "ddp"], ["2 or more processes"]),
+            (_trainup_collectives.main, ["--show", "bandwidth", "--sizes", "1Q"], ["--sizes"]),
+            (_trainup_collectives.main, ["--show", "hang,ddp"], ["alone"])]
+    for main, flags, words in here:
+        done = in_process(main, [*flags, "--log-dir", tmp_path], capsys)
+        assert done.returncode == 2, flags
+        assert_clean_error(done, *words)
+    assert not torch.distributed.is_initialized()  # refused before joining anything
+    for proc, (cmd, words) in zip(procs, alone):
         done = finish(proc)
         assert done.returncode == 2, cmd
         assert_clean_error(done, *words)
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_clean_error, in_process, run_script
+from conftest import assert_clean_error, finish_script, in_process, run_script, start_script
 from lessons import gpu, report
 from trainup import UserError, dataparallel, devices
 
@@ -98,8 +98,9 @@ def test_autocast_reaches_the_threads_data_parallel_runs_replicas_in():
 
 
 @NO_GPU
-def test_asking_for_absent_gpus_is_one_sentence_and_a_nonzero_exit(log_dir):
-    proc = run_script("_trainup_gpu.py", "--quick", "--device", "cuda", log_dir=log_dir, check=False)
+def test_asking_for_absent_gpus_is_one_sentence_and_a_nonzero_exit(log_dir, capsys):
+    import _trainup_gpu
+    proc = in_process(_trainup_gpu.main, ["--quick", "--device", "cuda", "--log-dir", log_dir], capsys)
     assert proc.returncode == 2
     assert_clean_error(proc, "--device cuda", "GPU")
     assert not list(log_dir.glob("*.jsonl"))  # it stopped before it began a log
@@ -128,11 +129,14 @@ def test_bad_lesson_flags_are_one_sentence(capsys):
 
 def test_one_device_on_the_cpu_and_data_parallel_pass_through_train_the_same_model(log_dir):
     """The same flags give the same losses: without GPUs, nn.DataParallel just calls the model. The
-    DataParallel run stops after one epoch and resumes (--resume): it must still match, epoch for epoch."""
+    DataParallel run stops after one epoch and resumes (--resume): it must still match, epoch for epoch.
+    The one-device run goes side by side with the DataParallel one's two parts."""
     flags = ["--quick", "--dropout", "0"]  # dropout draws from the RNG, which a checkpoint does not keep
-    run_script("_trainup_gpu.py", *flags, "--device", "cpu", "--run-name", "one", log_dir=log_dir)
-    run_script("_trainup_dp.py", *flags, "--epochs", "1", "--run-name", "dp", log_dir=log_dir)
-    proc = run_script("_trainup_dp.py", *flags, "--epochs", "2", "--resume", "--run-name", "dp", log_dir=log_dir)
+    one = start_script("_trainup_gpu.py", *flags, "--device", "cpu", "--run-name", "one", log_dir=log_dir)
+    finish_script(start_script("_trainup_dp.py", *flags, "--epochs", "1", "--run-name", "dp", log_dir=log_dir))
+    proc = finish_script(start_script("_trainup_dp.py", *flags, "--epochs", "2", "--resume", "--run-name", "dp",
+                                      log_dir=log_dir))
+    finish_script(one)
     one, dp = report.read_run(log_dir / "one.jsonl"), report.read_run(log_dir / "dp.jsonl")
     for run in (one, dp):
         assert run["problems"] == [] and run["summary"]["status"] == "finished"
@@ -151,24 +155,50 @@ def test_one_device_on_the_cpu_and_data_parallel_pass_through_train_the_same_mod
     assert not any(k.startswith("module.") for k in state["model"])  # the model saved, not its wrapper
 
 
-def test_bf16_and_two_loader_workers_on_the_cpu(log_dir):
-    run_script("_trainup_gpu.py", "--quick", "--device", "cpu", "--precision", "bf16", "--workers", "2",
-               "--run-name", "bf16", log_dir=log_dir)
+FP16 = ["--quick", "--device", "cpu", "--precision", "16", "--run-name", "fp16"]
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(tmp_path_factory):
+    """The CPU runs of the tests below that depend on no other, started together (most of each is starting
+    Python and importing torch, on one core); then the fp16 run's resumed second epoch. Their stdout by name."""
+    log_dir = tmp_path_factory.mktemp("gpu_scripts") / "logs"
+    procs = dict(
+        bf16=start_script("_trainup_gpu.py", "--quick", "--device", "cpu", "--precision", "bf16", "--workers", "2",
+                          "--run-name", "bf16", log_dir=log_dir),
+        sweep=start_script("_trainup_gpu.py", "--quick", "--device", "cpu", "--resident", "--sweep", "8,32,1024",
+                           "--sweep-steps", "3", "--run-name", "sweep", log_dir=log_dir),
+        dpsweep=start_script("_trainup_dp.py", "--quick", "--sweep", "8,16", "--sweep-steps", "2", "--run-name",
+                             "dpsweep", log_dir=log_dir),
+        fp16=start_script("_trainup_gpu.py", *FP16, "--epochs", "1", log_dir=log_dir))
+    out = {name: finish_script(proc).stdout for name, proc in procs.items()}
+    # the scaler's state after epoch 1, before the resumed run replaces the checkpoint
+    out["fp16_scaler"] = torch.load(log_dir / "checkpoints" / "fp16.pt", weights_only=True)["scaler"]
+    out["fp16_resumed"] = finish_script(start_script("_trainup_gpu.py", *FP16, "--epochs", "2", "--resume",
+                                                     log_dir=log_dir)).stdout
+    return log_dir, out
+
+
+def test_bf16_and_two_loader_workers_on_the_cpu(cpu_runs):
+    log_dir, _ = cpu_runs
     run = report.read_run(log_dir / "bf16.jsonl")
     assert run["problems"] == [] and run["config"]["args"]["precision"] == "bf16"
     assert run["config"]["args"]["workers"] == 2
     assert run["epochs"][-1]["loss"] < run["epochs"][0]["loss"]
 
 
-def test_a_sweep_logs_throughput_for_each_batch_size_that_fits(log_dir):
-    proc = run_script("_trainup_gpu.py", "--quick", "--device", "cpu", "--resident", "--sweep", "8,32,1024",
-                      "--sweep-steps", "3", "--run-name", "sweep", log_dir=log_dir)
+def test_a_sweep_logs_throughput_for_each_batch_size_that_fits(cpu_runs, tmp_path):
+    runs, out = cpu_runs
+    log_dir = tmp_path / "logs"  # this test adds reference logs beside the run's: a folder of its own
+    log_dir.mkdir()
+    for f in ("sweep.jsonl", "sweep.stdout"):
+        (log_dir / f).write_text((runs / f).read_text())
     run = report.read_run(log_dir / "sweep.jsonl")
     assert run["problems"] == [] and run["summary"]["status"] == "finished" and run["epochs"] == []
     sweeps = [e for e in run["extra"] if e["type"] == "sweep"]
     assert [s["batch_size"] for s in sweeps] == [8, 32]  # 1024 is more than the 512 quick samples
     assert all(s["steps"] == 3 and s["samples_per_s"] > 0 and s["step_s"] > 0 for s in sweeps)
-    assert "batch size 1024: skipped" in proc.stdout
+    assert "batch size 1024: skipped" in out["sweep"]
     assert report.check("sweep", log_dir) == "sweep: finished, 2 batch sizes measured, the log follows the schema."
     table = gpu.sweeps([log_dir / "sweep.jsonl"])
     assert list(table["batch_size"]) == [8, 32] and table["gpu_util_pct"].isna().all()
@@ -188,13 +218,11 @@ def test_a_sweep_logs_throughput_for_each_batch_size_that_fits(log_dir):
     assert list(table["measured_on"]) == ["H100_2026-01-01"] and list(table["device"]) == ["cpu"]
 
 
-def test_fp16_with_its_grad_scaler_trains_on_the_cpu_and_resumes_with_its_loss_scale(log_dir):
+def test_fp16_with_its_grad_scaler_trains_on_the_cpu_and_resumes_with_its_loss_scale(cpu_runs):
     """--precision 16: autocast to float16 and a GradScaler, here on the CPU (torch has both there)."""
-    flags = ["--quick", "--device", "cpu", "--precision", "16", "--run-name", "fp16"]
-    run_script("_trainup_gpu.py", *flags, "--epochs", "1", log_dir=log_dir)
-    saved = torch.load(log_dir / "checkpoints" / "fp16.pt", weights_only=True)["scaler"]
+    log_dir, out = cpu_runs
+    saved = out["fp16_scaler"]  # after epoch 1
     assert saved["scale"] > 0 and saved["_growth_tracker"] >= 0  # the scaler's state is in the checkpoint
-    run_script("_trainup_gpu.py", *flags, "--epochs", "2", "--resume", log_dir=log_dir)
     run = report.read_run(log_dir / "fp16.jsonl")
     assert run["problems"] == [] and run["config"]["args"]["precision"] == "16"
     assert epochs_logged(log_dir / "fp16.jsonl") == [1, 2]
@@ -217,9 +245,8 @@ def test_the_test_loss_is_computed_in_fp32_from_half_precision_logits(script):
     assert meter.mean_loss == pytest.approx(F.cross_entropy(logits.float(), y).item(), rel=1e-6)
 
 
-def test_a_sweep_of_the_data_parallel_script(log_dir):
-    run_script("_trainup_dp.py", "--quick", "--sweep", "8,16", "--sweep-steps", "2", "--run-name", "dpsweep",
-               log_dir=log_dir)
+def test_a_sweep_of_the_data_parallel_script(cpu_runs):
+    log_dir, _ = cpu_runs
     run = report.read_run(log_dir / "dpsweep.jsonl")
     assert run["problems"] == [] and run["summary"]["status"] == "finished" and run["epochs"] == []
     sweeps = [e for e in run["extra"] if e["type"] == "sweep"]

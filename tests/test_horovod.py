@@ -58,15 +58,25 @@ def records(log_dir, name, kind):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One process with the whole batch (_trainup_gpu.py on the CPU), and 2 Horovod ranks with half each."""
+def jobs(tmp_path_factory):
+    """Started together (each is mostly start-up and waiting): one process with the whole batch
+    (_trainup_gpu.py on the CPU), 2 Horovod ranks with half each, and two Horovod jobs with a rank that fails."""
     require_horovod()
     log_dir = tmp_path_factory.mktemp("horovod") / "logs"
+    faults = log_dir.parent / "faults"
     hvd2 = horovodrun(log_dir, "hvd2", "--batch-size", 64)
     one = start([sys.executable, str(ROOT / "scripts" / "_trainup_gpu.py"), *TINY, "--batch-size", "64",
                  "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")])
-    ok(finish(one)), ok(finish(hvd2))
-    return log_dir
+    died = horovodrun(faults, "died", env={distributed.FAULT_ENV: "1:3:exit"})  # os._exit(1) before step 3
+    raised = horovodrun(faults, "raised", env={distributed.FAULT_ENV: "1:3"})   # an exception at step 3
+    return SimpleNamespace(log_dir=log_dir, one=finish(one), hvd2=finish(hvd2), faults=faults, died=finish(died),
+                           raised=finish(raised))
+
+
+@pytest.fixture(scope="module")
+def runs(jobs):
+    ok(jobs.one), ok(jobs.hvd2)
+    return jobs.log_dir
 
 
 def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it(runs):
@@ -105,12 +115,8 @@ def test_the_learning_rate_is_not_scaled_by_horovod(runs):
         assert lr == pytest.approx(1.0 * 0.7 ** 2), name
 
 
-def test_a_rank_that_dies_ends_the_job_with_a_nonzero_exit(tmp_path):
-    require_horovod()
-    log_dir = tmp_path / "logs"
-    died = horovodrun(log_dir, "died", env={distributed.FAULT_ENV: "1:3:exit"})  # os._exit(1) before step 3
-    raised = horovodrun(log_dir, "raised", env={distributed.FAULT_ENV: "1:3"})   # an exception at step 3
-    died, raised = finish(died), finish(raised)
+def test_a_rank_that_dies_ends_the_job_with_a_nonzero_exit(jobs):
+    log_dir, died, raised = jobs.faults, jobs.died, jobs.raised
     assert died.returncode != 0, died.stdout[-2000:] + died.stderr[-2000:]
     assert raised.returncode != 0 and "injected fault" in raised.stdout + raised.stderr
     for name in ("died", "raised"):

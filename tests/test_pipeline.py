@@ -1,16 +1,18 @@
-"""_trainup_pipeline.py run for real: 2 stages under torchrun (gloo) with every schedule, 2 pipelines x 2
-stages, the manual send/recv picture, and bad input. Every pipeline must end with the parameters of one
-process that trains the whole model on the whole batch."""
+"""_trainup_pipeline.py run for real: 2 stages under torchrun (gloo) with every schedule (one job runs them
+in turn), 2 pipelines x 2 stages, the manual send/recv picture, and bad input. Every pipeline must end with
+the parameters of one process that trains the whole model on the whole batch."""
+import os
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error, finish_job, start_job
+from conftest import ROOT, assert_clean_error, finish_job, in_process, start_job
 from lessons import launch, pipeline as lesson, report
 from trainup import pipeline
 
 SCRIPT = str(ROOT / "scripts" / "_trainup_pipeline.py")
+MANUAL = str(ROOT / "scripts" / "_trainup_pipeline_manual.py")
 # a tiny model and data set: each job is mostly start-up; 4 micro-batches of 8
 TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", "32",
         "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress"]
@@ -38,13 +40,22 @@ def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The one-process baseline, then one 2-stage job per schedule and one of 2 pipelines x 2 stages."""
+    """Started together: the one-process baseline, ONE 2-stage job that runs every schedule in turn (runs
+    s_<schedule>: one start-up instead of eight), one of 2 pipelines x 2 stages, and the manual halves."""
     log_dir = tmp_path_factory.mktemp("pipeline") / "logs"
-    ok(finish(job(log_dir, "one", "--stages", 1, nproc=0)))
-    for schedule in SCHEDULES:
-        ok(finish(job(log_dir, schedule, "--schedule", schedule)))
-    ok(finish(job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2, nproc=4)))
+    procs = [job(log_dir, "one", "--stages", 1, nproc=0),
+             job(log_dir, "s", "--schedule", ",".join(SCHEDULES)),
+             job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2, nproc=4),
+             job(log_dir, "manual", "--steps", 4, script=MANUAL,
+                 tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress"])]
+    for proc in [finish(p) for p in procs]:
+        ok(proc)
     return log_dir
+
+
+def name(schedule):
+    """The run the multi-schedule job wrote for one schedule (the 2 x 2 job ran one, under its own name)."""
+    return schedule if schedule == "pp2xdp2" else f"s_{schedule}"
 
 
 def params(log_dir, name):
@@ -53,12 +64,13 @@ def params(log_dir, name):
 
 @pytest.mark.parametrize("schedule", SCHEDULES + ("pp2xdp2",))
 def test_every_schedule_ends_with_the_parameters_of_one_process(runs, schedule):
-    one, piped = params(runs, "one"), params(runs, schedule)
+    one, piped = params(runs, "one"), params(runs, name(schedule))
     assert piped.keys() == one.keys()  # the stages' pieces together are the whole model
     for k in one:
         torch.testing.assert_close(piped[k], one[k], rtol=0, atol=ATOL, msg=k)
     first = report.read_run(runs / "one.jsonl")["epochs"][0]
-    run = report.read_run(runs / f"{schedule}.jsonl")
+    run = report.read_run(runs / f"{name(schedule)}.jsonl")
+    assert run["config"]["args"]["schedule"] == ("1f1b" if schedule == "pp2xdp2" else schedule)
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
     assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=1e-5)
     assert run["epochs"][0]["samples"] == first["samples"] == 128
@@ -74,7 +86,7 @@ def test_the_baseline_trained_far_beyond_the_tolerance(runs):
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_stage_notes_each_micro_batch_once_forward_and_backward(runs, schedule):
-    steps = lesson.steps(schedule, log_dir=runs, first=True)
+    steps = lesson.steps(name(schedule), log_dir=runs, first=True)
     m = 1 if schedule == "naive" else 4
     assert set(steps["rank"]) == {0, 1} and len(steps) == 2 * 4  # 4 steps of 32 samples, 2 ranks
     per_rank = 2 if pipeline.SCHEDULES[schedule][1] == 2 else 1
@@ -90,7 +102,7 @@ def test_every_stage_notes_each_micro_batch_once_forward_and_backward(runs, sche
 
 
 def test_1f1b_keeps_fewer_micro_batches_of_activations_alive_than_gpipe(runs):
-    gpipe, one_f_one_b = (lesson.peak_activations(s, log_dir=runs) for s in ("gpipe", "1f1b"))
+    gpipe, one_f_one_b = (lesson.peak_activations(name(s), log_dir=runs) for s in ("gpipe", "1f1b"))
     # 4 micro-batches: GPipe holds all 4 before its first backward; 1F1B at most 2 on stage 0, 1 on stage 1
     assert (one_f_one_b / gpipe).tolist() == pytest.approx([2 / 4, 1 / 4], rel=0.02)
 
@@ -101,10 +113,8 @@ def test_pipelines_side_by_side_split_the_batch_and_place_ranks(runs):
     assert [(p["pipeline"], p["position"]) for p in rec["placement"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
-def test_the_manual_halves_wait_for_each_other(tmp_path):
-    log_dir = tmp_path / "logs"
-    ok(finish(job(log_dir, "manual", "--steps", 4, script=str(ROOT / "scripts" / "_trainup_pipeline_manual.py"),
-                  tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress"])))
+def test_the_manual_halves_wait_for_each_other(runs):
+    log_dir = runs
     steps = lesson.steps("manual", log_dir=log_dir, first=True)
     for _, pair in steps.groupby("step"):
         by_rank = {rank: {e[1]: e for e in events} for rank, events in lesson.aligned(pair).items()}
@@ -115,18 +125,27 @@ def test_the_manual_halves_wait_for_each_other(tmp_path):
     assert summary["status"] == "finished" and summary["last_loss"] < summary["first_loss"]
 
 
-def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir):
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, monkeypatch, capsys):
+    """Checked in this interpreter (main() stops before it starts a process group): seconds, not a new
+    interpreter per case."""
+    import _trainup_pipeline
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "HOROVOD_"))
+              or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")]:
+        monkeypatch.delenv(k)
     cases = [([], ["--microbatches", "5"], ["--microbatches 5", "does not divide"]),
              ([], ["--blocks", "3", "--schedule", "zbv"], ["4 stages", "more than its --blocks 3"]),
+             # a list is checked schedule by schedule before anyone waits: gpipe fits, zbv does not
+             (["RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0"], ["--blocks", "3", "--schedule", "gpipe,zbv"],
+              ["--schedule zbv", "4 stages", "more than its --blocks 3"]),
+             ([], ["--schedule", "gpipe,fast"], ["--schedule", "unknown schedule 'fast'"]),
+             ([], ["--schedule", "gpipe,1f1b", "--stages", "1"], ["several schedules", "--stages 1"]),
              ([], [], ["needs 2 processes", "has 1"]),
              (["RANK=0", "WORLD_SIZE=3", "LOCAL_RANK=0"], [], ["needs 2 processes", "has 3"])]
-    procs = []
-    for env, flags, _ in cases:
-        proc = start([sys.executable, SCRIPT, "--quick", *flags, "--log-dir", str(log_dir)],
-                     dict(e.split("=") for e in env))
-        procs.append(proc)
-    for proc, (_, _, words) in zip(procs, cases):
-        done = finish(proc)
-        assert done.returncode == 2
+    for env, flags, words in cases:
+        with monkeypatch.context() as m:
+            for k, v in (e.split("=") for e in env):
+                m.setenv(k, v)
+            done = in_process(_trainup_pipeline.main, ["--quick", *flags, "--log-dir", log_dir], capsys)
+        assert done.returncode == 2, flags
         assert_clean_error(done, *words)
     assert not log_dir.exists() or not list(log_dir.iterdir())  # nothing half-written

@@ -3,6 +3,7 @@
     from lessons import launch
     launch.run("_trainup_ddp.py", name="ddp_n2", nproc=2)                 # torchrun --standalone
     launch.two_nodes("_trainup_ddp.py", name="ddp_2nodes", rendezvous="c10d")
+    launch.side_by_side(launch.Job("_trainup_ddp.py", name="one"), launch.Job("_trainup_ddp.py", name="two", nproc=2))
 
 torchrun is started as `python -m torch.distributed.run` (the very program the `torchrun` command
 runs), so it is this Python's torchrun whatever PATH holds; the printed command says `torchrun`.
@@ -70,6 +71,39 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags
     print(check(name))
     checks.finished(name)  # exit status 0 is not enough: the log must say finished, in the schema
     return name
+
+
+class Job:
+    """A run for side_by_side: scripts/<script> under torchrun with nproc processes, or plain python (nproc=0)."""
+    def __init__(self, script, *args, name, nproc=0, quick=None, env=None):
+        part, self.name, self.env = script_args(script, args, name, quick), name, env
+        flags = torchrun_flags(nproc=nproc) if nproc else []
+        self.cmd = TORCHRUN + flags + part if nproc else [sys.executable] + part
+        self.shown = shown(flags, part) if nproc else "$ python " + shlex.join(part)
+
+
+def side_by_side(*jobs, timeout=900):
+    """Start the jobs together and wait for all: for runs that measure no speed (a proof of equal parameters,
+    losses), where most of each run is starting Python and importing torch, on one core. Prints each command,
+    then one checked sentence each, in order."""
+    for job in jobs:
+        print(job.shown)
+    procs = [subprocess.Popen(job.cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=environment(job.env)) for job in jobs]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:  # one failed or the time ran out: leave none running
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for job, p, out in zip(jobs, procs, outputs):
+        if p.returncode != 0:
+            raise _failed(job.name, out, p.returncode)
+    for job in jobs:
+        print(check(job.name))
+        checks.finished(job.name)
+    return [job.name for job in jobs]
 
 
 def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=None, timeout=900, env=None):

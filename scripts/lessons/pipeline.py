@@ -252,19 +252,26 @@ def about_memory(t):
     return out
 
 
-def run(script, *args, name, nproc=2, quick=None, timeout=900):
-    """A torchrun job of a pipeline script (launch.run's command), then one sentence checked from its log."""
+def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
+    """A torchrun job of a pipeline script (launch.run's command), then one sentence checked from its log.
+
+    With schedules=[...], ONE job runs each in turn (--schedule a,b,...: one start-up, not one per schedule),
+    each its own run <name>_<schedule>; a sentence for each, and their names are returned."""
     import subprocess
     from trainup import ROOT
     from .launch import TORCHRUN, _failed, environment, script_args, shown, torchrun_flags
+    if schedules:
+        args = ("--schedule", ",".join(schedules), *args)
     part, flags = script_args(script, args, name, quick), torchrun_flags(nproc=nproc)
     print(shown(flags, part))
     proc = subprocess.run(TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=environment())
     if proc.returncode != 0:
         raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
-    print(check(name))
-    return name
+    names = [f"{name}_{s}" for s in schedules] if schedules else [name]
+    for n in names:
+        print(check(n))
+    return names if schedules else name
 
 
 def check(name, log_dir=LOG_DIR):
