@@ -16,12 +16,12 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, metrics, models
+from trainup import UserError, checkpoint, cli, data, metrics, models, preempt
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         optimizer.zero_grad()
         logits = model(x)
@@ -111,6 +111,7 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
+    stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
     torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
     test_loader = DataLoader(test_set, batch_size=1000)
@@ -120,6 +121,7 @@ def main(argv=None):
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler) if args.resume else 1
     log = metrics.RunLog(args, __file__, "cpu", world_size=args.num_processes,
                          backend="hogwild" if args.num_processes > 1 else "none")
+    stop.watch(ckpt, log, model, optimizer, scheduler)  # what a stop saves; on --resume, the step to go on from
 
     if args.num_processes == 1:
         sampler = data.ShuffleSampler(len(train_set), args.seed)
@@ -129,7 +131,7 @@ def main(argv=None):
             for epoch in range(start_epoch, args.epochs + 1):
                 tick = time.perf_counter()
                 sampler.set_epoch(epoch)
-                train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress)
+                train = train_epoch(model, stop.batches(train_loader, epoch), optimizer, epoch, args.show_progress)
                 scheduler.step()
                 yield epoch, train, time.perf_counter() - tick
     else:
