@@ -240,3 +240,50 @@ def test_resuming_inside_an_epoch_with_another_world_size_is_one_sentence(tmp_pa
     assert checkpoint.load(ckpt, model, optimizer, scheduler) == 1  # the stopped epoch, not the next
     with pytest.raises(UserError, match=r"stopped inside an epoch by a job of 2 process\(es\), and this one has 1"):
         preempt.Stopper(args).watch(ckpt, None, model, optimizer, scheduler)
+
+
+# --- A real SLURM: the requeue template, stopped midway, comes back and finishes -------------------------------
+
+from test_slurm import local_slurm  # noqa: E402,F401  (the same local SLURM fixture, started for this module)
+
+REQUEUE = ROOT / "slurm" / "requeue" / "cpu.sbatch"
+
+
+def test_the_requeue_template_is_well_formed():
+    from lessons import slurm
+    assert subprocess.run(["bash", "-n", str(REQUEUE)]).returncode == 0
+    sentence, problems = slurm.check_counts(REQUEUE)
+    assert problems == [], sentence
+    opts = slurm.directives(REQUEUE)
+    assert opts["signal"] == "B:USR1@60" and "requeue" in opts and opts["open-mode"] == "append"
+    text = REQUEUE.read_text()
+    assert "--resume --stop-signal USR1" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+
+
+@pytest.fixture(scope="module")
+def requeued(local_slurm, tmp_path_factory):  # noqa: F811
+    """The same job twice, side by side: one never stopped; one given its notice once it trains (requeued)."""
+    from lessons import slurm
+    tmp = tmp_path_factory.mktemp("requeue")
+    flags = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-size", "16", "--epochs", "3",
+             "--log-dir", tmp, "--checkpoint-dir", tmp / "checkpoints"]
+    ids = {name: slurm.submit("slurm/requeue/cpu.sbatch", *flags, sbatch_args=[f"--output={tmp}/{name}.out",
+                                                                                 f"--job-name={name}"])
+           for name in ("straight", "stopped")}
+    seen = slurm.stop_midway(ids["stopped"], tmp / f"stopped_{ids['stopped']}.jsonl")
+    states = slurm.wait([ids["straight"]], timeout=600)
+    return SimpleNamespace(tmp=tmp, ids=ids, seen=seen, straight_state=states[ids["straight"]])
+
+
+def test_a_requeued_slurm_job_comes_back_and_ends_like_the_job_never_stopped(requeued):
+    tmp, ids = requeued.tmp, requeued.ids
+    out = (tmp / "stopped.out").read_text()
+    assert requeued.straight_state == "COMPLETED", (tmp / "straight.out").read_text()
+    assert requeued.seen[-1] == "COMPLETED" and "PENDING" in requeued.seen[1:], (requeued.seen, out)
+    assert "stopped with a checkpoint" in out and "start 2 of job" in out, out
+    stopped, straight = f"stopped_{ids['stopped']}", f"straight_{ids['straight']}"
+    logged = lines(tmp, stopped)
+    assert [r["status"] for r in logged if r["type"] == "summary"] == ["stopped", "finished"], out
+    resumed, never = params(tmp, stopped), params(tmp, straight)
+    for k in never:
+        assert torch.equal(resumed[k], never[k]), k

@@ -6,6 +6,7 @@
     state, message = slurm.start()              # tools/local_slurm.sh start: controller + nodes n1, n2
     job = slurm.submit("slurm/cpu.sbatch", "--quick", sbatch_args=["--nodes=2"])
     slurm.wait([job])                           # {job: "COMPLETED"}
+    slurm.stop_midway(job, "logs/<run>.jsonl")  # the notice once it trains; requeued, back, finished
     slurm.stop()
 """
 import os
@@ -109,6 +110,43 @@ def wait(job_ids, timeout=900, poll=1.0):
             raise TimeoutError(f"SLURM jobs {', '.join(job_ids)} did not finish within {timeout:.0f} s "
                                f"(states: {states}); they were cancelled")
         time.sleep(poll)
+
+
+# --- Requeue: a job stopped ahead of its end comes back and finishes (slurm/requeue/) ------------------------
+
+def notice(job_id, sig="USR1"):
+    """What `#SBATCH --signal=B:USR1@60` sends ahead of the time limit (or a preemption): the signal, to the
+    job's batch script only."""
+    proc = _run(["scancel", "--batch", f"--signal={sig}", str(job_id)])
+    if proc.returncode != 0:
+        raise RuntimeError(f"scancel could not signal job {job_id}: {proc.stderr.strip()}")
+
+
+def release(job_id):
+    """A requeued job waits for its begin time (SLURM holds it about two minutes before it may start again): on
+    the course's own SLURM, let it start now."""
+    _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+
+def stop_midway(job_id, log, timeout=600, poll=0.5):
+    """Once every rank of the job is training (its run log holds the 'ddp' record), give the job its notice;
+    when it has gone back to the queue, release it; wait until it finishes. Returns the job's states in the
+    order seen (repeats dropped)."""
+    deadline, seen, noticed = time.monotonic() + timeout, [], False
+    while time.monotonic() < deadline:
+        state = job(job_id).get("JobState", "UNKNOWN")
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state in FINISHED:
+            return seen
+        if not noticed and Path(log).exists() and '"type": "ddp"' in Path(log).read_text():
+            notice(job_id)
+            noticed = True
+        if noticed and state == "PENDING":
+            release(job_id)
+        time.sleep(poll)
+    _run(["scancel", str(job_id)])
+    raise TimeoutError(f"SLURM job {job_id} did not finish within {timeout:.0f} s (states: {seen}); it was cancelled")
 
 
 def queue():

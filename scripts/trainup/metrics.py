@@ -188,12 +188,13 @@ class RunLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         from . import preempt  # one live writer per run name: a second is refused in one sentence
-        checkpoint = Path(args.checkpoint_dir) / f"{args.run_name}.pt"
+        folder = getattr(args, "checkpoint_dir", None)
+        checkpoint = Path(folder) / f"{args.run_name}.pt" if folder else None
         self._locks = [preempt.Lock(self.path.with_suffix(".lock"), f"run {args.run_name!r}")]
-        if checkpoint.parent.is_dir():
+        if checkpoint and checkpoint.parent.is_dir():
             self._locks.append(preempt.Lock(checkpoint.with_name(f".{checkpoint.name}.lock"), f"run {args.run_name!r}"))
         mode = "a" if getattr(args, "resume", False) else "w"
-        replaced = [p.name for p in (self.path, checkpoint) if p.exists()] if mode == "w" else []
+        replaced = [p.name for p in (self.path, checkpoint) if p and p.exists()] if mode == "w" else []
         self._file = open(self.path, mode)
         self._stdout = open(self.path.with_suffix(".stdout"), mode)
         self._previous_stdout = sys.stdout
@@ -214,6 +215,8 @@ class RunLog:
 
     def epoch(self, epoch, train, test, wall_s):
         """Log and print one epoch, from the train and test Meters."""
+        from . import preempt
+        wall_s += preempt.WALL_BEFORE.pop(epoch, 0.0)  # a resumed epoch: its seconds before the stop too
         line = dict(epoch=epoch, loss=train.mean_loss, accuracy=train.accuracy, test_loss=test.mean_loss,
                     test_accuracy=test.accuracy, wall_s=wall_s, samples=train.samples,
                     samples_per_s=train.samples / wall_s, peak_mem_mb=peak_memory_mb(self.device))

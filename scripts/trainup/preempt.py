@@ -26,6 +26,7 @@ from . import UserError, checkpoint, metrics
 
 STOPPED_EXIT = 75  # sysexits.h's EX_TEMPFAIL, "try again later": stopped, resumable (the SLURM template requeues)
 CHECK_EVERY = {"cpu": 1, "cuda": 20}  # steps between checks: on a GPU each check makes the CPU wait for the GPU
+WALL_BEFORE = {}  # epoch -> its training seconds before a stop, added to the resumed epoch's wall_s by RunLog.epoch
 
 
 def default_name(lesson):
@@ -248,12 +249,12 @@ class Stopper:
         """True when some rank was asked to stop (all-reduced: every rank gets the same answer)."""
         return self.comm.any(self.signal is not None)
 
-    def stop(self, epoch, step, meter):
+    def stop(self, epoch, step, meter, wall_s):
         """Save where the run is, log it, leave the job together, and exit STOPPED_EXIT."""
         w = self.watched
         mine = dict(rng=rng_state(), meter=meter.as_tensor().tolist())
         ranks = self.comm.gather(mine)  # every rank's random states, for rank 0 to save
-        position = dict(epoch=epoch, step=step, world_size=self.comm.world_size, ranks=ranks,
+        position = dict(epoch=epoch, step=step, wall_s=wall_s, world_size=self.comm.world_size, ranks=ranks,
                         extra={k: v.state_dict() for k, v in w["extra"].items() if v is not None})
         if self.comm.rank == 0:
             checkpoint.save(w["ckpt"], w["model"], w["optimizer"], w["scheduler"], epoch - 1, self.args,
@@ -273,21 +274,23 @@ class Steps:
         self.stopper, self.loader, self.epoch, self.every = stopper, loader, epoch, every
         self.skip = position["step"] if position else 0
         self.rank_state = position["ranks"][stopper.comm.rank] if position else None
-        self.meter = metrics.Meter()
-        if position:  # the epoch's sums so far, so that its log line covers the whole epoch
+        self.meter, self.wall_before = metrics.Meter(), 0.0
+        if position:  # the epoch's sums and seconds so far, so that its log line covers the whole epoch
             self.meter = metrics.Meter.from_tensor(torch.tensor(self.rank_state["meter"], dtype=torch.float64))
+            self.wall_before = WALL_BEFORE[epoch] = position.get("wall_s", 0.0)
 
     def __len__(self):
         return len(self.loader) - self.skip
 
     def __iter__(self):
+        started = time.perf_counter()
         batches = iter(_skipped(self.loader, self.skip))  # may draw from the random generator (DataLoader)...
         if self.rank_state:
             set_rng_state(self.rank_state["rng"])  # ...so the random states are restored after it
         for step, batch in enumerate(batches, self.skip + 1):
             yield batch  # the script trains one step on it
             if step % self.every == 0 and self.stopper.check():
-                self.stopper.stop(self.epoch, step, self.meter)
+                self.stopper.stop(self.epoch, step, self.meter, self.wall_before + time.perf_counter() - started)
 
 
 def _skipped(loader, skip):
