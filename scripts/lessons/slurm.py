@@ -128,7 +128,7 @@ def release(job_id):
     _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
 
-def stop_midway(job_id, log, timeout=600, poll=0.5):
+def stop_midway(job_id, log, timeout=600, poll=0.2):
     """Once every rank of the job is training (its run log holds the 'ddp' record), give the job its notice;
     when it has gone back to the queue, release it; wait until it finishes. Returns the job's states in the
     order seen (repeats dropped)."""
@@ -140,13 +140,22 @@ def stop_midway(job_id, log, timeout=600, poll=0.5):
         if state in FINISHED:
             return seen
         if not noticed and Path(log).exists() and '"type": "ddp"' in Path(log).read_text():
-            notice(job_id)
+            _run(["scancel", "--batch", "--signal=USR1", str(job_id)])  # notice(); a job that just ended is no error
             noticed = True
         if noticed and state == "PENDING":
             release(job_id)
         time.sleep(poll)
     _run(["scancel", str(job_id)])
     raise TimeoutError(f"SLURM job {job_id} did not finish within {timeout:.0f} s (states: {seen}); it was cancelled")
+
+
+def statuses(run, log_dir=None):
+    """The status of every summary in logs/<run>.jsonl, in order: a requeued run has one per start."""
+    import json
+    from trainup import LOG_DIR
+    path = Path(log_dir or LOG_DIR) / f"{run}.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r.get("status") for r in records if r.get("type") == "summary"]
 
 
 def queue():
