@@ -49,6 +49,7 @@ def optimizer_for(model, args):
 
 def hogwild_worker(rank, args, model, train_set, start_epoch, results, go):
     """One of N processes: trains the shared model on every N-th sample, then waits for the next epoch."""
+    preempt.leave_to_main(args)  # a stop signal is for the main process: it stops the workers between epochs
     torch.set_num_threads(args.threads)
     sampler = data.ShuffleSampler(len(train_set), args.seed, rank, args.num_processes)
     loader = DataLoader(train_set, batch_size=args.batch_size // args.num_processes, sampler=sampler)
@@ -141,6 +142,7 @@ def main(argv=None):
     for epoch, train, wall in epochs():
         log.epoch(epoch, train, evaluate(model, test_loader), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation, or in Hogwild: from this epoch's end
     log.summary(checkpoint=ckpt)
 
 

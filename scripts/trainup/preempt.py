@@ -249,6 +249,17 @@ class Stopper:
         """True when some rank was asked to stop (all-reduced: every rank gets the same answer)."""
         return self.comm.any(self.signal is not None)
 
+    def after_epoch(self, epoch):
+        """Between epochs: a stop asked for during evaluation (or in Hogwild, whose workers train a whole epoch
+        at a time) exits here, from the checkpoint of the epoch that just ended."""
+        if self.check():
+            w = self.watched
+            print(f"{self.signal or 'a signal on another rank'}: stopped after epoch {epoch}; "
+                  f"--resume continues from {w['ckpt']}")
+            w["log"].summary(checkpoint=w["ckpt"], status="stopped")
+            self.comm.close()
+            raise SystemExit(STOPPED_EXIT)
+
     def stop(self, epoch, step, meter, wall_s):
         """Save where the run is, log it, leave the job together, and exit STOPPED_EXIT."""
         w = self.watched
@@ -264,6 +275,12 @@ class Stopper:
         w["log"].summary(checkpoint=w["ckpt"], status="stopped")
         self.comm.close()
         raise SystemExit(STOPPED_EXIT)
+
+
+def leave_to_main(args):
+    """In a worker process (Hogwild's): the stop signals are the main process's to act on."""
+    for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class Steps:
