@@ -1,6 +1,7 @@
 """The command-line flags every lesson script shares, and how bad input is reported."""
 import argparse
 import functools
+import signal
 import sys
 
 from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError, preempt
@@ -93,6 +94,7 @@ def main_guard(main):
     """Run main(); a UserError becomes one sentence on stderr and exit status 2, not a traceback."""
     @functools.wraps(main)
     def wrapper(*a, **kw):
+        handlers = {s: signal.getsignal(s) for s in preempt.SIGNALS}  # main() called in-process (tests, notebooks)
         try:
             return main(*a, **kw)
         except UserError as e:
@@ -101,4 +103,7 @@ def main_guard(main):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        finally:  # gives the caller its own signal handlers back (a Stopper replaced them)
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
     return wrapper

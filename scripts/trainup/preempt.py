@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from . import UserError, checkpoint, metrics
 
 STOPPED_EXIT = 75  # sysexits.h's EX_TEMPFAIL, "try again later": stopped, resumable (the SLURM template requeues)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)  # what --stop-signal may name
 CHECK_EVERY = {"cpu": 1, "cuda": 20}  # steps between checks: on a GPU each check makes the CPU wait for the GPU
 WALL_BEFORE = {}  # epoch -> its training seconds before a stop, added to the resumed epoch's wall_s by RunLog.epoch
 
@@ -84,7 +85,8 @@ class Lock:
                 if _alive(owner):
                     host, pid = (owner.split() + ["?", "?"])[:2]
                     raise UserError(f"{what} is being written by another run (process {pid} on {host}, "
-                                    f"{self.path.name}); choose another --run-name, or wait for it to end") from None
+                                    f"{self.path.name}); choose another --run-name, wait for it to end, or delete {self.path} "
+                                    f"if that run is dead") from None
                 stale = self.path.with_name(f"{self.path.name}.stale.{os.getpid()}")
                 try:  # a rename, so that of two runs taking over the same dead lock only one wins
                     os.replace(self.path, stale)
