@@ -132,13 +132,20 @@ def stop_midway(job_id, log, timeout=600, poll=0.2):
     """Once every rank of the job is training (its run log holds the 'ddp' record), give the job its notice;
     when it has gone back to the queue, release it; wait until it finishes. Returns the job's states in the
     order seen (repeats dropped)."""
-    deadline, seen, noticed = time.monotonic() + timeout, [], False
+    deadline, seen, noticed, ended = time.monotonic() + timeout, [], False, None
     while time.monotonic() < deadline:
-        state = job(job_id).get("JobState", "UNKNOWN")
+        fields = job(job_id)
+        state = fields.get("JobState", "UNKNOWN")
         if not seen or seen[-1] != state:
             seen.append(state)
         if state in FINISHED:
-            return seen
+            ended = ended or time.monotonic()
+            # right after `scontrol requeue` the first start may still show as ended (Restarts=0): wait for the
+            # requeue to show, a little while, before taking the state as the job's last
+            if not noticed or fields.get("Restarts", "0") != "0" or time.monotonic() - ended > 15:
+                return seen
+        else:
+            ended = None
         if not noticed and Path(log).exists() and '"type": "ddp"' in Path(log).read_text():
             _run(["scancel", "--batch", "--signal=USR1", str(job_id)])  # notice(); a job that just ended is no error
             noticed = True
@@ -147,6 +154,14 @@ def stop_midway(job_id, log, timeout=600, poll=0.2):
         time.sleep(poll)
     _run(["scancel", str(job_id)])
     raise TimeoutError(f"SLURM job {job_id} did not finish within {timeout:.0f} s (states: {seen}); it was cancelled")
+
+
+def forget(run):
+    """Delete a run's log, output and checkpoint: a job that always passes --resume (slurm/requeue/) would
+    otherwise carry on from an earlier run of the same name, one that finished long ago."""
+    from trainup import CHECKPOINT_DIR, LOG_DIR
+    for path in (LOG_DIR / f"{run}.jsonl", LOG_DIR / f"{run}.stdout", CHECKPOINT_DIR / f"{run}.pt"):
+        path.unlink(missing_ok=True)
 
 
 def statuses(run, log_dir=None):

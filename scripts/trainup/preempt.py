@@ -212,7 +212,7 @@ class Stopper:
 
     def __init__(self, args, comm=None):
         self.args, self.comm = args, comm or Alone()
-        self.signal = None
+        self.signal, self.pid = None, os.getpid()
         if getattr(args, "run_name_default", False):  # rank 0's default name, for every rank
             args.run_name = self.comm.broadcast(args.run_name)
         for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
@@ -221,6 +221,10 @@ class Stopper:
         self.checks = 0
 
     def _requested(self, signum, frame):
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker): the signal's usual effect
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.signal = signal.Signals(signum).name  # only a flag: the step in progress finishes first
 
     def watch(self, ckpt, log, model, optimizer, scheduler, scaler=None, **extra):
@@ -280,9 +284,10 @@ class Stopper:
 
 
 def leave_to_main(args):
-    """In a worker process (Hogwild's): the stop signals are the main process's to act on."""
-    for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
-        signal.signal(sig, signal.SIG_IGN)
+    """In a worker process (Hogwild's): --stop-signal is the main process's to act on (it stops the workers
+    between epochs). SIGTERM keeps ending a worker: it is how the main process ends them when it exits."""
+    if args.stop_signal != "TERM":
+        signal.signal(getattr(signal, f"SIG{args.stop_signal}"), signal.SIG_IGN)
 
 
 class Steps:
