@@ -132,7 +132,7 @@ def stop_midway(job_id, log, timeout=600, poll=0.2):
     """Once every rank of the job is training (its run log holds the 'ddp' record), give the job its notice;
     when it has gone back to the queue, release it; wait until it finishes. Returns the job's states in the
     order seen (repeats dropped)."""
-    deadline, seen, noticed, ended = time.monotonic() + timeout, [], False, None
+    deadline, seen, noticed, ended, pending = time.monotonic() + timeout, [], False, None, None
     while time.monotonic() < deadline:
         fields = job(job_id)
         state = fields.get("JobState", "UNKNOWN")
@@ -149,18 +149,21 @@ def stop_midway(job_id, log, timeout=600, poll=0.2):
         if not noticed and Path(log).exists() and '"type": "ddp"' in Path(log).read_text():
             _run(["scancel", "--batch", "--signal=USR1", str(job_id)])  # notice(); a job that just ended is no error
             noticed = True
-        if noticed and state == "PENDING":
-            release(job_id)
+        pending = (pending or time.monotonic()) if noticed and state == "PENDING" else None
+        if pending and time.monotonic() - pending > 3 and fields.get("Reason") == "BeginTime":
+            release(job_id)  # a few seconds first: the first start's processes must have left the node
         time.sleep(poll)
     _run(["scancel", str(job_id)])
     raise TimeoutError(f"SLURM job {job_id} did not finish within {timeout:.0f} s (states: {seen}); it was cancelled")
 
 
 def forget(run):
-    """Delete a run's log, output and checkpoint: a job that always passes --resume (slurm/requeue/) would
-    otherwise carry on from an earlier run of the same name, one that finished long ago."""
+    """Delete a run's log, output, checkpoint and job output file (logs/slurm-<run>.out): a job that always
+    passes --resume (slurm/requeue/) would otherwise carry on from an earlier run of the same name, one that
+    finished long ago."""
     from trainup import CHECKPOINT_DIR, LOG_DIR
-    for path in (LOG_DIR / f"{run}.jsonl", LOG_DIR / f"{run}.stdout", CHECKPOINT_DIR / f"{run}.pt"):
+    for path in (LOG_DIR / f"{run}.jsonl", LOG_DIR / f"{run}.stdout", CHECKPOINT_DIR / f"{run}.pt",
+                 ROOT / "logs" / f"slurm-{run}.out"):  # the job's output file, as the notebook names it
         path.unlink(missing_ok=True)
 
 
