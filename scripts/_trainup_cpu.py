@@ -16,12 +16,12 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, metrics, models, profiling
+from trainup import UserError, checkpoint, cli, data, metrics, models, preempt, profiling
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         optimizer.zero_grad()
         logits = model(x)
@@ -49,6 +49,7 @@ def optimizer_for(model, args):
 
 def hogwild_worker(rank, args, model, train_set, start_epoch, results, go):
     """One of N processes: trains the shared model on every N-th sample, then waits for the next epoch."""
+    preempt.leave_to_main(args)  # a stop signal is for the main process: it stops the workers between epochs
     torch.set_num_threads(args.threads)
     sampler = data.ShuffleSampler(len(train_set), args.seed, rank, args.num_processes)
     loader = DataLoader(train_set, batch_size=args.batch_size // args.num_processes, sampler=sampler)
@@ -112,6 +113,7 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
+    stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
     torch.set_num_threads(args.threads)
     profiler = profiling.start(args)  # --profile STEPS: a trace of a few steps
     train_set, test_set = data.load(args)
@@ -122,6 +124,7 @@ def main(argv=None):
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler) if args.resume else 1
     log = metrics.RunLog(args, __file__, "cpu", world_size=args.num_processes,
                          backend="hogwild" if args.num_processes > 1 else "none")
+    stop.watch(ckpt, log, model, optimizer, scheduler)  # what a stop saves; on --resume, the step to go on from
 
     if args.num_processes == 1:
         sampler = data.ShuffleSampler(len(train_set), args.seed)
@@ -131,7 +134,8 @@ def main(argv=None):
             for epoch in range(start_epoch, args.epochs + 1):
                 tick = time.perf_counter()
                 sampler.set_epoch(epoch)
-                train = train_epoch(model, profiler.steps(train_loader), optimizer, epoch, args.show_progress)
+                train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)), optimizer, epoch,
+                                    args.show_progress)
                 scheduler.step()
                 yield epoch, train, time.perf_counter() - tick
     else:
@@ -141,6 +145,7 @@ def main(argv=None):
     for epoch, train, wall in epochs():
         log.epoch(epoch, train, evaluate(model, test_loader), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation, or in Hogwild: from this epoch's end
     profiler.stop()
     log.summary(checkpoint=ckpt)
 

@@ -24,12 +24,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models, profiling
+from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models, preempt, profiling
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler, accumulate=1, warmup=None):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     steps = len(loader) if accumulate > 1 else None
     for i, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress)):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
@@ -175,6 +175,7 @@ def check_sync_bn(model, device):
 def main(argv=None):
     args = parse_args(argv)
     ctx = distributed.setup(args)  # join the group; the device comes from LOCAL_RANK
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # rank 0's run name; all ranks stop at one step
     device = ctx.device
     if ctx.world_size > 1 and args.sweep and any(b % ctx.world_size for b in args.sweep):
         raise UserError(f"every --sweep batch size is global and must split evenly over {ctx.world_size} processes")
@@ -198,6 +199,7 @@ def main(argv=None):
               if args.warmup_steps and start_epoch == 1 else None)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **distributed.describe(ctx, args))
+    stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler, warmup=warmup)  # what a stop saves, rank 0 writes
     monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
     if ctx.restart_count and ctx.is_main:
         print(f"torchrun restart {ctx.restart_count}: resuming at epoch {start_epoch} from {ckpt}")
@@ -217,8 +219,9 @@ def main(argv=None):
         tick = time.perf_counter()
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
-        train = train_epoch(model, profiler.steps(distributed.faults(train_loader, ctx, epoch)), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device, args.precision, scaler, accumulate, warmup)
+        train = train_epoch(model, profiler.steps(distributed.faults(stop.batches(train_loader, epoch), ctx, epoch)),
+                            optimizer, epoch, args.show_progress and ctx.is_main, device, args.precision, scaler,
+                            accumulate, warmup)
         scheduler.step()
         if allreduces:
             log.write("accumulate", epoch=epoch, accumulate=accumulate, micro_batch=args.batch_size // ctx.world_size

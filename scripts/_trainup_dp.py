@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, dataparallel, devices, gpumon, metrics, models
+from trainup import UserError, checkpoint, cli, data, dataparallel, devices, gpumon, metrics, models, preempt
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
         optimizer.zero_grad()
@@ -122,6 +122,7 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
+    stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
     device, ids, sentence = dataparallel.choose(args.gpus)
     args.gpus = len(ids)
     if args.phases and len(ids) < 2:
@@ -139,6 +140,7 @@ def main(argv=None):
     ckpt = checkpoint.path_for(args)
     start_epoch = checkpoint.load(ckpt, net, optimizer, scheduler, device, scaler) if args.resume else 1
     log = metrics.RunLog(args, __file__, device, backend="dataparallel" if ids else "none")
+    stop.watch(ckpt, log, net, optimizer, scheduler, scaler)  # what a stop saves; on --resume, the step to go on from
     monitor = gpumon.start(log.write, device, ids)  # every GPU's utilisation and memory; nothing on CPU
     print(sentence)
     if args.sweep:
@@ -153,7 +155,7 @@ def main(argv=None):
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, train_loader, optimizer, epoch, args.show_progress, device, args.precision, scaler)
+        train = train_epoch(model, stop.batches(train_loader, epoch), optimizer, epoch, args.show_progress, device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, devices, gpumon, metrics, models, profiling
+from trainup import checkpoint, cli, data, devices, gpumon, metrics, models, preempt, profiling
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
         optimizer.zero_grad()
@@ -124,6 +124,7 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
+    stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
     device = devices.pick(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -136,6 +137,7 @@ def main(argv=None):
     ckpt = checkpoint.path_for(args)
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler) if args.resume else 1
     log = metrics.RunLog(args, __file__, device)
+    stop.watch(ckpt, log, model, optimizer, scheduler, scaler)  # what a stop saves; on --resume, the step to go on from
     monitor = gpumon.start(log.write, device)  # GPU utilisation and memory in the background; nothing on CPU
     if args.sweep:
         sweep(args, model, train_set, device, log)
@@ -150,7 +152,8 @@ def main(argv=None):
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, profiler.steps(train_loader), optimizer, epoch, args.show_progress, device, args.precision, scaler)
+        train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)), optimizer, epoch, args.show_progress,
+                            device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed

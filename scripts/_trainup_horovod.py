@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models
+from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models, preempt
 
 try:
     import horovod.torch as hvd
@@ -35,7 +35,7 @@ except ImportError as e:  # not built, or built against another torch
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
         optimizer.zero_grad()
@@ -195,6 +195,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     ctx = setup(args)  # hvd.init(); the device comes from hvd.local_rank()
+    stop = preempt.Stopper(args, preempt.Horovod(hvd))  # rank 0's run name; all ranks stop at one step
     device = ctx.device
     if ctx.world_size > 1 and args.sweep and any(b % ctx.world_size for b in args.sweep):
         raise UserError(f"every --sweep batch size is global and must split evenly over {ctx.world_size} processes")
@@ -213,6 +214,7 @@ def main(argv=None):
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **describe(ctx, args))
+    stop.watch(ckpt, log, model, optimizer, scheduler)  # what a stop saves, rank 0 writes
     monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
     if args.sweep:
         sweep(args, model, optimizer, train_set, device, log, ctx)
@@ -228,7 +230,7 @@ def main(argv=None):
         tick = time.perf_counter()
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
-        train = train_epoch(model, distributed.faults(train_loader, ctx, epoch), optimizer, epoch,
+        train = train_epoch(model, distributed.faults(stop.batches(train_loader, epoch), ctx, epoch), optimizer, epoch,
                             args.show_progress and ctx.is_main, device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)

@@ -53,6 +53,11 @@ BREAKAGES = {
         "    torch.set_num_threads(args.threads)\n    model = __import__(\"copy\").deepcopy(model)\n"
         "    sampler = data.ShuffleSampler(len(train_set), args.seed, rank,",
         "test_cpu_script.py::test_two_hogwild_processes_train_one_shared_model"),
+    "resume ignores where inside the epoch the run stopped": (
+        "trainup/preempt.py",
+        'self.skip = position["step"] if position else 0',
+        "self.skip = 0",
+        "test_preemption.py::test_resume_goes_on_from_the_step_and_ends_like_a_run_never_stopped"),
     "a log record with a wrong type": (
         "trainup/metrics.py",
         "line = dict(epoch=epoch, loss=train.mean_loss,",

@@ -6,6 +6,7 @@
     state, message = slurm.start()              # tools/local_slurm.sh start: controller + nodes n1, n2
     job = slurm.submit("slurm/cpu.sbatch", "--quick", sbatch_args=["--nodes=2"])
     slurm.wait([job])                           # {job: "COMPLETED"}
+    slurm.stop_midway(job, "logs/<run>.jsonl")  # the notice once it trains; requeued, back, finished
     slurm.stop()
 """
 import os
@@ -109,6 +110,70 @@ def wait(job_ids, timeout=900, poll=1.0):
             raise TimeoutError(f"SLURM jobs {', '.join(job_ids)} did not finish within {timeout:.0f} s "
                                f"(states: {states}); they were cancelled")
         time.sleep(poll)
+
+
+# --- Requeue: a job stopped ahead of its end comes back and finishes (slurm/requeue/) ------------------------
+
+def notice(job_id, sig="USR1"):
+    """What `#SBATCH --signal=B:USR1@60` sends ahead of the time limit (or a preemption): the signal, to the
+    job's batch script only."""
+    proc = _run(["scancel", "--batch", f"--signal={sig}", str(job_id)])
+    if proc.returncode != 0:
+        raise RuntimeError(f"scancel could not signal job {job_id}: {proc.stderr.strip()}")
+
+
+def release(job_id):
+    """A requeued job waits for its begin time (SLURM holds it about two minutes before it may start again): on
+    the course's own SLURM, let it start now."""
+    _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+
+def stop_midway(job_id, log, timeout=600, poll=0.2):
+    """Once every rank of the job is training (its run log holds the 'ddp' record), give the job its notice;
+    when it has gone back to the queue, release it; wait until it finishes. Returns the job's states in the
+    order seen (repeats dropped)."""
+    deadline, seen, noticed, ended, pending = time.monotonic() + timeout, [], False, None, None
+    while time.monotonic() < deadline:
+        fields = job(job_id)
+        state = fields.get("JobState", "UNKNOWN")
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state in FINISHED:
+            ended = ended or time.monotonic()
+            # right after `scontrol requeue` the first start may still show as ended (Restarts=0): wait for the
+            # requeue to show, a little while, before taking the state as the job's last
+            if not noticed or fields.get("Restarts", "0") != "0" or time.monotonic() - ended > 15:
+                return seen
+        else:
+            ended = None
+        if not noticed and Path(log).exists() and '"type": "ddp"' in Path(log).read_text():
+            _run(["scancel", "--batch", "--signal=USR1", str(job_id)])  # notice(); a job that just ended is no error
+            noticed = True
+        pending = (pending or time.monotonic()) if noticed and state == "PENDING" else None
+        if pending and time.monotonic() - pending > 3 and fields.get("Reason") == "BeginTime":
+            release(job_id)  # a few seconds first: the first start's processes must have left the node
+        time.sleep(poll)
+    _run(["scancel", str(job_id)])
+    raise TimeoutError(f"SLURM job {job_id} did not finish within {timeout:.0f} s (states: {seen}); it was cancelled")
+
+
+def forget(run):
+    """Delete a run's log, output, checkpoint and job output file (logs/slurm-<run>.out): a job that always
+    passes --resume (slurm/requeue/) would otherwise carry on from an earlier run of the same name, one that
+    finished long ago."""
+    from trainup import CHECKPOINT_DIR, LOG_DIR
+    for path in (LOG_DIR / f"{run}.jsonl", LOG_DIR / f"{run}.stdout", CHECKPOINT_DIR / f"{run}.pt",
+                 ROOT / "logs" / f"slurm-{run}.out"):  # the job's output file, as the notebook names it
+        path.unlink(missing_ok=True)
+
+
+def statuses(run, log_dir=None):
+    """The status of every summary in logs/<run>.jsonl, in order: a requeued run has one per start."""
+    import json
+    from trainup import LOG_DIR
+    path = Path(log_dir or LOG_DIR) / f"{run}.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r.get("status") for r in records if r.get("type") == "summary"]
 
 
 def queue():

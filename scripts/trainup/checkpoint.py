@@ -1,5 +1,8 @@
 """Checkpoints that survive a crash: written by one process, to a temporary file, then renamed.
 
+A run stopped inside an epoch (trainup/preempt.py) also saves its position there: the epoch, the steps
+taken, the epoch's sums so far and every rank's random states; load() then starts at that epoch.
+
 os.replace is atomic on POSIX: a reader (or a restarted run) sees the old checkpoint or the new
 one, never half of one. A checkpoint that cannot be read, or holds another model, is one sentence.
 """
@@ -27,7 +30,11 @@ def path_for(args):
     return folder / f"{args.run_name}.pt"
 
 
-def save(path, model, optimizer, scheduler, epoch, args, scaler=None):
+_POSITIONS = {}  # checkpoint path -> the position inside an epoch that load() found there (None: an epoch's end)
+
+
+def save(path, model, optimizer, scheduler, epoch, args, scaler=None, position=None):
+    """epoch: the last whole epoch; position: where a stopped run was inside the next one (preempt.Stopper)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -35,6 +42,7 @@ def save(path, model, optimizer, scheduler, epoch, args, scaler=None):
                 "scheduler": scheduler.state_dict(), "epoch": epoch,
                 # fp16's loss scale, learned over the run: without it a resumed run starts again at 65536
                 "scaler": scaler.state_dict() if scaler is not None else {},
+                "position": position,
                 "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}},
                tmp)
     os.replace(tmp, path)
@@ -48,7 +56,8 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
         return 1
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-        epoch = state["epoch"] + 1
+        epoch = state["epoch"] + 1  # stopped inside it (a position) or the next whole one
+        _POSITIONS[str(path)] = state.get("position")
     except (RuntimeError, OSError, EOFError, KeyError, TypeError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
         raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}): it is damaged or not a trainup "
                         f"checkpoint; delete it, or run without --resume") from None
@@ -63,3 +72,8 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     return epoch
+
+
+def position(path):
+    """Where the run saved in path stopped inside an epoch, as load() read it; None at an epoch's end."""
+    return _POSITIONS.get(str(path))

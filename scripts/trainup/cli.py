@@ -1,10 +1,10 @@
 """The command-line flags every lesson script shares, and how bad input is reported."""
 import argparse
 import functools
+import signal
 import sys
-import time
 
-from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError
+from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError, preempt
 from .data import DATASETS
 from .models import MODELS
 
@@ -55,11 +55,15 @@ def parser(doc, lesson):
     d.add_argument("--image-shape", default="1x28x28", help="synthetic data: CxHxW (3x224x224 is ImageNet's)")
     d.add_argument("--num-classes", type=positive(int), default=10, help="synthetic data: number of classes")
     o = p.add_argument_group("output")
-    o.add_argument("--run-name", default=None, help="names logs/<run>.jsonl and logs/<run>.stdout")
+    o.add_argument("--run-name", default=None,
+                   help="names logs/<run>.jsonl, logs/<run>.stdout and the checkpoint (default: <lesson>_<time>_<host>-<pid>)")
     o.add_argument("--log-dir", default=str(LOG_DIR))
     o.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
     o.add_argument("--resume", action="store_true", help="continue from this run's checkpoint if there is one")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--stop-signal", default="USR1", choices=("USR1", "USR2", "HUP", "TERM"),
+                   help="besides SIGTERM, the signal that stops the run at the next step with a checkpoint to "
+                        "--resume from (SLURM: #SBATCH --signal=B:USR1@60); exit status 75")
     return p
 
 
@@ -78,8 +82,11 @@ def parse(p, argv=None):
         assert len(args.image_shape) == 3 and min(args.image_shape) > 0
     except (ValueError, AssertionError):
         p.error(f"--image-shape must look like 3x224x224, got {args.image_shape!r}")
+    args.run_name_default = args.run_name is None  # then rank 0's name wins in a job of many (preempt.Stopper)
     if args.run_name is None:
-        args.run_name = f"{args.lesson}_{time.strftime('%Y%m%d-%H%M%S')}"
+        args.run_name = preempt.default_name(args.lesson)
+    elif not args.run_name or "/" in args.run_name or args.run_name.startswith("."):
+        p.error(f"--run-name must be a plain file name, got {args.run_name!r}")
     return args
 
 
@@ -87,6 +94,7 @@ def main_guard(main):
     """Run main(); a UserError becomes one sentence on stderr and exit status 2, not a traceback."""
     @functools.wraps(main)
     def wrapper(*a, **kw):
+        handlers = {s: signal.getsignal(s) for s in preempt.SIGNALS}  # main() called in-process (tests, notebooks)
         try:
             return main(*a, **kw)
         except UserError as e:
@@ -95,4 +103,7 @@ def main_guard(main):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        finally:  # gives the caller its own signal handlers back (a Stopper replaced them)
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
     return wrapper

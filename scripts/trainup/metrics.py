@@ -204,11 +204,21 @@ class RunLog:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        from . import preempt  # one live writer per run name: a second is refused in one sentence
+        folder = getattr(args, "checkpoint_dir", None)
+        checkpoint = Path(folder) / f"{args.run_name}.pt" if folder else None
+        self._locks = [preempt.Lock(self.path.with_suffix(".lock"), f"run {args.run_name!r}")]
+        if checkpoint and checkpoint.parent.is_dir():
+            self._locks.append(preempt.Lock(checkpoint.with_name(f".{checkpoint.name}.lock"), f"run {args.run_name!r}"))
         mode = "a" if getattr(args, "resume", False) else "w"
+        replaced = [p.name for p in (self.path, checkpoint) if p and p.exists()] if mode == "w" else []
         self._file = open(self.path, mode)
         self._stdout = open(self.path.with_suffix(".stdout"), mode)
         self._previous_stdout = sys.stdout
         sys.stdout = _Tee(sys.stdout, self._stdout)
+        if replaced:  # the notebooks re-run cells on purpose; elsewhere this says what a reused name overwrites
+            print(f"run name {args.run_name!r} was used before: this run replaces its {' and '.join(replaced)} "
+                  f"(--resume would continue it)")
         self.write("config", schema_version=SCHEMA_VERSION, script=Path(script).name, lesson=args.lesson,
                    args={k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()})
         self.write("env", **environment(device, world_size, backend))
@@ -222,6 +232,8 @@ class RunLog:
 
     def epoch(self, epoch, train, test, wall_s):
         """Log and print one epoch, from the train and test Meters."""
+        from . import preempt
+        wall_s += preempt.WALL_BEFORE.pop(epoch, 0.0)  # a resumed epoch: its seconds before the stop too
         line = dict(epoch=epoch, loss=train.mean_loss, accuracy=train.accuracy, test_loss=test.mean_loss,
                     test_accuracy=test.accuracy, wall_s=wall_s, samples=train.samples,
                     samples_per_s=train.samples / wall_s, peak_mem_mb=peak_memory_mb(self.device))
@@ -254,3 +266,5 @@ class RunLog:
             sys.stdout = self._previous_stdout
             self._stdout.close()
             self._file.close()
+            for lock in self._locks:
+                lock.release()

@@ -1,0 +1,335 @@
+"""Runs that lose nothing: names that cannot collide, one writer per run, and stopping to resume later.
+
+Clusters and clouds stop jobs: SLURM sends SIGTERM at the time limit or on preemption (and a signal of
+your choice ahead of it with `#SBATCH --signal=B:USR1@60`); a spot instance gets a short notice. A
+script with a Stopper then finishes its current step, saves a checkpoint holding where it was inside
+the epoch (the step, the epoch's sums so far, every rank's random states), logs the status "stopped",
+and exits with STOPPED_EXIT. `--resume` continues from that very step, and ends with the parameters of a
+run that was never stopped.
+
+In a job of many processes, all ranks must stop at the same step (one saving alone would leave the
+others waiting in their next all-reduce): the flag is all-reduced every CHECK_EVERY steps (every step on
+the CPU), so the ranks agree, whichever of them got the signal.
+"""
+import itertools
+import os
+import random
+import signal
+import socket
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import UserError, checkpoint, metrics
+
+STOPPED_EXIT = 75  # sysexits.h's EX_TEMPFAIL, "try again later": stopped, resumable (the SLURM template requeues)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)  # what --stop-signal may name
+CHECK_EVERY = {"cpu": 1, "cuda": 20}  # steps between checks: on a GPU each check makes the CPU wait for the GPU
+WALL_BEFORE = {}  # epoch -> its training seconds before a stop, added to the resumed epoch's wall_s by RunLog.epoch
+
+
+def default_name(lesson):
+    """<lesson>_<time>_<host>-<pid>: two runs started in the same second, here or on another machine, differ.
+    In a job of many processes rank 0's name wins (Stopper), so that every rank writes the same run."""
+    host = socket.gethostname().split(".")[0] or "host"
+    return f"{lesson}_{time.strftime('%Y%m%d-%H%M%S')}_{host}-{os.getpid()}"
+
+
+# --- One writer per run: a lock file beside the log and the checkpoint --------------------------------------
+
+def _start_time(pid):
+    """When the process pid started (clock ticks since boot): tells a live writer from a new process that
+    got a dead writer's pid. None when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(owner):
+    host, pid, started = (owner.split() + ["", "", ""])[:3]
+    if host != socket.gethostname():
+        return True  # another machine's process: we cannot tell, so it counts as alive
+    if not pid.isdigit():
+        return False
+    if not Path("/proc").is_dir():  # no /proc (macOS): ask the kernel whether the pid exists
+        try:
+            os.kill(int(pid), 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return _start_time(pid) == started
+
+
+class Lock:
+    """path created with O_EXCL, holding '<host> <pid> <start time>' of the writer. A second live writer is
+    refused in one sentence; the lock of a writer that died (a crash, a kill) is taken over."""
+
+    def __init__(self, path, what):
+        self.path = Path(path)
+        me = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())}"
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    owner = self.path.read_text()
+                except FileNotFoundError:
+                    continue  # released meanwhile
+                if owner.split()[:2] == me.split()[:2]:
+                    return  # ours already (the log and the checkpoint folder may be one folder)
+                if _alive(owner):
+                    host, pid = (owner.split() + ["?", "?"])[:2]
+                    raise UserError(f"{what} is being written by another run (process {pid} on {host}, "
+                                    f"{self.path.name}); choose another --run-name, wait for it to end, or delete {self.path} "
+                                    f"if that run is dead") from None
+                stale = self.path.with_name(f"{self.path.name}.stale.{os.getpid()}")
+                try:  # a rename, so that of two runs taking over the same dead lock only one wins
+                    os.replace(self.path, stale)
+                    stale.unlink()
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(me)
+            return
+        raise UserError(f"{what}: its lock {self.path} keeps changing hands; choose another --run-name")
+
+    def release(self):
+        try:
+            if self.path.read_text().split()[:2] == [socket.gethostname(), str(os.getpid())]:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+# --- Talking to the other ranks (torch.distributed, or Horovod) -------------------------------------------
+
+class Alone:
+    """A job of one process."""
+    world_size, rank = 1, 0
+
+    def any(self, flag):
+        return flag
+
+    def gather(self, obj):
+        return [obj]
+
+    def broadcast(self, obj):
+        return obj
+
+    def close(self):
+        pass
+
+
+class TorchDistributed(Alone):
+    """The DDP script's ranks, through torch.distributed (gloo or NCCL)."""
+
+    def __init__(self, ctx):
+        self.world_size, self.rank, self.ctx = ctx.world_size, ctx.rank, ctx
+
+    def any(self, flag):
+        import torch.distributed as dist
+        device = self.ctx.device if self.ctx.backend == "nccl" else "cpu"
+        t = torch.tensor([int(flag)], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def gather(self, obj):
+        import torch.distributed as dist
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj):
+        import torch.distributed as dist
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self):
+        from . import distributed
+        distributed.cleanup(self.ctx)
+
+
+class Horovod(Alone):
+    """The Horovod script's ranks."""
+
+    def __init__(self, hvd):
+        self.hvd, self.world_size, self.rank = hvd, hvd.size(), hvd.rank()
+
+    def any(self, flag):
+        return bool(self.hvd.allreduce(torch.tensor([int(flag)]), op=self.hvd.Max, name="stop").item())
+
+    def gather(self, obj):
+        return self.hvd.allgather_object(obj)
+
+    def broadcast(self, obj):
+        return self.hvd.broadcast_object(obj, root_rank=0)
+
+    def close(self):
+        self.hvd.barrier()
+        self.hvd.shutdown()
+
+
+# --- Random states ------------------------------------------------------------------------------------------
+
+def rng_state():
+    import numpy as np
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # as plain lists: torch.load(weights_only) reads them
+    state = dict(torch=torch.get_rng_state(), python=random.getstate(),
+                 numpy=[kind, keys.tolist(), pos, has_gauss, gauss])
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    import numpy as np
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- The stopper --------------------------------------------------------------------------------------------
+
+class Stopper:
+    """Catches SIGTERM and --stop-signal; at the next step boundary that all ranks agree on, saves the run
+    where it is (rank 0 writes, atomically) and exits with STOPPED_EXIT.
+
+        stop = preempt.Stopper(args)                 # first: the run's name is settled here
+        ...checkpoint.load, RunLog...
+        stop.watch(ckpt, log, model, optimizer, scheduler, scaler)
+        train_epoch(model, stop.batches(train_loader, epoch), ...)   # train_epoch: meter = preempt.meter(loader)
+    """
+
+    def __init__(self, args, comm=None):
+        self.args, self.comm = args, comm or Alone()
+        self.signal, self.pid = None, os.getpid()
+        if getattr(args, "run_name_default", False):  # rank 0's default name, for every rank
+            args.run_name = self.comm.broadcast(args.run_name)
+        for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
+            signal.signal(sig, self._requested)
+        self.position, self.watched = None, None
+        self.checks = 0
+
+    def _requested(self, signum, frame):
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker): the signal's usual effect
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signal = signal.Signals(signum).name  # only a flag: the step in progress finishes first
+
+    def watch(self, ckpt, log, model, optimizer, scheduler, scaler=None, **extra):
+        """What a stop saves; on --resume, where the checkpoint says the run stopped. extra: more objects with
+        state_dict() (a warm-up schedule), saved and restored with the position."""
+        self.watched = dict(ckpt=ckpt, log=log, model=model, optimizer=optimizer, scheduler=scheduler,
+                            scaler=scaler, extra=extra)
+        self.position = checkpoint.position(ckpt) if self.args.resume else None
+        if self.position:
+            if self.position["world_size"] != self.comm.world_size:
+                raise UserError(f"checkpoint {ckpt} was stopped inside an epoch by a job of "
+                                f"{self.position['world_size']} process(es), and this one has {self.comm.world_size}: "
+                                f"resume with the same number, or from an epoch's end (another --run-name)")
+            for name, obj in extra.items():
+                if obj is not None and name in self.position["extra"]:
+                    obj.load_state_dict(self.position["extra"][name])
+        return self
+
+    def batches(self, loader, epoch):
+        """The epoch's batches, from where a stopped run left off; a stop saves and exits between two steps."""
+        device = self.watched["model"].parameters().__next__().device.type if self.watched else "cpu"
+        every = CHECK_EVERY.get(device, 1) if self.comm.world_size > 1 else 1
+        position = self.position if self.position and self.position["epoch"] == epoch else None
+        self.position = None  # used once
+        return Steps(self, loader, epoch, position, every * (getattr(self.args, "accumulate", None) or 1))
+
+    def check(self):
+        """True when some rank was asked to stop (all-reduced: every rank gets the same answer)."""
+        return self.comm.any(self.signal is not None)
+
+    def after_epoch(self, epoch):
+        """Between epochs: a stop asked for during evaluation (or in Hogwild, whose workers train a whole epoch
+        at a time) exits here, from the checkpoint of the epoch that just ended."""
+        if self.check():
+            w = self.watched
+            print(f"{self.signal or 'a signal on another rank'}: stopped after epoch {epoch}; "
+                  f"--resume continues from {w['ckpt']}")
+            w["log"].summary(checkpoint=w["ckpt"], status="stopped")
+            self.comm.close()
+            raise SystemExit(STOPPED_EXIT)
+
+    def stop(self, epoch, step, meter, wall_s):
+        """Save where the run is, log it, leave the job together, and exit STOPPED_EXIT."""
+        w = self.watched
+        mine = dict(rng=rng_state(), meter=meter.as_tensor().tolist())
+        ranks = self.comm.gather(mine)  # every rank's random states, for rank 0 to save
+        position = dict(epoch=epoch, step=step, wall_s=wall_s, world_size=self.comm.world_size, ranks=ranks,
+                        extra={k: v.state_dict() for k, v in w["extra"].items() if v is not None})
+        if self.comm.rank == 0:
+            checkpoint.save(w["ckpt"], w["model"], w["optimizer"], w["scheduler"], epoch - 1, self.args,
+                            w["scaler"], position=position)
+            print(f"{self.signal or 'a signal on another rank'}: stopped in epoch {epoch} after step {step}; "
+                  f"--resume continues from {w['ckpt']}")
+        w["log"].summary(checkpoint=w["ckpt"], status="stopped")
+        self.comm.close()
+        raise SystemExit(STOPPED_EXIT)
+
+
+def leave_to_main(args):
+    """In a worker process (Hogwild's): --stop-signal is the main process's to act on (it stops the workers
+    between epochs). SIGTERM keeps ending a worker: it is how the main process ends them when it exits."""
+    if args.stop_signal != "TERM":
+        signal.signal(getattr(signal, f"SIG{args.stop_signal}"), signal.SIG_IGN)
+
+
+class Steps:
+    """An epoch's batches for the Stopper: skips the steps a stopped run already took, and checks for a stop
+    after each step (every `every` steps in a multi-process job)."""
+
+    def __init__(self, stopper, loader, epoch, position, every):
+        self.stopper, self.loader, self.epoch, self.every = stopper, loader, epoch, every
+        self.skip = position["step"] if position else 0
+        self.rank_state = position["ranks"][stopper.comm.rank] if position else None
+        self.meter, self.wall_before = metrics.Meter(), 0.0
+        if position:  # the epoch's sums and seconds so far, so that its log line covers the whole epoch
+            self.meter = metrics.Meter.from_tensor(torch.tensor(self.rank_state["meter"], dtype=torch.float64))
+            self.wall_before = WALL_BEFORE[epoch] = position.get("wall_s", 0.0)
+
+    def __len__(self):
+        return len(self.loader) - self.skip
+
+    def __iter__(self):
+        started = time.perf_counter()
+        batches = iter(_skipped(self.loader, self.skip))  # may draw from the random generator (DataLoader)...
+        if self.rank_state:
+            set_rng_state(self.rank_state["rng"])  # ...so the random states are restored after it
+        for step, batch in enumerate(batches, self.skip + 1):
+            yield batch  # the script trains one step on it
+            if step % self.every == 0 and self.stopper.check():
+                self.stopper.stop(self.epoch, step, self.meter, self.wall_before + time.perf_counter() - started)
+
+
+def _skipped(loader, skip):
+    """The loader without its first `skip` batches, without loading them where it can (a DataLoader)."""
+    if not skip:
+        return loader
+    if isinstance(loader, DataLoader) and loader.batch_size and loader.sampler is not None:
+        rest = list(loader.sampler)[skip * loader.batch_size:]  # the sampler's order, after set_epoch
+        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=rest, num_workers=loader.num_workers,
+                          pin_memory=loader.pin_memory, collate_fn=loader.collate_fn, drop_last=loader.drop_last)
+    return itertools.islice(loader, skip, None)
+
+
+def meter(loader):
+    """The Meter a training epoch adds its steps to: a stopped run's sums so far when it resumes mid-epoch."""
+    while not isinstance(loader, Steps) and hasattr(loader, "loader"):
+        loader = loader.loader  # through wrappers such as distributed.faults
+    return loader.meter if isinstance(loader, Steps) else metrics.Meter()

@@ -1,0 +1,289 @@
+"""Runs that lose nothing: default names that cannot collide, one writer per run, and a run stopped by SIGTERM
+in the middle of an epoch that resumes to the very parameters of a run never stopped (plain and 2-process DDP).
+
+The signal is sent from inside the job, by a sitecustomize.py put first on PYTHONPATH (as conftest's
+rename_watch does): an optimizer step hook that sends SIGTERM to its own process after global step N, on
+one rank only. So the stop lands at a known step on any machine, fast or slow, and nothing in scripts/
+carries a switch for tests. The real-SLURM requeue test is in tests/test_slurm.py's style, below.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from lessons import launch, report
+from trainup import distributed, metrics, preempt
+
+# 256 samples in batches of 32: 8 steps an epoch; the stop comes after step 3 of epoch 1 (of 2).
+TINY = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-size", "32", "--epochs", "2", "--no-progress"]
+STOP_AT = 3
+
+# Imported by every Python process of the job: after each optimizer step, count; at step N send this process
+# SIGTERM (on the rank named). Also freezes time.strftime, so that two runs surely start "in the same second".
+_SITE = '''import os, sys, time
+_at = os.environ.get("TRAINUP_TEST_SIGTERM_AT")
+_frozen = os.environ.get("TRAINUP_TEST_FROZEN_TIME")
+if _frozen:
+    _strftime = time.strftime
+    time.strftime = lambda fmt, t=None: _strftime(fmt, time.localtime(float(_frozen)))
+if _at:
+    rank, step = (int(v) for v in _at.split(":"))
+    def _hook(event, args, done=[0]):
+        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
+            return
+        done[0] = 1
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        steps = [0]
+        def count(opt, a, kw):
+            steps[0] += 1
+            me = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+            if steps[0] == step and me == rank:
+                import signal
+                os.kill(os.getpid(), signal.SIGTERM)
+        register_optimizer_step_post_hook(count)
+    sys.addaudithook(_hook)
+'''
+
+
+def site(folder, **env):
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_SITE)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p),
+            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+
+
+def python(script, *flags, log_dir, env):
+    return start_job([sys.executable, str(SCRIPTS / script), *map(str, flags), "--log-dir", str(log_dir),
+                      "--checkpoint-dir", str(log_dir / "checkpoints")], {**os.environ, **env})
+
+
+def params(log_dir, name):
+    return torch.load(log_dir / "checkpoints" / f"{name}.pt", weights_only=True)["model"]
+
+
+def lines(log_dir, name):
+    return [json.loads(line) for line in (log_dir / f"{name}.jsonl").read_text().splitlines()]
+
+
+def ok(proc, code=0):
+    assert proc.returncode == code, f"exit {proc.returncode}, not {code}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def dead_lock(path):
+    """A lock file left by a writer that died: this host, a pid that is no process (above the kernel's max)."""
+    import socket
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{socket.gethostname()} 99999999 1")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """_trainup_cpu.py: straight; stopped by SIGTERM after step 3 and resumed (over a dead run's lock); and two
+    runs without --run-name started in the same (frozen) second."""
+    tmp = tmp_path_factory.mktemp("pre")
+    log_dir = tmp / "logs"
+    env = site(tmp / "site")
+    dead_lock(log_dir / "stopped.lock")
+    jobs = {"straight": python("_trainup_cpu.py", *TINY, "--run-name", "straight", log_dir=log_dir, env=env),
+            "stopped": python("_trainup_cpu.py", *TINY, "--run-name", "stopped", log_dir=log_dir,
+                              env={**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}"})}
+    done = {k: finish_job(p) for k, p in jobs.items()}
+    at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)  # before --resume replaces it
+    resumed = finish_job(python("_trainup_cpu.py", *TINY, "--run-name", "stopped", "--resume", log_dir=log_dir, env=env))
+    twins_dir = tmp / "twins"
+    frozen = {**env, "TRAINUP_TEST_FROZEN_TIME": str(time.time())}
+    twins = [python("_trainup_cpu.py", "--quick", "--train-size", "64", "--test-size", "32", "--epochs", "1",
+                    "--seed", seed, "--no-progress", log_dir=twins_dir, env=frozen) for seed in (1, 2)]
+    twins = [finish_job(p) for p in twins]
+    return SimpleNamespace(log_dir=log_dir, twins_dir=twins_dir, twins=twins, resumed=resumed, at_stop=at_stop, **done)
+
+
+def test_sigterm_stops_after_the_step_in_progress_saves_and_exits_75(plain):
+    ok(plain.stopped, preempt.STOPPED_EXIT)
+    assert f"SIGTERM: stopped in epoch 1 after step {STOP_AT}" in plain.stopped.stdout
+    run = report.read_run(plain.log_dir / "stopped.jsonl")
+    assert run["problems"] == []
+    saved = plain.at_stop
+    assert saved["epoch"] == 0 and saved["position"]["epoch"] == 1 and saved["position"]["step"] == STOP_AT
+
+
+def test_resume_goes_on_from_the_step_and_ends_like_a_run_never_stopped(plain):
+    """Dropout is on: only with the random states restored do the masks, and so the parameters, match."""
+    ok(plain.straight), ok(plain.resumed)
+    resumed, straight = params(plain.log_dir, "stopped"), params(plain.log_dir, "straight")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
+    logged = lines(plain.log_dir, "stopped")
+    assert [r["status"] for r in logged if r["type"] == "summary"] == ["stopped", "finished"]
+    assert [r["epoch"] for r in logged if r["type"] == "epoch"] == [1, 2]  # epoch 1 logged once, whole
+    ref = [r for r in lines(plain.log_dir, "straight") if r["type"] == "epoch"]
+    mine = [r for r in logged if r["type"] == "epoch"]
+    for a, b in zip(mine, ref):  # the resumed epoch's sums include the steps taken before the stop
+        assert (a["loss"], a["accuracy"], a["samples"]) == (b["loss"], b["accuracy"], b["samples"])
+
+
+def test_a_dead_writers_lock_is_taken_over_and_locks_are_released(plain):
+    assert not list(plain.log_dir.glob("*.lock")) and not list((plain.log_dir / "checkpoints").glob(".*.lock"))
+
+
+def test_two_runs_started_in_the_same_second_get_different_names_and_both_logs_survive(plain):
+    for p in plain.twins:
+        ok(p)
+    logs = sorted(plain.twins_dir.glob("cpu_*.jsonl"))
+    assert len(logs) == 2, logs
+    stamps = {p.stem.split("_")[1] for p in logs}
+    assert len(stamps) == 1  # the same second: the time alone would have collided
+    assert {lines(plain.twins_dir, p.stem)[0]["args"]["seed"] for p in logs} == {1, 2}
+    assert len(list((plain.twins_dir / "checkpoints").glob("*.pt"))) == 2
+
+
+def _main():
+    import _trainup_cpu
+    return _trainup_cpu.main
+
+
+@pytest.fixture
+def keep_signals():
+    """A Stopper made in this process (in_process) catches SIGTERM: give pytest its own handlers back after."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_a_second_live_writer_is_refused_in_one_sentence(tmp_path, capsys, keep_signals):
+    """A lock held by a live process (a sleeping child here) on the same run name: refused, nothing written."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = preempt._start_time(holder.pid)
+        import socket
+        (tmp_path / "logs").mkdir()
+        (tmp_path / "logs" / "busy.lock").write_text(f"{socket.gethostname()} {holder.pid} {start}")
+        proc = in_process(_main(), ["--quick", "--train-size", "64", "--epochs", "1", "--run-name", "busy",
+                                    "--log-dir", tmp_path / "logs", "--checkpoint-dir", tmp_path / "ck",
+                                    "--no-progress"], capsys)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert_clean_error(proc, "'busy'", "being written by another run", str(holder.pid), "--run-name")
+    assert not (tmp_path / "logs" / "busy.jsonl").exists()
+
+
+def test_reusing_a_run_name_on_purpose_says_what_it_replaces(tmp_path, capsys):
+    args = SimpleNamespace(run_name="again", log_dir=str(tmp_path), checkpoint_dir=str(tmp_path), lesson="cpu", resume=False)
+    (tmp_path / "again.jsonl").write_text("")
+    (tmp_path / "again.pt").write_text("")
+    metrics.RunLog(args, "x.py", "cpu").close()
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["run name 'again' was used before: this run replaces its again.jsonl and again.pt "
+                                "(--resume would continue it)"]
+    assert not list(tmp_path.glob("*.lock"))
+
+
+# --- 2 DDP processes, started as srun starts them (SLURM signals every task) -------------------------------
+
+def _ddp_pair(log_dir, name, env, *extra):
+    port = distributed.free_port()
+    return [python("_trainup_ddp.py", *TINY, "--device", "cpu", "--run-name", name, *extra, log_dir=log_dir,
+                   env={**launch.environment(env), "SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
+                        "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0",
+                        "MASTER_PORT": str(port)}) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """2 ranks straight; 2 ranks of which rank 1 alone gets SIGTERM after step 3, then --resume."""
+    tmp = tmp_path_factory.mktemp("preddp")
+    log_dir, env = tmp / "logs", site(tmp / "site")
+    straight = _ddp_pair(log_dir, "straight", env)
+    stopped = _ddp_pair(log_dir, "stopped", {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"})
+    straight, stopped = [finish_job(p) for p in straight], [finish_job(p) for p in stopped]
+    at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)  # before --resume replaces it
+    resumed = [finish_job(p) for p in _ddp_pair(log_dir, "stopped", env, "--resume")]
+    return SimpleNamespace(log_dir=log_dir, straight=straight, stopped=stopped, resumed=resumed, at_stop=at_stop)
+
+
+def test_ddp_ranks_all_stop_at_the_step_one_of_them_was_signalled_and_resume_to_the_same_parameters(ddp):
+    for p in ddp.straight + ddp.resumed:
+        ok(p)
+    for p in ddp.stopped:  # rank 0 got no signal, yet stopped at the same step, through the all-reduced flag
+        ok(p, preempt.STOPPED_EXIT)
+    assert f"a signal on another rank: stopped in epoch 1 after step {STOP_AT}" in ddp.stopped[0].stdout
+    position = ddp.at_stop["position"]
+    assert (position["epoch"], position["step"], position["world_size"], len(position["ranks"])) == (1, STOP_AT, 2, 2)
+    resumed, straight = params(ddp.log_dir, "stopped"), params(ddp.log_dir, "straight")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
+    summaries = [r["status"] for r in lines(ddp.log_dir, "stopped") if r["type"] == "summary"]
+    assert summaries == ["stopped", "finished"]
+
+
+def test_resuming_inside_an_epoch_with_another_world_size_is_one_sentence(tmp_path, keep_signals):
+    from trainup import UserError, checkpoint
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    args = SimpleNamespace(run_name="w", run_name_default=False, stop_signal="USR1", resume=True)
+    ckpt = tmp_path / "w.pt"
+    checkpoint.save(ckpt, model, optimizer, scheduler, 0, args,
+                    position=dict(epoch=1, step=STOP_AT, world_size=2, ranks=[], extra={}))
+    assert checkpoint.load(ckpt, model, optimizer, scheduler) == 1  # the stopped epoch, not the next
+    with pytest.raises(UserError, match=r"stopped inside an epoch by a job of 2 process\(es\), and this one has 1"):
+        preempt.Stopper(args).watch(ckpt, None, model, optimizer, scheduler)
+
+
+# --- A real SLURM: the requeue template, stopped midway, comes back and finishes -------------------------------
+
+from test_slurm import local_slurm  # noqa: E402,F401  (the same local SLURM fixture, started for this module)
+
+REQUEUE = ROOT / "slurm" / "requeue" / "cpu.sbatch"
+
+
+def test_the_requeue_template_is_well_formed():
+    from lessons import slurm
+    assert subprocess.run(["bash", "-n", str(REQUEUE)]).returncode == 0
+    sentence, problems = slurm.check_counts(REQUEUE)
+    assert problems == [], sentence
+    opts = slurm.directives(REQUEUE)
+    assert opts["signal"] == "B:USR1@60" and "requeue" in opts and opts["open-mode"] == "append"
+    text = REQUEUE.read_text()
+    assert "--resume --stop-signal USR1" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+
+
+@pytest.fixture(scope="module")
+def requeued(local_slurm, tmp_path_factory):  # noqa: F811
+    """The same job twice, side by side: one never stopped; one given its notice once it trains (requeued)."""
+    from lessons import slurm
+    tmp = tmp_path_factory.mktemp("requeue")
+    flags = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-size", "16", "--epochs", "3",
+             "--log-dir", tmp, "--checkpoint-dir", tmp / "checkpoints"]
+    ids = {name: slurm.submit("slurm/requeue/cpu.sbatch", *flags, sbatch_args=[f"--output={tmp}/{name}.out",
+                                                                                 f"--job-name={name}"])
+           for name in ("straight", "stopped")}
+    seen = slurm.stop_midway(ids["stopped"], tmp / f"stopped_{ids['stopped']}.jsonl")
+    states = slurm.wait([ids["straight"]], timeout=600)
+    return SimpleNamespace(tmp=tmp, ids=ids, seen=seen, straight_state=states[ids["straight"]])
+
+
+def test_a_requeued_slurm_job_comes_back_and_ends_like_the_job_never_stopped(requeued):
+    tmp, ids = requeued.tmp, requeued.ids
+    out = (tmp / "stopped.out").read_text()
+    assert requeued.straight_state == "COMPLETED", (tmp / "straight.out").read_text()
+    assert requeued.seen[-1] == "COMPLETED" and "PENDING" in requeued.seen[1:], (requeued.seen, out)
+    assert "stopped with a checkpoint" in out and out.count(f"job {ids['stopped']} starts") == 2, out
+    stopped, straight = f"stopped_{ids['stopped']}", f"straight_{ids['straight']}"
+    logged = lines(tmp, stopped)
+    assert [r["status"] for r in logged if r["type"] == "summary"] == ["stopped", "finished"], out
+    resumed, never = params(tmp, stopped), params(tmp, straight)
+    for k in never:
+        assert torch.equal(resumed[k], never[k]), k
