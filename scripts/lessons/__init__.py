@@ -14,5 +14,9 @@ checkpoint, devices, distributed...). Here:
 - slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
 - horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
 - pipeline: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation memory
+- lightning: lesson 07, Lightning beside the course's DDP script: what the Trainer chose, sync_dist, old 1.x flags
+- profiling: lesson 08, profiler traces read back (top operators, computation/communication overlap), TensorBoard
 - sharding: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas, collectives, the largest model
+- tensor_parallel: lesson 09, tensor parallelism and the 2-D mesh: bytes per rank, collectives per step
+- scaling_report: lesson 10, every run in one table, the equivalence table, the computed recommendation
 """
