@@ -381,7 +381,8 @@ def about_equivalence(table):
     counts = table["result"].value_counts()
     failing = table.loc[table["result"] == "FAILS", "strategy"].tolist()
     sentence = (f"{counts.get('holds', 0)} of {len(table)} strategies were checked and trained the one-process "
-                f"model within their tolerance; {counts.get('skipped', 0)} were skipped (reason in the table)")
+                f"model within their tolerance; {counts.get('skipped', 0)} "
+                f"{'was' if counts.get('skipped', 0) == 1 else 'were'} skipped (reason in the table)")
     return sentence + (f"; {len(failing)} did NOT: {', '.join(failing)}." if failing else ".")
 
 
