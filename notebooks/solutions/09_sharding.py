@@ -37,7 +37,7 @@ def zero1_imbalance(log_dir, name="ex09_z1", nproc=4, blocks=8, width=512):
     return max(record["optim_bytes"]) / even
 
 
-# Exercise 4, tensor parallelism (from the tp helper's notebooks/fragments/09_tp_solution.py)
+# Exercise 4, tensor parallelism
 def block_bytes_per_rank(width, hidden, tp, bytes_per_value=4):
     """Exercise, part 1: parameter bytes one rank holds of one FeedForward block (LayerNorm, up: width ->
     hidden, down: hidden -> width) cut over tp processes. `up` is cut by its output features (weight and
