@@ -122,12 +122,11 @@ def sweep(args, model, train_set, device, log, ctx):
 
 
 def parse_args(argv=None):
-    p = cli.parser(__doc__, lesson="ddp")
+    p = cli.parser(__doc__, lesson="ddp", precisions=tuple(devices.PRECISIONS))
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
     p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
     p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
-    p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
     p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
     p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
     p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")

@@ -95,13 +95,12 @@ def sweep(args, model, train_set, device, log):
 
 
 def parse_args(argv=None):
-    p = cli.parser(__doc__, lesson="dp")
+    p = cli.parser(__doc__, lesson="dp", precisions=tuple(devices.PRECISIONS))
     p.add_argument("--gpus", type=cli.positive(int), default=None, help="how many GPUs (default: every visible one)")
     p.add_argument("--phases", action="store_true", help="after training, time each phase of a step (2+ GPUs)")
     p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
     p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
     p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
-    p.add_argument("--precision", default="32", choices=tuple(devices.PRECISIONS), help="32, or mixed 16|bf16")
     p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
     p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
     args = cli.parse(p, argv)

@@ -66,7 +66,7 @@ def scheduler_for(optimizer, args):
 
 
 def parse_args(argv=None):
-    p = cli.parser(__doc__, lesson="fsdp")
+    p = cli.parser(__doc__, lesson="fsdp", precisions=("32", "64", "bf16"))
     p.set_defaults(lr=1e-3, model="blocks")  # Adam's usual step
     p._option_string_actions["--model"].choices = ("blocks",) + models.MODELS  # the block stack of lesson 06
     p.add_argument("--shard", default="parameters",
@@ -77,7 +77,6 @@ def parse_args(argv=None):
                    help="start from the sharded checkpoint of run RUN (saved by a job of any size)")
     p.add_argument("--mesh", type=cli.positive(int), default=None, help="processes in the device mesh (the job's size)")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--precision", default="32", choices=("32", "bf16"), help="bf16: mixed precision (GPUs)")
     p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
     p.add_argument("--timeout", type=cli.positive(float), default=300,
                    help="seconds a process waits for the others before the whole job fails")

@@ -100,14 +100,14 @@ class Digits(pl.LightningDataModule):
 
 
 def parse_args(argv=None):
-    p = cli.parser(__doc__, lesson="lightning")
+    p = cli.parser(__doc__, lesson="lightning", precisions=None)
     t = p.add_argument_group("Lightning's Trainer")
     t.add_argument("--accelerator", default="auto", help="cpu, gpu (cuda), auto, ...")
     t.add_argument("--devices", default=None, help="processes per node (default: torchrun's or SLURM's, else 1)")
     t.add_argument("--num-nodes", type=cli.positive(int), default=None, help="default: torchrun's or SLURM's, else 1")
     t.add_argument("--strategy", default="auto", help="auto, ddp, ddp_spawn, fsdp, deepspeed, ... (this Lightning's)")
     t.add_argument("--max-epochs", type=cli.positive(int), default=None, help="Lightning's name for --epochs")
-    t.add_argument("--precision", default="32", help="32, 16 (16-mixed), bf16 (bf16-mixed), or Lightning's names")
+    t.add_argument("--precision", default="32", help="32, 64 (64-true: float64, for the proofs), 16 (16-mixed), bf16 (bf16-mixed), or Lightning's names")
     t.add_argument("--no-sync-dist", action="store_true", help="self.log without sync_dist: rank 0 logs its shard")
     t.add_argument("--monitor", action="store_true", help="DeviceStatsMonitor (and nvitop's GPU callback on GPUs)")
     old = p.add_argument_group("Lightning 1.x flags, answered with what Lightning 2 wants")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT, assert_clean_error, in_process
-from lessons import collectives, launch, report
+from lessons import checks, collectives, launch, report
 from test_ddp import finish, ok, start
 
 COLLECTIVES = str(ROOT / "scripts" / "_trainup_collectives.py")
@@ -25,7 +25,7 @@ def jobs(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("inside") / "logs"
     out = dict(log_dir=log_dir)
     common = ["--log-dir", log_dir]
-    train = [*TINY, "--batch-size", 64, *common, "--checkpoint-dir", log_dir / "checkpoints"]
+    train = [*TINY, *checks.PROOF, "--batch-size", 64, *common, "--checkpoint-dir", log_dir / "checkpoints"]
     procs = dict(
         shows=torchrun(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
                        "--run-name", "shows", *common),
@@ -99,7 +99,7 @@ def test_no_sync_accumulation_equals_the_big_batch_with_fewer_allreduces(jobs):
     ck = jobs["log_dir"] / "checkpoints"
     one, four = (torch.load(ck / f"{n}.pt", weights_only=True)["model"] for n in ("acc1", "acc4"))
     for k in one:
-        torch.testing.assert_close(four[k], one[k], rtol=0, atol=1e-5, msg=k)
+        torch.testing.assert_close(four[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)  # float64
     a1, a4 = extra(jobs, "acc1", "accumulate"), extra(jobs, "acc4", "accumulate")
     assert [r["micro_batch"] for r in (a1[0], a4[0])] == [32, 8]
     assert a4[0]["micro_batches"] == 4 * a1[0]["micro_batches"] == 32  # 4 backward passes per step...
@@ -107,7 +107,7 @@ def test_no_sync_accumulation_equals_the_big_batch_with_fewer_allreduces(jobs):
         assert r4["allreduce_calls"] == r1["allreduce_calls"] > 0  # ...and all-reduces only on the last one
         assert r4["allreduce_calls"] < r4["micro_batches"]  # not one per backward pass
     e1, e4 = (report.read_run(jobs["log_dir"] / f"{n}.jsonl")["epochs"] for n in ("acc1", "acc4"))
-    assert [e["loss"] for e in e4] == pytest.approx([e["loss"] for e in e1], abs=1e-5)
+    assert [e["loss"] for e in e4] == pytest.approx([e["loss"] for e in e1], abs=checks.FLOAT64_ATOL)
 
 
 def test_a_shape_mismatch_and_a_skipped_collective_say_what_went_wrong(jobs):

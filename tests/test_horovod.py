@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, assert_clean_error, finish_job, start_job
-from lessons import horovod, report, slurm
+from lessons import checks, horovod, report, slurm
 from trainup import distributed, models
 
 SCRIPT = str(ROOT / "scripts" / "_trainup_horovod.py")
@@ -64,8 +64,8 @@ def jobs(tmp_path_factory):
     require_horovod()
     log_dir = tmp_path_factory.mktemp("horovod") / "logs"
     faults = log_dir.parent / "faults"
-    hvd2 = horovodrun(log_dir, "hvd2", "--batch-size", 64)
-    one = start([sys.executable, str(ROOT / "scripts" / "_trainup_gpu.py"), *TINY, "--batch-size", "64",
+    hvd2 = horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF)
+    one = start([sys.executable, str(ROOT / "scripts" / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size", "64",
                  "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")])
     died = horovodrun(faults, "died", env={distributed.FAULT_ENV: "1:3:exit"})  # os._exit(1) before step 3
     raised = horovodrun(faults, "raised", env={distributed.FAULT_ENV: "1:3"})   # an exception at step 3
@@ -84,13 +84,13 @@ def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_
     init = models.build(SimpleNamespace(model="cnn", seed=1, dropout=0.0),
                         SimpleNamespace(shape=(1, 28, 28), num_classes=10)).state_dict()
     for k in one:
-        torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-4, msg=k)
+        torch.testing.assert_close(two[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)  # float64
     assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-2  # they did train, far beyond atol
     run1, run2 = report.read_run(runs / "one.jsonl"), report.read_run(runs / "hvd2.jsonl")
     assert run2["problems"] == [] and run2["summary"]["status"] == "finished"
     for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):  # metrics summed over both ranks
         assert e2["samples"] == e1["samples"] == 512
-        assert e2["loss"] == pytest.approx(e1["loss"], abs=1e-5)
+        assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
 
 
 def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):

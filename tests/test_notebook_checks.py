@@ -146,25 +146,30 @@ def test_sweep_checks(tmp_path):
         checks.swept("s", log_dir=tmp_path)
 
 
-def save_model(path, **tensors):
+def save_model(path, dtype="float64", **tensors):
     import torch
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": {k: torch.tensor(v) for k, v in tensors.items()}}, path)
+    torch.save({"model": {k: torch.tensor(v, dtype=getattr(torch, dtype)) for k, v in tensors.items()}}, path)
 
 
 def test_same_parameters(tmp_path):
     from lessons import checks
     save_model(tmp_path / "a.pt", w=[1.0, 2.0], b=[0.5])
-    save_model(tmp_path / "b.pt", w=[1.0, 2.0 + 1e-7], b=[0.5])
-    save_model(tmp_path / "c.pt", w=[1.0, 2.1], b=[0.5])
+    save_model(tmp_path / "b.pt", w=[1.0, 2.0 + 1e-12], b=[0.5])  # float64 noise: within the proof's 1e-9
+    save_model(tmp_path / "c.pt", w=[1.0, 2.0 + 1e-7], b=[0.5])  # float32's noise is not: it fails in float64
     save_model(tmp_path / "d.pt", w=[1.0, 2.0], bias=[0.5])
-    assert checks.same_parameters("a", "b", checkpoint_dir=tmp_path) < 1e-5
+    save_model(tmp_path / "e.pt", "float32", w=[1.0, 2.0], b=[0.5])
+    assert checks.same_parameters("a", "b", checkpoint_dir=tmp_path) < checks.FLOAT64_ATOL
     with pytest.raises(AssertionError, match="different parameters"):
         checks.same_parameters("a", "c", checkpoint_dir=tmp_path)
     with pytest.raises(AssertionError, match="different models"):
         checks.same_parameters("a", "d", checkpoint_dir=tmp_path)
     with pytest.raises(AssertionError, match="no checkpoint"):
         checks.same_parameters("a", "missing", checkpoint_dir=tmp_path)
+    with pytest.raises(AssertionError, match="float64 runs"):  # float32 cannot prove 1e-9
+        checks.same_parameters("a", "e", checkpoint_dir=tmp_path)
+    assert checks.same_parameters("a", "e", atol=1e-5, checkpoint_dir=tmp_path) == 0
+    assert checks.difference("a", "c", checkpoint_dir=tmp_path) == pytest.approx(1e-7)
 
 
 def test_figure_checks(tmp_path):

@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from conftest import ROOT, assert_clean_error, finish_job, in_process, start_job
-from lessons import launch, pipeline as lesson, report
+from lessons import checks, launch, pipeline as lesson, report
 from trainup import pipeline
 
 SCRIPT = str(ROOT / "scripts" / "_trainup_pipeline.py")
 MANUAL = str(ROOT / "scripts" / "_trainup_pipeline_manual.py")
 # a tiny model and data set: each job is mostly start-up; 4 micro-batches of 8
 TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", "32",
-        "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress"]
+        "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress", *checks.PROOF]
 SCHEDULES = tuple(pipeline.SCHEDULES)
-ATOL = 1e-5  # float sums in another order (micro-batches, then the mean), nothing more
+ATOL = checks.FLOAT64_ATOL  # float64 (checks.PROOF): sums in another order move ~1e-16
 
 
 def start(cmd, env=None):
@@ -72,7 +72,7 @@ def test_every_schedule_ends_with_the_parameters_of_one_process(runs, schedule):
     run = report.read_run(runs / f"{name(schedule)}.jsonl")
     assert run["config"]["args"]["schedule"] == ("1f1b" if schedule == "pp2xdp2" else schedule)
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
-    assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=1e-5)
+    assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=ATOL)
     assert run["epochs"][0]["samples"] == first["samples"] == 128
 
 

@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import launch, report, tensor_parallel as lesson
+from lessons import checks, launch, report, tensor_parallel as lesson
 from trainup import models
 
 SCRIPT = str(SCRIPTS / "_trainup_tp.py")
 BLOCKS, WIDTH, HIDDEN, BATCH = 2, 16, 32, 32
 # a tiny model and data set: each job is mostly start-up; 4 steps of 32 samples
 TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", BATCH,
-        "--blocks", BLOCKS, "--width", WIDTH, "--hidden", HIDDEN, "--no-progress"]
-ATOL = 1e-5  # float sums in another order (slices of a matrix product, then the all-reduce), nothing more
+        "--blocks", BLOCKS, "--width", WIDTH, "--hidden", HIDDEN, "--no-progress", *checks.PROOF]
+VALUE = 8  # bytes per value in these float64 runs
+ATOL = checks.FLOAT64_ATOL  # float64 (checks.PROOF): sums in another order move ~1e-16
 JOBS = {"tp2": (2, []), "dp2xtp2": (4, ["--tp", 2])}  # name: (processes, flags)
 
 
@@ -65,7 +66,7 @@ def test_tensor_parallel_ends_with_the_parameters_of_one_process(runs, name):
     first = report.read_run(runs / "one.jsonl")["epochs"][0]
     run = report.read_run(runs / f"{name}.jsonl")
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
-    assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=1e-5)
+    assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=ATOL)
     assert run["epochs"][0]["samples"] == first["samples"] == 128  # each sample counted once, not once per tp rank
     assert run["epochs"][0]["samples_per_s"] > 0
 
@@ -78,7 +79,7 @@ def test_the_baseline_trained_far_beyond_the_tolerance(runs):
 
 
 def test_each_rank_holds_one_tp_th_of_the_cut_layers(runs):
-    cut_layers = BLOCKS * (WIDTH * HIDDEN + HIDDEN + HIDDEN * WIDTH) * 4  # up's weight and bias, down's weight
+    cut_layers = BLOCKS * (WIDTH * HIDDEN + HIDDEN + HIDDEN * WIDTH) * VALUE  # up's weight and bias, down's weight
     for name, (nproc, _) in JOBS.items():
         cfg = lesson.layout(name, log_dir=runs)
         tp, dp = cfg["tp"], cfg["dp"]
@@ -101,7 +102,7 @@ def test_one_step_communicates_what_megatron_lm_counts(runs):
             assert rows == rec["collectives"][0]  # every rank takes part in the same collectives
             got = {(phase, op, dim): (calls, size) for phase, op, dim, calls, size in rows}
             for phase in ("forward", "backward"):  # one all-reduce of batch x width floats per block
-                assert got[(phase, "all_reduce", "tp")] == (BLOCKS, BLOCKS * batch * WIDTH * 4)
+                assert got[(phase, "all_reduce", "tp")] == (BLOCKS, BLOCKS * batch * WIDTH * VALUE)
             assert not [k for k in got if k[0] == "step"]  # the optimizer step is local
             dp_ops = {k[1] for k in got if k[2] == "dp"}
             assert dp_ops == (set() if nproc == 2 else {"all_gather", "reduce_scatter"})
@@ -129,8 +130,8 @@ def test_the_exercise_solution_matches_the_measured_bytes(runs):
     s = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s)
     cfg = lesson.layout("tp2", log_dir=runs)
-    stem_and_head = (28 * 28 * WIDTH + WIDTH + WIDTH * 10 + 10) * 4
-    assert BLOCKS * s.block_bytes_per_rank(WIDTH, HIDDEN, 2) + stem_and_head == cfg["param_bytes"][0]
+    stem_and_head = (28 * 28 * WIDTH + WIDTH + WIDTH * 10 + 10) * VALUE
+    assert BLOCKS * s.block_bytes_per_rank(WIDTH, HIDDEN, 2, VALUE) + stem_and_head == cfg["param_bytes"][0]
     calls, message, sent = s.allreduce_bytes_per_step(BATCH, WIDTH, BLOCKS, 2)
     assert (calls, message, sent) == (2 * BLOCKS, BATCH * WIDTH * 4, 2 * BLOCKS * BATCH * WIDTH * 4 * 2 * 1 / 2)
     assert s.allreduce_bytes_per_step(BATCH, WIDTH, BLOCKS, 1) == (0, 0, 0.0)

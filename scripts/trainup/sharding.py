@@ -31,9 +31,11 @@ SHARDED = {"none": (False, False, False), "optimizer": (False, False, True),
            "gradients": (False, True, True), "parameters": (True, True, True)}
 
 
-def expected(mode, parameters, world_size, per_param=FP32_ADAM):
+def expected(mode, parameters, world_size, per_param=None):
     """Bytes per rank of (parameters, gradients, optimizer state) under a ZeRO stage: a state that is
-    sharded is split over world_size ranks, the others are whole on every rank."""
+    sharded is split over world_size ranks, the others are whole on every rank. per_param: by default
+    FP32_ADAM, doubled in a --precision 64 run (every state in float64)."""
+    per_param = per_param or tuple(b * torch.get_default_dtype().itemsize // 4 for b in FP32_ADAM)
     return tuple(b * parameters / (world_size if sharded else 1)
                  for b, sharded in zip(per_param, SHARDED[mode]))
 
