@@ -146,7 +146,7 @@ def faults(tmp_path_factory):
                        **{distributed.FAULT_ENV: "1:3"}))
             for r in (0, 1)]
     # rank 1 dies (os._exit) at step 12, in epoch 2 (8 steps an epoch); torchrun restarts both once
-    restart = torchrun(log_dir / "restart", "ddp2", "--batch-size", 64, max_restarts=1,
+    restart = torchrun(log_dir / "restart", "ddp2", "--batch-size", 64, *checks.PROOF, max_restarts=1,
                        env={distributed.FAULT_ENV: "1:12:exit"})
     boom = torchrun(log_dir, "boom", env={distributed.FAULT_ENV: "1:3"})
     stuck = torchrun(log_dir, "stuck", "--timeout", 5, env={distributed.FAULT_ENV: "1:3:hang"})
