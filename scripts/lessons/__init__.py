@@ -19,4 +19,5 @@ checkpoint, devices, distributed...). Here:
 - sharding: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas, collectives, the largest model
 - tensor_parallel: lesson 09, tensor parallelism and the 2-D mesh: bytes per rank, collectives per step
 - scaling_report: lesson 10, every run in one table, the equivalence table, the computed recommendation
+- equivalence: lesson 10, the proof: float64 runs against one process, one tolerance, the noise floor
 """

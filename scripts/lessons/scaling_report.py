@@ -9,7 +9,8 @@ the same model as one process.
     equal = sr.equivalence(runs)             # one row per strategy of STRATEGIES: holds, FAILS or skipped
 
 STRATEGIES is the registry: one declaration per strategy (which runs are its runs, which single-process run
-it must equal, the tolerance, what it needs). A lesson adds its strategy in one line.
+it must equal, what it needs). A lesson adds its strategy in one line. The proof itself (float64
+runs, one tolerance, the noise floor measured here) is lessons/equivalence.py.
 
 Logs of every committed version of the schema are read (git log -p scripts/trainup/metrics.py). It has
 been version 1 all along, but what a version-1 log holds grew; what this reader adapts to:
@@ -24,7 +25,6 @@ been version 1 all along, but what a version-1 log holds grew; what this reader 
 - A resumed run appends a config and env, then its epochs: the last of each is kept.
 """
 import argparse
-import importlib.util
 import json
 import math
 import sys
@@ -34,13 +34,14 @@ from pathlib import Path
 from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
 from trainup.metrics import SCHEMA_VERSION, check_record
 
+from . import checks
+from . import equivalence as eq
+# the proof's parts, under the report's names of old (sr.equivalence_row, sr.missing_need, ...)
+from .equivalence import (SAME_TRAINING, checkpoint_of, equivalence_row, fits,  # noqa: F401
+                          latest, missing_need, parameter_difference, same)
 from .report import measured_on, save
 
 CORE = ("config", "env", "epoch", "summary")
-# The flags that make two runs train the same thing (same data, model, seed, global batch, steps, rule).
-SAME_TRAINING = ("dataset", "model", "batch_size", "epochs", "lr", "gamma", "dropout", "seed", "train_size",
-                 "test_size", "image_shape", "num_classes", "optimizer", "warmup_steps", "precision", "blocks",
-                 "width", "hidden", "no_set_epoch", "fp16_allreduce")
 # A script without the flag trains this way (the same data order every epoch with --no-set-epoch; Horovod's
 # --fp16-allreduce rounds the gradients): a run with another value has no baseline, not a failure.
 DEFAULTS = dict(optimizer="adadelta", precision="32", no_set_epoch=False, fp16_allreduce=False)
@@ -58,8 +59,8 @@ class Strategy:
     family: str            # one curve in the scaling plot (DDP with 1, 2, 4 ranks is one family)
     where: dict            # a run is this strategy's when each fact equals the value (a tuple: one of them;
                            # a function: true for it)
-    baseline: dict = None  # the one-process run it must equal; None: a baseline itself, or no claim
-    atol: float = None     # the largest parameter difference that still counts as the same model
+    baseline: dict = None  # the one-process run it must equal (within equivalence.TOLERANCE,
+                           # one for all); None: a baseline itself, or no claim
     needs: tuple = ()      # ("script", file), ("module", name), ("gpus", n): without it, skipped
     made_by: str = ""      # where the course makes such a run (said when none is in logs/)
     # Dropout's masks come from the random stream, which each rank draws from alone (and the DDP script in
@@ -76,8 +77,8 @@ PIPELINES = ("naive", "gpipe", "1f1b", "interleaved1f1b", "looped_bfs", "interle
 
 def _ddp(n):
     return Strategy(f"DDP, {n} rank{'s' * (n > 1)}", "DDP", dict(script="_trainup_ddp.py", world_size=n,
-                    accumulate=(None, 1)), ONE_DEVICE, 1e-4, made_by="notebooks/04_ddp.ipynb (or this notebook)",
-                    dropout_off="always")
+                    accumulate=(None, 1)), ONE_DEVICE,
+                    made_by="notebooks/04_ddp.ipynb (or this notebook)", dropout_off="always")
 
 
 ONE_SHARDING = dict(script="_trainup_fsdp.py", shard="none", devices=1)
@@ -86,7 +87,7 @@ ONE_TP = dict(script="_trainup_tp.py", devices=1)
 
 def _zero(stage, shard):
     return Strategy(f"ZeRO-{stage}{' / FSDP' * (stage == 3)} (shard {shard})", f"ZeRO-{stage}",
-                    dict(script="_trainup_fsdp.py", shard=shard, devices=ABOVE_1), ONE_SHARDING, 1e-5,
+                    dict(script="_trainup_fsdp.py", shard=shard, devices=ABOVE_1), ONE_SHARDING,
                     (("script", "_trainup_fsdp.py"),), "the sharding lesson (notebook 09)")
 
 
@@ -94,45 +95,33 @@ STRATEGIES = [
     Strategy("one process (CPU script)", "CPU", dict(script="_trainup_cpu.py", devices=1)),
     Strategy("Hogwild (CPU processes, one shared model)", "Hogwild", dict(script="_trainup_cpu.py", devices=ABOVE_1)),
     Strategy("one device", "one device", ONE_DEVICE),
-    Strategy("DataParallel", "DataParallel", dict(script="_trainup_dp.py"), ONE_DEVICE, 1e-5,
+    Strategy("DataParallel", "DataParallel", dict(script="_trainup_dp.py"), ONE_DEVICE,
              made_by="notebooks/03_data_parallel.ipynb", dropout_off="several devices"),
     _ddp(1), _ddp(2), _ddp(4),
     Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp.py", accumulate=ABOVE_1),
-             ONE_DEVICE, 1e-4, made_by="notebooks/04_ddp.ipynb", dropout_off="always"),
-    Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE, 1e-4, (("module", "horovod"),),
-             "notebooks/05_horovod.ipynb", dropout_off="always"),
+             ONE_DEVICE, made_by="notebooks/04_ddp.ipynb", dropout_off="always"),
+    Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE,
+             (("module", "horovod"),), "notebooks/05_horovod.ipynb", dropout_off="always"),
     Strategy("pipeline, one process", "pipeline", ONE_STAGE),
     *[Strategy(f"pipeline {s}", "pipeline", dict(script="_trainup_pipeline.py", schedule=s, stages=ABOVE_1,
-                                                  data_parallel=1), ONE_STAGE, 1e-5,
+                                                  data_parallel=1), ONE_STAGE,
                made_by="notebooks/06_pipeline_parallel.ipynb") for s in PIPELINES],
     Strategy("pipeline 1f1b x 2 data-parallel", "pipeline x DP", dict(script="_trainup_pipeline.py", data_parallel=2),
-             ONE_STAGE, 1e-5, made_by="notebooks/06_pipeline_parallel.ipynb"),
+             ONE_STAGE, made_by="notebooks/06_pipeline_parallel.ipynb"),
     # Lessons 07-09: their rows are skipped until their script is in scripts/.
-    Strategy("Lightning DDP", "Lightning", dict(script="_trainup_lightning.py"), ONE_DEVICE, 1e-5,
+    Strategy("Lightning DDP", "Lightning", dict(script="_trainup_lightning.py"), ONE_DEVICE,
              (("script", "_trainup_lightning.py"),), "the Lightning lesson (notebook 07)", dropout_off="always"),
     Strategy("sharding script, one process", "sharding", ONE_SHARDING),
     Strategy("DDP (sharding script, shard none)", "sharding", dict(script="_trainup_fsdp.py", shard="none",
-             devices=ABOVE_1), ONE_SHARDING, 1e-5, (("script", "_trainup_fsdp.py"),), "the sharding lesson (notebook 09)"),
+             devices=ABOVE_1), ONE_SHARDING, (("script", "_trainup_fsdp.py"),),
+             "the sharding lesson (notebook 09)"),
     _zero(1, "optimizer"), _zero(2, "gradients"), _zero(3, "parameters"),
     Strategy("tensor parallel, one process", "tensor parallel", ONE_TP),
     Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py", devices=ABOVE_1, dp=(None, 1)), ONE_TP,
-             1e-5, (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
+             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
     Strategy("data x tensor parallel (2-D)", "tensor parallel x DP", dict(script="_trainup_tp.py", dp=ABOVE_1), ONE_TP,
-             1e-5, (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
+             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
 ]
-
-
-def missing_need(strategy, scripts_dir=ROOT / "scripts"):
-    """One sentence naming what this machine or course lacks for the strategy, or None."""
-    import torch
-    for kind, what in strategy.needs:
-        if kind == "script" and not (Path(scripts_dir) / what).exists():
-            return f"scripts/{what} is not in the course yet"
-        if kind == "module" and importlib.util.find_spec(what) is None:
-            return f"{what} is not installed in this Python"
-        if kind == "gpus" and (torch.cuda.device_count() if torch.cuda.is_available() else 0) < what:
-            return f"it needs {what} GPU(s); torch sees {torch.cuda.device_count()} here"
-    return None
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -195,17 +184,9 @@ def facts(run):
 def classify(f, strategies=None):
     """The first registry row whose `where` holds for these facts, or None."""
     for s in strategies or STRATEGIES:
-        if all(_holds(v, f.get(k)) for k, v in s.where.items()):
+        if all(fits(v, f.get(k)) for k, v in s.where.items()):
             return s
     return None
-
-
-def _holds(want, value):
-    if callable(want):
-        return bool(want(value))
-    if isinstance(want, tuple):
-        return value in want
-    return value == want
 
 
 def load(log_dir=LOG_DIR):
@@ -252,21 +233,13 @@ def about_schema(runs):
 
 # ----------------------------------------------------------------------------------------- the big table
 
-def _latest(candidates):
-    return max(candidates, key=lambda r: (r["facts"]["time"] or 0, r["name"])) if candidates else None
-
-
-def _same(a, b, keys):
-    return all(a.get(k) == b.get(k) for k in keys)
-
-
 def single_device_match(run, runs):
     """The one-device run to measure speedup against: same machine, device kind and work per step; the
     same script if there is one, else any one-device run; the latest."""
     f = run["facts"]
-    pool = [r for r in runs if r["facts"]["devices"] == 1 and _same(r["facts"], f, ("measured_on", "device"))
-            and _same(r["facts"], f, SAME_WORK)]
-    return _latest([r for r in pool if r["facts"]["script"] == f["script"]]) or _latest(pool)
+    pool = [r for r in runs if r["facts"]["devices"] == 1
+            and same(r["facts"], f, ("measured_on", "device")) and same(r["facts"], f, SAME_WORK)]
+    return latest([r for r in pool if r["facts"]["script"] == f["script"]]) or latest(pool)
 
 
 def performance(runs):
@@ -293,97 +266,17 @@ def performance(runs):
 
 # ------------------------------------------------------------------------------------------- equivalence
 
-def checkpoint_of(run, checkpoint_dir=CHECKPOINT_DIR):
-    """The run's checkpoint file if it is on this machine (references keep none: checkpoints/ is local)."""
-    if run["facts"]["measured_on"] != "here":
-        return None
-    for p in ((run["summary"] or {}).get("checkpoint"), Path(checkpoint_dir) / f"{run['name']}.pt"):
-        if p and Path(p).is_file():
-            return Path(p)
-    return None
-
-
-def parameter_difference(a, b):
-    """The largest difference between two checkpoints' tensors (float64); raises ValueError if the models differ."""
-    import torch
-    sa, sb = (torch.load(p, map_location="cpu", weights_only=True)["model"] for p in (a, b))
-    if sa.keys() != sb.keys() or any(sa[k].shape != sb[k].shape for k in sa):
-        raise ValueError("the checkpoints hold different models")
-    return max((float((sa[k].double() - sb[k].double()).abs().max()) for k in sa if sa[k].numel()), default=0.0)
-
-
-def _why_not_comparable(f, dropout_off):
-    """Why a run cannot be held to the one-process parameters (None when it can): see Strategy.dropout_off."""
-    if f.get("dropout") and (dropout_off == "always" or (dropout_off and f["devices"] > 1)):
-        return "dropout on (each rank draws its own masks), so the proof runs with --dropout 0"
-    if f["devices"] > 1 and "bn" in str(f.get("model")) and not f.get("sync_bn"):
-        return "BatchNorm without --sync-bn: each device normalises its own shard"
-    return None
-
-
-def equivalence_row(strategy, runs, checkpoint_dir=CHECKPOINT_DIR, scripts_dir=ROOT / "scripts"):
-    """The strategy's row: every run of it that has a same-configuration baseline, both checkpoints here,
-    compared; 'holds' when every difference is within the tolerance, 'FAILS' when one is not, else
-    'skipped' with the reason worked out from what is missing."""
-    row = dict(strategy=strategy.name, tolerance=strategy.atol, largest_difference=float("nan"), pairs="",
-               result="skipped", reason="")
-    need = missing_need(strategy, scripts_dir)
-    mine = [r for r in runs if r["strategy"] is strategy]
-    if need:
-        return {**row, "reason": need}
-    if not mine:
-        return {**row, "reason": f"no run of it in logs/ yet: {strategy.made_by} makes one"}
-    comparable = [r for r in mine if not _why_not_comparable(r["facts"], strategy.dropout_off)]
-    if not comparable:
-        why = _why_not_comparable(mine[-1]["facts"], strategy.dropout_off)
-        return {**row, "reason": f"its runs in logs/ ({len(mine)}) cannot be compared: {why}"}
-    local = [r for r in comparable if checkpoint_of(r, checkpoint_dir)]
-    if not local:
-        return {**row, "reason": "no checkpoint of its runs on this machine (reference runs keep none)"}
-    pairs = []
-    for r in local:
-        bases = [b for b in runs if b is not r and _holds_all(strategy.baseline, b["facts"])
-                 and _same(b["facts"], r["facts"], SAME_TRAINING + ("measured_on",)) and checkpoint_of(b, checkpoint_dir)]
-        if bases:  # the latest, with as many CPU threads if there is one (sums split over threads round apart)
-            same_threads = [b for b in bases if b["facts"]["threads"] == r["facts"]["threads"]]
-            pairs.append((r, _latest(same_threads) or _latest(bases)))
-    if not pairs:
-        return {**row, "reason": "no one-process baseline with the same data, model, seed, global batch and steps "
-                                 "(and a checkpoint) in logs/"}
-    worst, names = 0.0, []
-    for r, b in pairs:
-        try:
-            d = parameter_difference(checkpoint_of(r, checkpoint_dir), checkpoint_of(b, checkpoint_dir))
-        except ValueError:
-            d = float("inf")
-        worst = max(worst, d)
-        names.append(f"{r['name']}~{b['name']} ({d:.1e})")
-    holds = worst <= strategy.atol
-    return {**row, "largest_difference": worst, "pairs": ", ".join(names), "result": "holds" if holds else "FAILS",
-            "reason": f"{len(pairs)} run(s) against their one-process baseline"}
-
-
-def _holds_all(where, f):
-    return all(_holds(v, f.get(k)) for k, v in where.items())
-
-
 def equivalence(runs, checkpoint_dir=CHECKPOINT_DIR, strategies=None, scripts_dir=ROOT / "scripts"):
-    """One row per strategy that claims to train the single-process model (it has a baseline)."""
-    import pandas as pd
+    """One row per strategy that claims to train the one-process model (it has a baseline): the
+    largest float64 difference, the noise floor measured here, the tolerance, result and why."""
     if strategies:  # another registry (a row added): each run is classified against it
         runs = [{**r, "strategy": classify(r["facts"], strategies)} for r in runs]
-    return pd.DataFrame([equivalence_row(s, runs, checkpoint_dir, scripts_dir)
-                         for s in strategies or STRATEGIES if s.baseline is not None])
+    return eq.table(runs, strategies or STRATEGIES, checkpoint_dir, scripts_dir)
 
 
 def about_equivalence(table):
     """One sentence over the equivalence table, counted from it."""
-    counts = table["result"].value_counts()
-    failing = table.loc[table["result"] == "FAILS", "strategy"].tolist()
-    sentence = (f"{counts.get('holds', 0)} of {len(table)} strategies were checked and trained the one-process "
-                f"model within their tolerance; {counts.get('skipped', 0)} "
-                f"{'was' if counts.get('skipped', 0) == 1 else 'were'} skipped (reason in the table)")
-    return sentence + (f"; {len(failing)} did NOT: {', '.join(failing)}." if failing else ".")
+    return eq.about(table)
 
 
 # ------------------------------------------------------------------------------------------------- plots
@@ -527,43 +420,59 @@ def recommend(table, equal=None, cores=None):
 
 # ----------------------------------------------------------------------------------- this lesson's pair
 
-# The cheapest proof made here: one process with the whole batch, and 2 DDP ranks with half each (dropout
-# off: each rank would draw its own masks). Notebook 10 makes them when logs/ lacks them.
-PAIR_FLAGS = ["--device", "cpu", "--batch-size", 64, "--dropout", 0, "--threads", 1]
-PAIR = (("report_one", "_trainup_gpu.py", 1), ("report_ddp_n2", "_trainup_ddp.py", 2))
+# The cheapest proof made here: one process with the whole batch, and 2 DDP ranks with half each
+# (dropout off: each rank would draw its own masks), in float64 (checks.PROOF) like every proof.
+# NOISE_PAIR: one DDP process, then the same with its batch cut in two micro-batches
+# (--accumulate 2): only the order of its sums changes (equivalence.noise_pairs), so their
+# difference is the noise floor. Notebook 10 makes all four when logs/ lacks them.
+# Each: (name, script, processes, flags).
+PAIR_FLAGS = ["--device", "cpu", "--batch-size", 64, "--dropout", 0, "--threads", 1, *checks.PROOF]
+PAIR = (("report_one", "_trainup_gpu.py", 1, ()), ("report_ddp_n2", "_trainup_ddp.py", 2, ()))
+NOISE_PAIR = (("report_ddp_n1", "_trainup_ddp.py", 1, ()),
+              ("report_ddp_n1_acc2", "_trainup_ddp.py", 1, ("--accumulate", 2)))
 
 
-def _made(name, log_dir, checkpoint_dir):
+def _made(name, flags, log_dir, checkpoint_dir):
+    """Finished, in the schema, with its checkpoint, and made as asked: float64, its accumulation
+    (a float32 run of an older course's is made again)."""
     path = Path(log_dir) / f"{name}.jsonl"
     if not path.exists():
         return False
     r = read_log(path)
+    args = (r["config"] or {}).get("args") or {}
+    accumulate = dict(zip(flags[::2], flags[1::2])).get("--accumulate")
     return not r["problems"] and (r["summary"] or {}).get("status") == "finished" and \
+        str(args.get("precision")) in eq.FLOAT64 and args.get("accumulate") == accumulate and \
         (Path(checkpoint_dir) / f"{name}.pt").exists()
 
 
 def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
-    """Run this lesson's pair where logs/ lacks it (quietly: the sentence is the same either way)."""
+    """Run this lesson's pair and noise pair where logs/ lacks them (quietly: the sentence is the
+    same either way)."""
     import contextlib
     import io
     from . import launch, report
-    for name, script, nproc in PAIR:
-        if not _made(name, log_dir, checkpoint_dir):
+    for name, script, nproc, flags in (*PAIR, *NOISE_PAIR):
+        if not _made(name, flags, log_dir, checkpoint_dir):
             with contextlib.redirect_stdout(io.StringIO()):
                 if nproc == 1:
-                    report.run(script, *PAIR_FLAGS, name=name)
+                    report.run(script, *PAIR_FLAGS, *flags, name=name)
                 else:
-                    launch.run(script, *PAIR_FLAGS, name=name, nproc=nproc)
-        if not _made(name, log_dir, checkpoint_dir):
-            raise AssertionError(f"{name}: no finished log in the schema with its checkpoint")
-    return (f"{PAIR[0][0]} (one process, batch 64) and {PAIR[1][0]} (2 DDP ranks, 32 samples each): finished, "
-            f"logs in the schema, checkpoints here.")
+                    launch.run(script, *PAIR_FLAGS, *flags, name=name, nproc=nproc)
+        if not _made(name, flags, log_dir, checkpoint_dir):
+            raise AssertionError(f"{name}: no finished float64 log (in the schema) and checkpoint")
+    return (f"{PAIR[0][0]} (one process, batch 64) and {PAIR[1][0]} (2 DDP ranks, 32 samples "
+            f"each); the noise pair {NOISE_PAIR[0][0]} and {NOISE_PAIR[1][0]} (one DDP process, "
+            f"batch 64 whole and as 2 micro-batches of 32): float64, finished, logs in the "
+            f"schema, checkpoints here.")
 
 
 # ---------------------------------------------------------------------------------------------- command
 
 COLUMNS = ["strategy", "measured_on", "hardware", "world_size", "global_batch", "per_device_batch", "samples_per_s",
            "epoch_s", "speedup", "efficiency", "peak_mem_mb", "loss", "test_accuracy"]
+EQUIVALENCE_COLUMNS = ["strategy", "largest_difference", "noise_floor", "tolerance", "result",
+                       "reason"]
 
 
 def main(argv=None):
@@ -583,7 +492,7 @@ def main(argv=None):
     if len(table):
         print(table[["run"] + COLUMNS].round(3).to_string(index=False))
     equal = equivalence(runs, a.checkpoint_dir)
-    print(equal[["strategy", "largest_difference", "tolerance", "result", "reason"]].to_string(index=False))
+    print(equal[EQUIVALENCE_COLUMNS].to_string(index=False))
     print(about_equivalence(equal))
     for _, row in equal[equal["result"] == "FAILS"].iterrows():
         print(f"{row['strategy']} FAILS: run~baseline (largest difference): {row['pairs']}")
