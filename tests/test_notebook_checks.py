@@ -169,6 +169,11 @@ def test_same_parameters(tmp_path):
     with pytest.raises(AssertionError, match="float64 runs"):  # float32 cannot prove 1e-9
         checks.same_parameters("a", "e", checkpoint_dir=tmp_path)
     assert checks.same_parameters("a", "e", atol=1e-5, checkpoint_dir=tmp_path) == 0
+    save_model(tmp_path / "f.pt", "float32", w=[1.0, 2.0], b=[0.5])
+    save_model(tmp_path / "g.pt", "float32", w=[1.0, 2.0 + 2.0 ** -22], b=[0.5])  # one float32 ulp
+    assert checks.same_parameters("e", "f", atol=0, checkpoint_dir=tmp_path) == 0  # bit for bit, any dtype
+    with pytest.raises(AssertionError, match="different parameters"):
+        checks.same_parameters("e", "g", atol=0, checkpoint_dir=tmp_path)
     assert checks.difference("a", "c", checkpoint_dir=tmp_path) == pytest.approx(1e-7)
 
 

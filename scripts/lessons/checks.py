@@ -67,9 +67,11 @@ def learned(name, min_accuracy=MIN_ACCURACY, log_dir=LOG_DIR, loss_falls=True):
 
 def same_parameters(a, b, atol=FLOAT64_ATOL, checkpoint_dir=CHECKPOINT_DIR):
     """Two runs' checkpoints hold the same model: every tensor within atol. Returns the largest difference.
-    At float64's tolerance both runs must be float64 (--precision 64): float32 cannot prove that much."""
+    At float64's tolerance both runs must be float64 (--precision 64): float32 cannot prove that much.
+    atol=0 claims bit for bit, in any dtype: two runs that sum in the same order on the same machine (a
+    resumed run and an unbroken one, DataParallel without GPUs and the plain model) hold equal bits."""
     worst, dtypes = _difference(a, b, checkpoint_dir)
-    if atol < 1e-6 and dtypes != {"torch.float64"}:
+    if 0 < atol < 1e-6 and dtypes != {"torch.float64"}:
         _fail(f"{a} and {b} hold {', '.join(sorted(dtypes))} parameters: a proof within {atol:.0e} compares "
               f"float64 runs (--precision 64)")
     if not worst <= atol:

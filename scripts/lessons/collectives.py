@@ -15,7 +15,7 @@ from pathlib import Path
 from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
 from . import launch
-from .report import QUICK, read_run, save
+from .report import QUICK, forget, read_run, save
 
 SCRIPT = "_trainup_collectives.py"
 # What each failure says; the first line of a job's output that matches is shown.
@@ -46,6 +46,7 @@ def _command(show, args, name, nproc):
 def run(show, *args, name, nproc=2, timeout=600, env=None):
     """One torchrun job of the collectives script; prints the command and rank 0's output."""
     flags, part = _command(show, args, name, nproc)
+    forget(name)  # from nothing, however often the cell runs
     print(launch.shown(flags, part))
     proc = subprocess.run(launch.TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=launch.environment(env))

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainup import IMAGE_DIR, LOG_DIR, ROOT
+from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
 from trainup.metrics import check_record
 
 QUICK = os.environ.get("TRAINUP_QUICK", "0") == "1"  # the tests and the course command set it
@@ -122,6 +122,8 @@ def run(script, *args, name, quick=None, timeout=900, env=None):
     checked sentence, and raises with the end of the output if the script fails.
     """
     quick = QUICK if quick is None else quick
+    if "--resume" not in map(str, args):
+        forget(name)  # a cell's run starts from nothing, the first time the cell runs as the tenth
     cmd = [sys.executable, f"scripts/{script}", *map(str, args), "--run-name", name] + (["--quick"] * quick)
     print("$ python", shlex.join(cmd[1:]))
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -132,6 +134,12 @@ def run(script, *args, name, quick=None, timeout=900, env=None):
     from . import checks
     checks.finished(name, LOG_DIR)  # a run that exits 0 but did not finish or broke the schema fails the cell
     return name
+
+
+def forget(name):
+    """Delete a run's log, output and checkpoint: the next run of that name starts from nothing."""
+    for path in (LOG_DIR / f"{name}.jsonl", LOG_DIR / f"{name}.stdout", CHECKPOINT_DIR / f"{name}.pt"):
+        path.unlink(missing_ok=True)
 
 
 def plot(df, x, y, name, hue="run", kind="line", title=None, xlabel=None, ylabel=None, ax=None, **kw):

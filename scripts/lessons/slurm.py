@@ -161,10 +161,9 @@ def forget(run):
     """Delete a run's log, output, checkpoint and job output file (logs/slurm-<run>.out): a job that always
     passes --resume (slurm/requeue/) would otherwise carry on from an earlier run of the same name, one that
     finished long ago."""
-    from trainup import CHECKPOINT_DIR, LOG_DIR
-    for path in (LOG_DIR / f"{run}.jsonl", LOG_DIR / f"{run}.stdout", CHECKPOINT_DIR / f"{run}.pt",
-                 ROOT / "logs" / f"slurm-{run}.out"):  # the job's output file, as the notebook names it
-        path.unlink(missing_ok=True)
+    from .report import forget as forget_run
+    forget_run(run)
+    (ROOT / "logs" / f"slurm-{run}.out").unlink(missing_ok=True)  # the job's output, as the notebook names it
 
 
 def statuses(run, log_dir=None):
