@@ -10,9 +10,11 @@ The processes can be started three ways; the first that applies wins:
 - plain `python script.py`: one process, world size 1, on a free port.
 """
 import datetime
+import gc
 import os
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -130,6 +132,15 @@ def pick_backend(requested, device_request):
     return "nccl" if gpu and device_request != "cpu" and dist.is_nccl_available() else "gloo"
 
 
+# torch.distributed.nn binds the default group as a default argument (group=group.WORLD) when first
+# imported. Imported after joining, as DDP's constructor imports it (through torch._dynamo), it would hold
+# the run's group past destroy_process_group() into the interpreter's shutdown, and its gloo threads with
+# it: one of them then ends the process with "terminate called without an active exception". Imported
+# before joining, it binds None. (ZeroRedundancyOptimizer's module does the same: trainup/sharding.py
+# imports it before joining.)
+import torch.distributed.nn.functional  # noqa: E402,F401  (milliseconds)
+
+
 def setup(args):
     """Join the job's process group: the Context, with this process's device pinned from LOCAL_RANK.
 
@@ -221,12 +232,33 @@ def _comm_device():
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+_LEFT = []  # the groups of a run that has left: release() destroys them
+
+
 def cleanup(ctx):
-    """Leave together: a barrier first, else a fast rank tearing down can abort a slow one's last step
-    (about one run in ten ended with 'terminate called without an active exception' here)."""
+    """Leave together: a barrier first, else a fast rank tearing down can abort a slow one's last step.
+    The groups live on in _LEFT, so that release() destroys them, not whatever drops them last."""
     if dist.is_initialized():
         dist.barrier(**({"device_ids": [ctx.device.index]} if ctx.backend == "nccl" else {}))
+        _LEFT.extend(dist.distributed_c10d._world.pg_map)  # every group, the extra ones too
         dist.destroy_process_group()
+
+
+def release():
+    """Destroy the groups of a run that has left, once main() has returned, and join their threads.
+
+    A gloo thread that drops a finished collective's last reference needs the GIL (its tensors have
+    Python objects). Destroying the group joins those threads: with the GIL held (DDP's Reducer
+    dropping the last reference when the model is freed) that deadlocks; at the interpreter's shutdown
+    it aborts. Python's handle on a group releases the GIL while it destroys it, so the model goes
+    first (gc) and the handles kept by cleanup() drop the last references."""
+    if _LEFT:
+        gc.collect()
+        mesh = sys.modules.get("torch.distributed.device_mesh")
+        if mesh:  # DTensor caches meshes past the run, and a mesh keeps its groups (_pg_registry)
+            for held in (o for o in gc.get_objects() if isinstance(o, mesh.DeviceMesh)):
+                held._pg_registry.clear()
+        _LEFT.clear()
 
 
 class faults:
