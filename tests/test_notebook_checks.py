@@ -250,9 +250,29 @@ def test_curve_and_ratio():
 
 def test_load_note():
     from lessons import claims
-    assert claims.load(2, 5.0)[0] and "loaded" in claims.load_note(2, 5.0)
-    assert not claims.load(2, 0.5)[0] and "not overloaded" in claims.load_note(2, 0.5)
+    assert claims.load(2, 5.0)[0] and "busy" in claims.load_note(2, 5.0)
+    assert claims.load(2, 2.5)[0], "one threshold: a load average above the cores is busy"
+    assert not claims.load(2, 2.0)[0] and "not overloaded" in claims.load_note(2, 2.0)
     assert "load average 1.0 on 4 cores" in claims.load_note(4, 1.0)
+
+
+def test_every_run_records_the_load_and_the_note_reads_it(tmp_path):
+    from lessons import claims
+    from trainup import metrics
+    env = metrics.environment("cpu")
+    assert env["cores"] >= 1 and isinstance(env["load_start"], float)
+    records = [dict(type="config", run="r", time=0, schema_version=1, script="x.py", lesson="01", args={}),
+               dict(type="env", run="r", time=0, **{**env, "load_start": 0.5}),
+               dict(type="summary", run="r", time=0, status="finished", epochs=0, loss=None, accuracy=None,
+                    test_accuracy=None, wall_s=1.0, samples_per_s=None, peak_mem_mb=1.0, checkpoint=None,
+                    load_end=3.5)]
+    records = json.loads(json.dumps(records))  # as the log holds them
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert all(not metrics.check_record(r) for r in records)
+    assert not metrics.check_record({**records[1], "load_start": "high"}) == []  # checked where present
+    busy, avg, n = claims.load(2, runs=["r"], log_dir=tmp_path)
+    assert busy and avg == 3.5, "the highest load the run recorded, at its end"
+    assert not claims.load(4, runs=["r"], log_dir=tmp_path)[0]
 
 
 def test_published_figures_name_their_source():

@@ -8,7 +8,9 @@ constants, and may be shown, as may a value rounded to its power of ten (a gap "
 """
 import configparser
 import json
+import os
 import re
+import subprocess
 
 import pytest
 
@@ -58,3 +60,19 @@ def test_the_check_finds_a_float_printed_in_full(tmp_path):
     notebook["cells"][0]["source"] = ["# NBVAL_IGNORE_OUTPUT\n", "print(gap)"]
     path.write_text(json.dumps(notebook))
     test_no_compared_output_holds_a_float_printed_in_full(path)
+
+
+def test_outputs_are_stored_on_a_quiet_machine_only(tmp_path):
+    """tools/store_outputs.sh refuses, in one sentence, while the load average exceeds the cores."""
+    cores = len(os.sched_getaffinity(0))
+    busy = tmp_path / "loadavg"
+    busy.write_text(f"{cores + 1.5:.2f} 1.00 1.00 3/100 1234\n")
+    notebook = tmp_path / "untouched.ipynb"
+    notebook.write_text("{}")
+    proc = subprocess.run(["bash", "tools/store_outputs.sh", str(notebook)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "TRAINUP_LOADAVG_FILE": str(busy), "TRAINUP_STORE_WAIT_S": "0"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith("error: the load average is") and len(proc.stderr.splitlines()) == 1
+    assert f"on {cores} cores" in proc.stderr
+    assert notebook.read_text() == "{}", "nothing was executed"

@@ -1,14 +1,38 @@
 #!/usr/bin/env bash
 # Store a notebook's outputs from a quick run (what nbval compares against): executes each notebook
-# given (default: all) in place, in quick mode, from its own folder. Run it on a quiet machine: the
-# stored outputs are what a learner reads before running anything.
+# given (default: all) in place, in quick mode, from its own folder. Only on a quiet machine: the stored
+# outputs are what a learner reads before running anything, so it waits for the load average to fall
+# to the cores (the course's one threshold, lessons/claims.py), and refuses if it does not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TRAINUP_QUICK=1
+WAIT_S=${TRAINUP_STORE_WAIT_S:-300}  # a notebook just stored leaves its own load: it decays in minutes
+cores=$(nproc)
+LOADAVG=${TRAINUP_LOADAVG_FILE:-/proc/loadavg}  # another file: tests/test_stored_outputs.py
+load() { cut -d' ' -f1 "$LOADAVG"; }
+quiet() { awk -v l="$(load)" -v c="$cores" 'BEGIN { exit !(l <= c) }'; }
 notebooks=("$@")
 [ ${#notebooks[@]} -gt 0 ] || notebooks=(notebooks/[0-9]*.ipynb)
 for nb in "${notebooks[@]}"; do
-  echo "== $nb"
+  waited=0
+  until quiet; do
+    if [ "$waited" -ge "$WAIT_S" ]; then
+      echo "error: the load average is $(load) on $cores cores after ${WAIT_S} s of waiting: outputs stored now would time a busy machine; stop what else is running and store again" >&2
+      exit 1
+    fi
+    sleep 10; waited=$((waited + 10))
+  done
+  start=$(load)
+  echo "== $nb (load average $start on $cores cores)"
   .venv/bin/jupyter nbconvert --to notebook --execute --inplace "$nb" \
     --ExecutePreprocessor.timeout=1800 --log-level WARN
+  # the notebook says what load its stored timings were taken under (its metadata, beside the kernel's)
+  .venv/bin/python - "$nb" "$start" "$(load)" "$cores" <<'PY'
+import json, sys
+path, start, end, cores = sys.argv[1:]
+nb = json.load(open(path))
+nb["metadata"]["trainup"] = {"stored_under": f"load average {start} at the start, {end} at the end, "
+                                             f"on {cores} cores"}
+open(path, "w").write(json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n")  # as nbformat
+PY
 done

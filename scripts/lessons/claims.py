@@ -8,7 +8,10 @@
 
 A notebook prints these sentences; the unit tests feed them rising, flat and falling numbers.
 """
-import os
+from pathlib import Path
+
+from trainup import LOG_DIR
+from trainup.metrics import machine_load
 
 FLAT = 0.10  # changes under 10 % are noise on a shared machine: "stays flat", "about as fast"
 
@@ -65,24 +68,37 @@ def compare(new, old, other, flat=FLAT):
 
 
 def cores():
-    """CPU cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    """CPU cores this process may use (launch.cores, where jobs are started, is the same)."""
+    return machine_load()[1]
 
 
-def load(cores_=None, loadavg=None):
-    """(busy, one-minute load average, cores): busy when other work kept more than ~half the cores running.
+def load(cores_=None, loadavg=None, runs=(), log_dir=LOG_DIR):
+    """(busy, load average, cores): busy when the load average exceeds the cores, the course's one
+    threshold: more processes wanted to run than there were cores, so they took turns.
 
-    Read when the cell runs, right after the runs it describes (the logs record no load average)."""
-    n = cores_ or cores()
-    avg = loadavg if loadavg is not None else (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
-    return avg > 1.5 * n, avg, n
+    The load is the highest the runs' logs recorded at their start and end (runs given), or now."""
+    here, cores_now = machine_load()
+    n = cores_ or cores_now
+    if loadavg is None:
+        recorded = [v for name in runs for v in _recorded_loads(name, log_dir)]
+        loadavg = max(recorded) if recorded else (here or 0.0)
+    return loadavg > n, loadavg, n
 
 
-def load_note(cores_=None, loadavg=None):
-    """A sentence on whether the timings above come from a quiet or a loaded machine."""
-    busy, avg, n = load(cores_, loadavg)
+def _recorded_loads(name, log_dir):
+    from .report import read_run
+    path = Path(log_dir) / f"{name}.jsonl"
+    run = read_run(path) if path.exists() else {}
+    ends = (run.get("env") or {}).get("load_start"), (run.get("summary") or {}).get("load_end")
+    return [v for v in ends if v is not None]
+
+
+def load_note(cores_=None, loadavg=None, runs=()):
+    """A sentence on whether the timings above come from a quiet or a busy machine."""
+    busy, avg, n = load(cores_, loadavg, runs)
     if busy:
-        return (f"The machine was loaded while these ran (load average {avg:.1f} on {n} cores): other programs "
-                f"took turns on the same cores, so these timings are lower and noisier than on a quiet machine, "
-                f"and comparisons between runs made minutes apart can mislead.")
+        return (f"The machine was busy while these ran (load average {avg:.1f} on {n} cores): more processes "
+                f"than cores (other programs', or these runs' own) took turns on the same cores, so these "
+                f"timings are lower and noisier than on a quiet machine, and comparisons between runs made "
+                f"minutes apart can mislead.")
     return f"The machine was not overloaded while these ran (load average {avg:.1f} on {n} cores)."

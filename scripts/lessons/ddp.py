@@ -126,8 +126,8 @@ def cores_note(t):
     else:
         note = (f"This machine lets these runs use {here} CPU cores, enough for the {most} processes of the "
                 f"largest run: each process could have a core to itself.")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load > here:
+    busy, load, _ = claims.load(here, runs=list(t["run"]) if "run" in t else ())
+    if busy:
         note += (f" Other programs were running too (load average {load:.1f} on {here} cores): then more processes "
                  f"also win a larger share of the machine, which flatters the speedup.")
     return note

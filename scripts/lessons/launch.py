@@ -16,6 +16,7 @@ import sys
 
 from trainup import ROOT
 from trainup.distributed import free_port
+from trainup.metrics import machine_load
 from . import checks
 from .report import QUICK, check
 
@@ -147,4 +148,4 @@ def script_diff(old, new):
 
 def cores():
     """CPU cores this process may run on (what the scheduler gives us, not what the machine has)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return machine_load()[1]

@@ -73,7 +73,10 @@ TYPES = {
     "first_indices": ("list",),
     "shard": TEXT, "param_bytes": ("list",), "grad_bytes": ("list",), "optim_bytes": ("list",),
     "expected_bytes": ("list",), "ops": ("dict",),
+    # optional (logs from before they existed lack them): checked where present
+    "cores": INT, "load_start": NUMBER + ("None",), "load_end": NUMBER + ("None",),
 }
+OPTIONAL = {"env": ("cores", "load_start"), "summary": ("load_end",)}
 # Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
 # a run without epochs (a sweep) has no loss.
 TYPES_IN = {
@@ -109,21 +112,29 @@ def check_record(record):
     problems = [f"{kind!r} record lacks {k!r}" for k in COMMON + SCHEMA[kind] if k not in record]
     for k, value in record.items():
         want = TYPES_IN.get(kind, {}).get(k) or TYPES.get(k)
-        if want and k in COMMON + SCHEMA[kind] and _json_type(value) not in want:
+        if want and k in COMMON + SCHEMA[kind] + OPTIONAL.get(kind, ()) and _json_type(value) not in want:
             problems.append(f"{kind!r} record's {k!r} is {_json_type(value)} {value!r:.40}, not {' or '.join(want)}")
         elif isinstance(value, float) and not math.isfinite(value):  # a NaN loss is a broken run, not a number
             problems.append(f"{kind!r} record's {k!r} is {value}, not a finite number")
     return problems
 
 
+def machine_load():
+    """(one-minute load average or None where the OS has none, CPU cores this process may use)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (os.getloadavg()[0] if hasattr(os, "getloadavg") else None), cores
+
+
 def environment(device, world_size=1, backend="none"):
-    """What ran the job: the 'env' record."""
+    """What ran the job: the 'env' record, with the machine's load as the run starts (the summary has
+    it as the run ends): a timing taken on a busy machine says so in its own log."""
+    load, cores = machine_load()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
     return dict(torch=torch.__version__, python=platform.python_version(), host=socket.gethostname(),
                 platform=platform.platform(), cpu_count=os.cpu_count(), threads=torch.get_num_threads(),
                 device=str(device), gpus=gpus, cuda=torch.version.cuda, world_size=world_size,
-                backend=backend)
+                backend=backend, cores=cores, load_start=load)
 
 
 def peak_memory_mb(device="cpu"):
@@ -254,7 +265,7 @@ class RunLog:
                     test_accuracy=last.get("test_accuracy"), wall_s=wall,
                     samples_per_s=samples / train_wall if train_wall else None,
                     peak_mem_mb=peak_memory_mb(self.device),
-                    checkpoint=str(checkpoint) if checkpoint else None, **extra)
+                    checkpoint=str(checkpoint) if checkpoint else None, load_end=machine_load()[0], **extra)
         self.write("summary", **line)
         if self.enabled:
             print(f"{status}: {len(epochs)} epochs in {wall:.1f} s; log {self.path}")
