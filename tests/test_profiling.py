@@ -56,6 +56,17 @@ def test_the_split_is_shares_that_sum_to_one(runs, run):
         assert len(profiling.about_split(table)) == 2
 
 
+def test_a_ddp_step_runs_ddp_s_collectives_alone(runs):
+    """Every collective of a recorded step is launched inside its backward: DDP's buckets. The stop check
+    (trainup/preempt.py) runs no collective in a step: the profile measures DDP, not the course."""
+    for rank, path in profiling.traces("ddp", runs).items():
+        counts = profiling.launches(json.loads(path.read_text()))
+        assert len(counts) == STEPS, (rank, counts)
+        for inside, elsewhere in counts:
+            assert inside >= 1 and elsewhere == 0, (rank, counts)
+        assert len(set(counts)) == 1, (rank, counts)  # the same buckets every step
+
+
 def test_top_operators_are_the_model_s_own(runs):
     cpu, ddp = profiling.top_operators("cpu", log_dir=runs), profiling.top_operators("ddp", rank=1, log_dir=runs)
     assert "aten::convolution_backward" in set(cpu["operator"]) and "gloo:all_reduce" in set(ddp["operator"])

@@ -92,6 +92,21 @@ def steps(trace):
                           if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")))
 
 
+def launches(trace):
+    """Per recorded step, (collectives launched inside backward, launched elsewhere): c10d's calls. DDP
+    launches each bucket's all-reduce from backward as its last gradient is ready; any other collective
+    of a step (a check, a metric) is launched outside it."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    backward = _ranges(e for e in events if e["name"].startswith(BACKWARD))
+    calls = [e["ts"] for e in events if e["name"].startswith("c10d::")]
+    counts = []
+    for start, end in steps(trace):
+        mine = [t for t in calls if start <= t < end]
+        inside = sum(any(a <= t <= b for a, b in backward) for t in mine)
+        counts.append((inside, len(mine) - inside))
+    return counts
+
+
 # --- time ranges as sorted lists of disjoint (start, end) ---------------------------------------------
 
 def union(ranges):

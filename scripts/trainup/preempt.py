@@ -8,8 +8,13 @@ and exits with STOPPED_EXIT. `--resume` continues from that very step, and ends 
 run that was never stopped.
 
 In a job of many processes, all ranks must stop at the same step (one saving alone would leave the
-others waiting in their next all-reduce): the flag is all-reduced every CHECK_EVERY steps (every step on
-the CPU), so the ranks agree, whichever of them got the signal.
+others waiting in their next all-reduce), whichever of them got the signal. An all-reduce of the flag
+after every step would agree, but it is one more collective in every step, and it would show in every
+timing and profile of the course. On the CPU the ranks move in lockstep (a step's gradients are
+all-reduced before any rank starts the next), so the first rank asked posts "stop after the next step"
+on the job's key-value store, and every rank reads the store after each step: no collective. On a GPU a
+rank's CPU runs steps ahead of its GPU, so no such bound holds: there the flag is all-reduced every 20
+steps (each check makes the CPU wait for the GPU). STOP_CHECK holds that choice.
 """
 import itertools
 import os
@@ -26,7 +31,9 @@ from . import UserError, checkpoint, metrics
 
 STOPPED_EXIT = 75  # sysexits.h's EX_TEMPFAIL, "try again later": stopped, resumable (the SLURM template requeues)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)  # what --stop-signal may name
-CHECK_EVERY = {"cpu": 1, "cuda": 20}  # steps between checks: on a GPU each check makes the CPU wait for the GPU
+# device -> (how the ranks agree on a stop, steps between checks); a job of one process stops at once
+STOP_CHECK = {"cpu": ("store", 1), "cuda": ("all_reduce", 20)}
+STOP_KEY = "trainup/stop_after"  # "<epoch>:<step>", posted once by the first rank asked to stop
 WALL_BEFORE = {}  # epoch -> its training seconds before a stop, added to the resumed epoch's wall_s by RunLog.epoch
 
 
@@ -112,9 +119,17 @@ class Lock:
 class Alone:
     """A job of one process."""
     world_size, rank = 1, 0
+    store = None  # the job's key-value store (ranks > 1)
 
     def any(self, flag):
         return flag
+
+    def post(self, key, value):
+        """Put value under key unless a rank already did; returns the value that stays."""
+        return self.store.compare_set(key, "", value).decode()
+
+    def read(self, key):
+        return self.store.get(key).decode() if self.store.check([key]) else None
 
     def gather(self, obj):
         return [obj]
@@ -130,7 +145,10 @@ class TorchDistributed(Alone):
     """The DDP script's ranks, through torch.distributed (gloo or NCCL)."""
 
     def __init__(self, ctx):
+        import torch.distributed as dist
         self.world_size, self.rank, self.ctx = ctx.world_size, ctx.rank, ctx
+        # the store the ranks met in (under torchrun, this attempt's part of the agent's store)
+        self.store = dist.distributed_c10d._get_default_store() if self.world_size > 1 else None
 
     def any(self, flag):
         import torch.distributed as dist
@@ -161,6 +179,12 @@ class Horovod(Alone):
 
     def __init__(self, hvd):
         self.hvd, self.world_size, self.rank = hvd, hvd.size(), hvd.rank()
+        if self.world_size > 1:  # Horovod has no store of its own to share: rank 0 serves torch's
+            import torch.distributed as dist
+            mine = dist.TCPStore(socket.gethostname(), 0, self.world_size, is_master=True,
+                                 wait_for_workers=False) if self.rank == 0 else None
+            host, port = hvd.broadcast_object((socket.gethostname(), mine.port if mine else 0), root_rank=0)
+            self.store = mine or dist.TCPStore(host, port, self.world_size, is_master=False)
 
     def any(self, flag):
         return bool(self.hvd.allreduce(torch.tensor([int(flag)]), op=self.hvd.Max, name="stop").item())
@@ -217,8 +241,7 @@ class Stopper:
             args.run_name = self.comm.broadcast(args.run_name)
         for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
             signal.signal(sig, self._requested)
-        self.position, self.watched = None, None
-        self.checks = 0
+        self.position, self.watched, self.how, self.posted = None, None, "", None
 
     def _requested(self, signum, frame):
         if os.getpid() != self.pid:  # a forked child (a DataLoader worker): the signal's usual effect
@@ -246,7 +269,7 @@ class Stopper:
     def batches(self, loader, epoch):
         """The epoch's batches, from where a stopped run left off; a stop saves and exits between two steps."""
         device = self.watched["model"].parameters().__next__().device.type if self.watched else "cpu"
-        every = CHECK_EVERY.get(device, 1) if self.comm.world_size > 1 else 1
+        self.how, every = STOP_CHECK.get(device, STOP_CHECK["cuda"]) if self.comm.world_size > 1 else ("", 1)
         position = self.position if self.position and self.position["epoch"] == epoch else None
         self.position = None  # used once
         return Steps(self, loader, epoch, position, every * (getattr(self.args, "accumulate", None) or 1))
@@ -254,6 +277,16 @@ class Stopper:
     def check(self):
         """True when some rank was asked to stop (all-reduced: every rank gets the same answer)."""
         return self.comm.any(self.signal is not None)
+
+    def due(self, epoch, step, every):
+        """After a step that ends a check's interval: whether every rank stops now (the same answer on all)."""
+        if self.comm.world_size == 1:
+            return self.signal is not None
+        if self.how == "all_reduce":
+            return self.check()
+        if self.signal is not None and not self.posted:  # the others are at most one interval behind
+            self.posted = self.comm.post(STOP_KEY, f"{epoch}:{step + every}")
+        return self.comm.read(STOP_KEY) == f"{epoch}:{step}"
 
     def after_epoch(self, epoch):
         """Between epochs: a stop asked for during evaluation (or in Hogwild, whose workers train a whole epoch
@@ -313,7 +346,7 @@ class Steps:
             set_rng_state(self.rank_state["rng"])  # ...so the random states are restored after it
         for step, batch in enumerate(batches, self.skip + 1):
             yield batch  # the script trains one step on it
-            if step % self.every == 0 and self.stopper.check():
+            if step % self.every == 0 and self.stopper.due(self.epoch, step, self.every):
                 self.stopper.stop(self.epoch, step, self.meter, self.wall_before + time.perf_counter() - started)
 
 
