@@ -279,5 +279,8 @@ def test_published_figures_name_their_source():
     from lessons import slurm
     assert "Strube" in slurm.published_source() and "2023" in slurm.published_source()
     table = slurm.published_scaling()
-    assert set(table["gpus"]) == {1, 4, 64}
-    assert "4 GPUs gave 3.8×" in slurm.about_published(table)
+    assert set(table["gpus"]) == {1, 4, 16, 32, 64, 128}  # the six times the source published
+    assert list(table["minutes"]) == [342.2, 89.3, 24.8, 13.2, 6.9, 4.8]  # from "342m11.864s" ...
+    about = slurm.about_published(table)
+    assert "4 GPUs gave 3.8×" in about and "all-reducing" not in about  # the source does not say why
+    assert "256 per GPU from 1 to 4 GPUs; 128 per GPU from 16 to 128 GPUs" in about
