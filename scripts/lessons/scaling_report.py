@@ -44,9 +44,16 @@ from .report import measured_on, save
 CORE = ("config", "env", "epoch", "summary")
 # A script without the flag trains this way (the same data order every epoch with --no-set-epoch; Horovod's
 # --fp16-allreduce rounds the gradients): a run with another value has no baseline, not a failure.
-DEFAULTS = dict(optimizer="adadelta", precision="32", no_set_epoch=False, fp16_allreduce=False)
-# What makes a throughput comparable: the same work per step, on the same kind of machine.
+DEFAULTS = dict(optimizer="adadelta", precision="32", no_set_epoch=False, fp16_allreduce=False, monitor=False,
+                profile=None)
+# What makes a throughput comparable: the same work per step (the model by its architecture and size),
+# on the same kind of machine, set up the same way: threads per process (on a CPU), precision, and no
+# instrument in one run only (--monitor and --profile add work to every step).
 SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "blocks", "width", "hidden")
+SAME_SETUP = ("precision", "monitor", "profile")
+# Above this efficiency the "one device" did other work than the run, whatever the flags say (a loaded
+# machine, another data path): such a row is shown without speedup, never recommended.
+COMPARABLE_EFFICIENCY = 1.2
 # Lesson records whose fields say how a run was laid out (a flag's default is worked out in the script).
 LAYOUT_RECORDS = {"tp": ("tp", "dp")}
 
@@ -164,6 +171,16 @@ def _devices(script, args, env):
     return max(n, args.get("num_processes") or 1)
 
 
+def architecture(script, args):
+    """The model a run trained, by what it is: the block-stack scripts ignore --model (tp's default 'cnn'
+    names nothing it trained)."""
+    if script == "_trainup_tp.py":
+        return f"feed-forward {args.get('blocks')}x{args.get('width')}, hidden {args.get('hidden')}"
+    if script.startswith("_trainup_pipeline") or args.get("model") == "blocks":
+        return f"blocks {args.get('blocks')}x{args.get('width')}"
+    return args.get("model")
+
+
 def facts(run):
     """What the registry and the matching look at: the script, where and on what it ran, and its flags."""
     cfg, env = run["config"] or {}, run["env"] or {}
@@ -175,7 +192,8 @@ def facts(run):
     hardware = f"{gpus[0]}" if device == "cuda" and gpus else f"CPU, {env.get('cpu_count', '?')} cores"
     layout = {k: rec[k] for rec in run["extra"] if isinstance(rec, dict) for k in LAYOUT_RECORDS.get(rec.get("type"), ())
               if k in rec}
-    return {**args, **layout, "script": script, "world_size": env.get("world_size", 1), "devices": devices, "device": device,
+    return {**args, **layout, "model": architecture(script, args), "script": script,
+            "world_size": env.get("world_size", 1), "devices": devices, "device": device,
             "threads": env.get("threads"),
             "hardware": hardware, "measured_on": measured_on(run["path"]), "time": cfg.get("time", 0),
             "schema_version": cfg.get("schema_version")}
@@ -234,11 +252,15 @@ def about_schema(runs):
 # ----------------------------------------------------------------------------------------- the big table
 
 def single_device_match(run, runs):
-    """The one-device run to measure speedup against: same machine, device kind and work per step; the
-    same script if there is one, else any one-device run; the latest."""
+    """The one-device run to measure speedup against: same machine, device kind, work per step and set-up
+    (threads per process on a CPU); the same script if there is one, else any one-device run; the latest.
+    A one-device run is its own: its speedup is 1."""
     f = run["facts"]
-    pool = [r for r in runs if r["facts"]["devices"] == 1
-            and same(r["facts"], f, ("measured_on", "device")) and same(r["facts"], f, SAME_WORK)]
+    if f["devices"] == 1:
+        return run
+    setup = SAME_SETUP + (("threads",) if f["device"] == "cpu" else ())
+    pool = [r for r in runs if r["facts"]["devices"] == 1 and same(r["facts"], f, ("measured_on", "device"))
+            and same(r["facts"], f, SAME_WORK) and same(r["facts"], f, setup)]
     return latest([r for r in pool if r["facts"]["script"] == f["script"]]) or latest(pool)
 
 
@@ -251,6 +273,8 @@ def performance(runs):
         f, s = r["facts"], r["summary"]
         base = single_device_match(r, runs)
         speedup = s["samples_per_s"] / base["summary"]["samples_per_s"] if base else float("nan")
+        if speedup / f["devices"] > COMPARABLE_EFFICIENCY:  # not one device's work: no comparable baseline
+            base, speedup = None, float("nan")
         rows.append(dict(
             run=r["name"], strategy=r["strategy"].name if r["strategy"] else f"other ({f['script']})",
             family=r["strategy"].family if r["strategy"] else f["script"], measured_on=f["measured_on"],
@@ -259,8 +283,7 @@ def performance(runs):
             epoch_s=sum(e["wall_s"] for e in r["epochs"]) / len(r["epochs"]), speedup=speedup,
             efficiency=speedup / f["devices"], baseline=base["name"] if base else None,
             peak_mem_mb=s["peak_mem_mb"], loss=s["loss"], test_accuracy=s["test_accuracy"], epochs=len(r["epochs"]),
-            model=f.get("model") if f["script"] != "_trainup_pipeline.py" else f"blocks {f.get('blocks')}x{f.get('width')}",
-            dataset=f.get("dataset")))
+            model=f.get("model"), dataset=f.get("dataset")))
     return pd.DataFrame(rows)
 
 
@@ -399,11 +422,20 @@ def recommend(table, equal=None, cores=None):
                 best = multi.loc[multi["efficiency"].idxmax()]
                 parts.append(f"of the jobs on several devices, {named(best)} scaled best ({best.efficiency:.0%} "
                              f"efficiency: {best.speedup:.2f}x one device on {best.world_size})")
-                low = multi.loc[multi["peak_mem_mb"].idxmin()]
+            uncompared = g[(g["world_size"] > 1) & g["efficiency"].isna()]
+            if len(uncompared):
+                parts.append(f"{len(uncompared)} job(s) on several devices had no one-device run doing the same "
+                             f"work (model, batch, precision, threads, instruments), so no speedup is claimed")
+            several = g[g["world_size"] > 1]
+            if len(several) and not hardware.startswith("CPU"):  # memory torch allocated on the device
+                low = several.loc[several["peak_mem_mb"].idxmin()]
                 one = g.loc[g["world_size"] == 1, "peak_mem_mb"]
                 parts.append(f"when memory per device is the limit, {named(low)} needed the least "
                              f"({low.peak_mem_mb:,.0f} MB" + (f" against {one.min():,.0f} MB on one device)" if len(one)
                                                               else ")"))
+            elif len(several):
+                parts.append("memory per device is not compared on a CPU: a process's resident memory is "
+                             "mostly the torch library (lesson 09 counts each strategy's own bytes)")
             out.append(head + " " + "; ".join(parts) + ".")
         crowded = machine[(machine["world_size"] > n)] if where == "here" and hardware.startswith("CPU") else machine.iloc[:0]
         if len(crowded):
