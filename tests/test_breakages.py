@@ -63,12 +63,28 @@ BREAKAGES = {
         "line = dict(epoch=epoch, loss=train.mean_loss,",
         "line = dict(epoch=str(epoch), loss=train.mean_loss,",
         "test_metrics.py::test_every_record_follows_the_schema"),
+    "Horovod sums the gradients instead of averaging": (
+        "_trainup_horovod.py",
+        "compression=compression, op=hvd.Average)",
+        "compression=compression, op=hvd.Sum)",
+        "test_horovod.py::test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it"),
+    "Lightning seeds each rank differently": (
+        "_trainup_lightning.py",
+        "pl.seed_everything(args.seed + 1, verbose=False)",
+        "pl.seed_everything(args.seed + 1 + int(__import__('os').environ.get('LOCAL_RANK', 0)), verbose=False)",
+        "test_lightning.py::test_lightning_ddp_on_two_processes_ends_like_one_process"),
+    "ZeRO-2's reduce-scatter not divided by the world size": (
+        "trainup/sharding.py",
+        "piece.grad = mine[:piece.numel()].div_(self.world)",
+        "piece.grad = mine[:piece.numel()]",
+        "test_fsdp.py::test_every_mode_ends_with_the_parameters_of_one_process"),
 }
 
 
 # the breakages whose test trains (seconds of jobs), each followed by one whose test runs in its own process
 TRAINS = ("all-reduce sums instead of averaging", "resume ignored", "every rank writes the checkpoint",
-          "Hogwild workers on private copies")
+          "Hogwild workers on private copies", "Horovod sums the gradients instead of averaging",
+          "Lightning seeds each rank differently", "ZeRO-2's reduce-scatter not divided by the world size")
 _rest = [n for n in BREAKAGES if n not in TRAINS]
 ORDER = [n for pair in zip(TRAINS, _rest + [None] * len(TRAINS)) for n in pair if n]
 
@@ -96,10 +112,25 @@ def run_its_test(name, copy):
 
 
 def _pytest(name, copy):
+    return pytest_of(["-x", f"tests/{BREAKAGES[name][3]}"], copy, copy.parent / "tmp")
+
+
+def pytest_of(targets, scripts, basetemp, timeout=600):
+    """A fresh pytest of these test ids against that scripts/ folder (no notebook plugin: no notebook)."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:anyio",
-         "-o", "addopts=", "--basetemp", str(copy.parent / "tmp"), f"tests/{BREAKAGES[name][3]}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "TRAINUP_SCRIPTS_DIR": str(copy)})
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:anyio",
+         "-o", "addopts=", "--basetemp", str(basetemp), *targets],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "TRAINUP_SCRIPTS_DIR": str(scripts)})
+
+
+def unbroken(targets, basetemp, scripts=ROOT / "scripts"):
+    """The targets on the unbroken course, in one pytest: the failures' ids (a breakage's test that fails
+    anyway proves nothing about the breakage)."""
+    proc = pytest_of(["-rf", *targets], scripts, basetemp, timeout=900)
+    failed = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
+    if proc.returncode not in (0, 1) or (proc.returncode == 1 and not failed):
+        failed.append(f"the pytest itself (exit {proc.returncode}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+    return failed
 
 
 @pytest.fixture(scope="module")
@@ -111,17 +142,34 @@ def outcomes(tmp_path_factory, request):
                 if getattr(item, "originalname", None) == "test_the_breakage_makes_its_test_fail"}
     copies = {name: broken_copy(name, tmp_path_factory.mktemp("broken")) for name in ORDER if name in selected}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    targets = sorted({f"tests/{BREAKAGES[name][3]}" for name in copies})
     with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
+        clean = pool.submit(unbroken, targets, tmp_path_factory.mktemp("unbroken"))
         procs = {name: pool.submit(run_its_test, name, copy) for name, copy in copies.items() if copy}
-        return {name: (copies[name], procs[name].result() if name in procs else None) for name in copies}
+        failing = clean.result()
+        return {name: (copies[name], procs[name].result() if name in procs else None,
+                       [f for f in failing if f.endswith(BREAKAGES[name][3]) or BREAKAGES[name][3] in f])
+                for name in copies}
 
 
 @pytest.mark.parametrize("name", BREAKAGES)
 def test_the_breakage_makes_its_test_fail(name, outcomes):
     file, _, _, test = BREAKAGES[name]
-    copy, proc = outcomes[name]
+    copy, proc, failing_unbroken = outcomes[name]
+    assert not failing_unbroken, f"{test} fails on the unbroken course too: its failure says nothing of {name!r}"
     assert copy is not None, f"the breakage {name!r} no longer applies to scripts/{file}: update it"
     assert not isinstance(proc, subprocess.TimeoutExpired), f"with {name!r}, {test} did not end in {proc.timeout} s"
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
     assert proc.returncode == 1 and re.search(r"\b1 failed\b", summary) and "error" not in summary, (
         f"with {name!r}, {test} did not fail as it must: {summary}\n{proc.stdout[-3000:]}")
+
+
+def test_a_target_that_fails_on_the_unbroken_course_is_reported(tmp_path):
+    """The precondition itself: a target that fails without any breakage is named."""
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    (folder / "test_fails_anyway.py").write_text("def test_it():\n    assert 1 == 2\n\n\ndef test_fine():\n    pass\n")
+    targets = [str(folder / "test_fails_anyway.py::test_it"), str(folder / "test_fails_anyway.py::test_fine")]
+    failed = unbroken(targets, tmp_path / "tmp")
+    assert len(failed) == 1 and failed[0].endswith("test_fails_anyway.py::test_it"), failed
+    assert unbroken(targets[1:], tmp_path / "tmp2") == []

@@ -6,12 +6,12 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error, in_process
+from conftest import SCRIPTS, assert_clean_error, in_process
 from lessons import checks, collectives, launch, report
 from test_ddp import finish, ok, start
 
-COLLECTIVES = str(ROOT / "scripts" / "_trainup_collectives.py")
-DDP_SCRIPT = str(ROOT / "scripts" / "_trainup_ddp.py")
+COLLECTIVES = str(SCRIPTS / "_trainup_collectives.py")
+DDP_SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
 TINY = ["--quick", "--dropout", "0", "--no-progress"]
 
 

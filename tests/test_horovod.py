@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error, finish_job, start_job
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, start_job
 from lessons import checks, horovod, report, slurm
 from trainup import distributed, models
 
-SCRIPT = str(ROOT / "scripts" / "_trainup_horovod.py")
+SCRIPT = str(SCRIPTS / "_trainup_horovod.py")  # the copy under test (tests/test_breakages.py)
 SBATCH = ROOT / "slurm" / "horovod" / "cpu.sbatch"
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
@@ -65,7 +65,7 @@ def jobs(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("horovod") / "logs"
     faults = log_dir.parent / "faults"
     hvd2 = horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF)
-    one = start([sys.executable, str(ROOT / "scripts" / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size", "64",
+    one = start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size", "64",
                  "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")])
     died = horovodrun(faults, "died", env={distributed.FAULT_ENV: "1:3:exit"})  # os._exit(1) before step 3
     raised = horovodrun(faults, "raised", env={distributed.FAULT_ENV: "1:3"})   # an exception at step 3

@@ -7,12 +7,12 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error, finish_job, in_process, start_job
+from conftest import SCRIPTS, assert_clean_error, finish_job, in_process, start_job
 from lessons import checks, launch, pipeline as lesson, report
 from trainup import pipeline
 
-SCRIPT = str(ROOT / "scripts" / "_trainup_pipeline.py")
-MANUAL = str(ROOT / "scripts" / "_trainup_pipeline_manual.py")
+SCRIPT = str(SCRIPTS / "_trainup_pipeline.py")
+MANUAL = str(SCRIPTS / "_trainup_pipeline_manual.py")
 # a tiny model and data set: each job is mostly start-up; 4 micro-batches of 8
 TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", "32",
         "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress", *checks.PROOF]
