@@ -8,6 +8,7 @@ logs and checkpoints in temporary folders, shaped as the scripts write them (log
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -416,3 +417,10 @@ def test_layout_from_lesson_records(tmp_path):
     write_run(tmp_path, "tp_only", "_trainup_tp.py", 2, extra_records=[dict(tp, run="tp_only", tp=2, dp=1)])
     got = {r["name"]: r["strategy"].name for r in sr.load(tmp_path)[0]}
     assert got == {"two_d": "data x tensor parallel (2-D)", "tp_only": "tensor parallel"}
+
+
+def test_no_stored_sentence_of_notebook_10_claims_an_efficiency_above_120_percent():
+    """What notebook 10 shows a learner, stored: every efficiency it states is one a baseline can give."""
+    stored = (ROOT / "notebooks" / "10_scaling_report.ipynb").read_text()
+    claimed = [int(m) for m in re.findall(r"(\d+)% efficiency", stored)]
+    assert all(e <= 100 * sr.COMPARABLE_EFFICIENCY for e in claimed), claimed
