@@ -284,3 +284,11 @@ def test_published_figures_name_their_source():
     about = slurm.about_published(table)
     assert "4 GPUs gave 3.8×" in about and "all-reducing" not in about  # the source does not say why
     assert "256 per GPU from 1 to 4 GPUs; 128 per GPU from 16 to 128 GPUs" in about
+
+
+def test_a_printed_diff_is_checked_for_the_lessons_lines():
+    from lessons import launch
+    diff = "--- a\n+++ b\n@@ -1 +1,2 @@\n-old line\n+    hvd.init()\n+    model = DDP(model)\n"
+    launch.diff_adds(diff, "hvd.init()", "DDP(model")
+    with pytest.raises(AssertionError, match="missing: old line"):
+        launch.diff_adds(diff, "old line")  # removed, not added

@@ -146,6 +146,15 @@ def script_diff(old, new):
     return "".join(difflib.unified_diff(a, b, f"scripts/{old}", f"scripts/{new}", n=1))
 
 
+def diff_adds(diff, *lesson):
+    """The diff adds the lesson's lines (each fragment in some added line). A notebook checks its printed
+    diff with this rather than storing it to compare character by character: any edit of the scripts would
+    fail that, and a diff that lost the lesson's lines could be stored again."""
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    missing = [f for f in lesson if not any(f in line for line in added)]
+    checks.holds(not missing, f"the diff adds the lesson's lines (missing: {', '.join(missing)})")
+
+
 def cores():
     """CPU cores this process may run on (what the scheduler gives us, not what the machine has)."""
     return machine_load()[1]
