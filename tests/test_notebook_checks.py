@@ -292,3 +292,11 @@ def test_a_printed_diff_is_checked_for_the_lessons_lines():
     launch.diff_adds(diff, "hvd.init()", "DDP(model")
     with pytest.raises(AssertionError, match="missing: old line"):
         launch.diff_adds(diff, "old line")  # removed, not added
+
+
+def test_the_cores_note_says_what_the_cores_allow():
+    import pandas as pd
+    from lessons import claims, ddp, launch
+    note = ddp.cores_note(pd.DataFrame({"world_size": [1, 2, 2 * launch.cores()]}))
+    assert f"use {launch.cores()} CPU core(s), fewer than the {2 * launch.cores()} processes" in note
+    assert ("Other programs were running too" in note) == claims.load()[0]

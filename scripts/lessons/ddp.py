@@ -6,11 +6,11 @@ A DDP run's log holds them (logs/README.md): the 'ddp' record says where each ra
 records hold each rank's loss, accuracy, samples and first sample indices per epoch. shards() shows
 DistributedSampler alone, without any process group.
 """
-import os
 from pathlib import Path
 
 from trainup import LOG_DIR
 
+from . import claims
 from .launch import cores
 from .report import read_run, save
 
@@ -126,7 +126,7 @@ def cores_note(t):
     else:
         note = (f"This machine lets these runs use {here} CPU cores, enough for the {most} processes of the "
                 f"largest run: each process could have a core to itself.")
-    busy, load, _ = claims.load(here, runs=list(t["run"]) if "run" in t else ())
+    busy, load, _ = claims.load(here)  # now, right after the runs: the course's one threshold
     if busy:
         note += (f" Other programs were running too (load average {load:.1f} on {here} cores): then more processes "
                  f"also win a larger share of the machine, which flatters the speedup.")
