@@ -44,8 +44,11 @@ def native_threads():
     names = []
     for tid in os.listdir("/proc/self/task"):
         if int(tid) not in python:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:  # it ended between the listing and the read: not left
+                pass
     return [n for n in names if not n.startswith("pt_autograd_")]
 
 

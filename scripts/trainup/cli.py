@@ -117,10 +117,10 @@ def main_guard(main):
             print("interrupted", file=sys.stderr)
             sys.exit(130)
         finally:  # gives the caller its own signal handlers and dtype back (a Stopper replaced them)
+            torch.set_default_dtype(dtype)
+            for s, handler in handlers.items():
+                signal.signal(s, handler)  # first: the Stopper's handler holds the model, which holds the group
             joined = sys.modules.get("trainup.distributed")  # only a run that joined a group left one
             if joined:
                 joined.release()
-            torch.set_default_dtype(dtype)
-            for s, handler in handlers.items():
-                signal.signal(s, handler)
     return wrapper

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.optim import ZeroRedundancyOptimizer  # before joining: see distributed.py
+import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401  before joining: see distributed.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import UserError
@@ -110,6 +110,7 @@ class GradientShards:
 
 def shard(model, mode, device, precision="32", optimizer_args=None):
     """(model, optimizer) for a ZeRO stage: model wrapped as the stage needs, Adam over what this rank updates."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
     check_model(mode, model)
     optimizer_args = optimizer_args or {}
