@@ -256,6 +256,33 @@ def test_load_note():
     assert "load average 1.0 on 4 cores" in claims.load_note(4, 1.0)
 
 
+def test_the_load_note_counts_other_programs_not_the_notebooks_own_jobs():
+    import subprocess
+    import sys
+    from lessons import claims
+    if claims._busy_seconds() is None:
+        pytest.skip("this OS has no /proc/stat: the note falls back to the load average")
+    # each process spins 0.5 s of its own CPU time and prints it (so the check holds on a busy machine)
+    spin = ("import time; t = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+            "print(time.process_time())")
+    start = claims._busy_seconds()
+    jobs = [subprocess.run([sys.executable, "-c", spin], capture_output=True, text=True) for _ in range(2)]
+    own = claims._busy_seconds()[1] - start[1]
+    assert own >= sum(float(j.stdout) for j in jobs) - 0.02, "a finished job's CPU time counts as ours"
+    start = claims._busy_seconds()
+    other = subprocess.Popen([sys.executable, "-c", spin + "; import time; time.sleep(2)"],
+                             stdout=subprocess.PIPE, text=True)
+    cpu = float(other.stdout.readline())  # it has spun; not waited for: another program
+    now = claims._busy_seconds()
+    other.kill()
+    other.wait()
+    machine, own = now[0] - start[0], now[1] - start[1]
+    assert machine - own >= cpu - 0.05, f"a program busy on a core was not seen: {machine - own:.2f} s"
+    assert claims.others_busy(1, share=1.0) and not claims.others_busy(64, share=0.0)
+    assert "other programs took 100 %" in claims.load_note(others=1.0)
+    assert "quiet" in claims.load_note(64, others=0.0)
+
+
 def test_every_run_records_the_load_and_the_note_reads_it(tmp_path):
     from lessons import claims
     from trainup import metrics
@@ -299,4 +326,4 @@ def test_the_cores_note_says_what_the_cores_allow():
     from lessons import claims, ddp, launch
     note = ddp.cores_note(pd.DataFrame({"world_size": [1, 2, 2 * launch.cores()]}))
     assert f"use {launch.cores()} CPU core(s), fewer than the {2 * launch.cores()} processes" in note
-    assert ("Other programs were running too" in note) == claims.load()[0]
+    assert ("Other programs were running too" in note) == claims.others_busy()

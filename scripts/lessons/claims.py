@@ -93,8 +93,17 @@ def _recorded_loads(name, log_dir):
     return [v for v in ends if v is not None]
 
 
-def load_note(cores_=None, loadavg=None, runs=()):
-    """A sentence on whether the timings above come from a quiet or a busy machine."""
+def load_note(cores_=None, loadavg=None, runs=(), others=None):
+    """A sentence on whether the timings above come from a quiet or a busy machine.
+
+    Where the OS counts each core's busy time (Linux), what matters is measured apart: the load before
+    this notebook's first job, and the share of the cores' time that other programs took since. The
+    notebook's own jobs are not "a busy machine": a lesson that starts 4 processes on 2 cores says so
+    itself (its processes note). Elsewhere, or with a load given, the load average decides alone."""
+    if loadavg is None and not runs:
+        shared = others_share() if others is None else others
+        if shared is not None:
+            return _others_note(shared, cores_)
     busy, avg, n = load(cores_, loadavg, runs)
     if busy:
         return (f"The machine was busy while these ran (load average {avg:.1f} on {n} cores): more processes "
@@ -102,3 +111,69 @@ def load_note(cores_=None, loadavg=None, runs=()):
                 f"timings are lower and noisier than on a quiet machine, and comparisons between runs made "
                 f"minutes apart can mislead.")
     return f"The machine was not overloaded while these ran (load average {avg:.1f} on {n} cores)."
+
+
+# Other programs taking more than a quarter of this process's cores disturb a 2-process timing visibly.
+OTHERS_BUSY = 0.25
+
+
+def others_busy(cores_=None, share=None):
+    """Whether programs other than this notebook's jobs disturbed its timings: measured where the OS
+    allows (the load before the first job, and the others' share since), else the load average now."""
+    share = others_share() if share is None else share
+    if share is None:
+        return load(cores_)[0]
+    before = _START["load"]
+    return (before is not None and before > (cores_ or cores())) or share > OTHERS_BUSY
+
+
+def _others_note(share, cores_=None):
+    n = cores_ or cores()
+    before = "no load average" if _START["load"] is None else f"load average {_START['load']:.1f}"
+    pct = f"{100 * share:.0f} % of the cores' time"
+    if others_busy(n, share):
+        return (f"The machine was busy while these ran: other programs took {pct} ({before} on {n} cores "
+                f"before the first job), so these timings are lower and noisier than on a quiet machine, "
+                f"and comparisons between runs made minutes apart can mislead.")
+    return (f"The machine was quiet while these ran: {before} on {n} cores before the first job, and "
+            f"other programs took {pct} since (this notebook's own jobs not counted).")
+
+
+def _busy_seconds():
+    """(seconds this process's cores spent busy, by anyone; seconds this process and its finished
+    children used), or None where the OS has no /proc/stat."""
+    import os
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+    tick = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal: all but idle and iowait is a core at work
+    # (steal too: a neighbouring VM held the core)
+    busy = sum(sum(int(v) for i, v in enumerate(f[1:9]) if i not in (3, 4))
+               for f in (line.split() for line in lines) if f and f[0] in mine)
+    t = os.times()
+    return busy / tick, t.user + t.system + t.children_user + t.children_system
+
+
+def _mark():
+    import time
+    return dict(wall=time.monotonic(), cpu=_busy_seconds(), load=machine_load()[0])
+
+
+# Taken when a notebook's set-up cell imports this module, before its first job.
+_START = _mark()
+
+
+def others_share(start=None):
+    """The share of this process's cores' time that other programs took since `start` (default: since
+    this module was imported); None where it cannot be measured. A job's processes are counted as this
+    notebook's once the job has ended (the kernel has waited for them)."""
+    start = start or _START
+    now = _mark()
+    if start["cpu"] is None or now["cpu"] is None or now["wall"] - start["wall"] < 1:
+        return None
+    machine = now["cpu"][0] - start["cpu"][0]
+    own = now["cpu"][1] - start["cpu"][1]
+    return max(0.0, machine - own) / ((now["wall"] - start["wall"]) * cores())

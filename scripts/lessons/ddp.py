@@ -126,8 +126,7 @@ def cores_note(t):
     else:
         note = (f"This machine lets these runs use {here} CPU cores, enough for the {most} processes of the "
                 f"largest run: each process could have a core to itself.")
-    busy, load, _ = claims.load(here)  # now, right after the runs: the course's one threshold
-    if busy:
-        note += (f" Other programs were running too (load average {load:.1f} on {here} cores): then more processes "
-                 f"also win a larger share of the machine, which flatters the speedup.")
+    if claims.others_busy(here):  # other programs', not the runs' own processes
+        note += (" Other programs were running too: then more processes also win a larger share of the "
+                 "machine, which flatters the speedup.")
     return note
