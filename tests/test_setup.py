@@ -198,6 +198,16 @@ def test_the_cpu_build_when_asked_for(env, args):
     assert setup_choice.choose({"TRAINUP_CPU_ONLY": "0"}, [], driver_found=False)[0] == "cuda"
 
 
+def test_the_cuda12_build_when_asked_for(course_copy, tmp_path):
+    for driver in (True, False):
+        flavour, sentence = setup_choice.choose({"TRAINUP_CPU_ONLY": "1"}, ["--cuda12"], driver_found=driver)
+        assert flavour == "cu126" and setup_choice.CUDA12_INDEX in sentence and "525" in sentence
+    cu = setup_choice.cpu_requirements((ROOT / "requirements.txt").read_text(), "cu126")
+    assert f"torch=={pins()['torch']}+cu126" in cu and f"torchvision=={pins()['torchvision']}+cu126" in cu
+    dry = setup_env(course_copy, "--dry-run", "--cuda12", env={"PYTHON": str(fake_python(tmp_path, "3.12"))})
+    assert dry.returncode == 0 and "CUDA 12.6 build" in dry.stdout and "whl/cu126" in dry.stdout, dry.stderr
+
+
 def test_driver_detection_reads_nvidia_smi_or_the_kernel_module():
     assert setup_choice.nvidia_driver_found(which=lambda _: "/usr/bin/nvidia-smi", exists=lambda _: False)
     assert setup_choice.nvidia_driver_found(which=lambda _: None, exists=lambda p: p == "/proc/driver/nvidia/version")
@@ -257,6 +267,50 @@ def test_requirements_colab_never_touches_colabs_torch():
     listed = pins(ROOT / "requirements-colab.txt")
     assert listed and not set(listed) & set(colab.KEPT)
     assert all(pins()[name] == version for name, version in listed.items())  # the same pins as requirements.txt
+
+
+def colab_snapshot():
+    """{name: version} of Colab's GPU runtime (tests/data/colab_pip_freeze_gpu.txt, its published pip freeze)."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+    lines = (ROOT / "tests" / "data" / "colab_pip_freeze_gpu.txt").read_text().splitlines()
+    return {canonicalize_name(m[1]): Version(m[2])
+            for m in (re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line) for line in lines) if m}
+
+
+def test_the_colab_cell_moves_none_of_colabs_packages():
+    """pip's resolution of requirements-colab.txt against Colab's snapshot, offline: what Colab has must
+    satisfy every requirement that reaches it; what it lacks is installed at the course's pins, whose own
+    requirements (read from this environment's installed copies) are followed the same way."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+    have = colab_snapshot()
+    assert have["numpy"] == Version("2.1.3") and "mlxtend" in have  # the snapshot of 2026-08-19
+    python313 = {**default_environment(), "python_version": "3.13", "python_full_version": "3.13.5",
+                 "sys_platform": "linux", "platform_system": "Linux", "extra": ""}
+    lines = (ROOT / "requirements-colab.txt").read_text().splitlines()
+    todo = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    installed, moved = {}, []
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if req.marker and not req.marker.evaluate(python313):
+            continue
+        if name in have:
+            if not req.specifier.contains(have[name], prereleases=True):
+                moved.append(f"{req} (Colab has {have[name]})")
+            continue
+        if name in installed:
+            continue
+        dist = importlib.metadata.distribution(name)  # what pip would install: the course's own pin
+        assert req.specifier.contains(dist.version, prereleases=True), f"{req}: the course has {dist.version}"
+        installed[name] = dist.version
+        todo += [Requirement(r) for r in dist.requires or []]
+    assert not moved, "the Colab cell would move Colab's own packages: " + "; ".join(moved)
+    assert {"pytorch-lightning", "torchmetrics", "nvitop"} <= set(installed)  # what Colab lacks
+    assert not set(map(canonicalize_name, colab.KEPT)) & set(installed)
 
 
 @pytest.fixture
@@ -351,7 +405,12 @@ def test_nvidia_smi_is_read():
 def test_an_old_driver_under_a_cuda_13_torch_gets_the_fix_in_one_sentence():
     sentence = devices.driver_sentence(OLD, torch_cuda="13.0", torch_version="2.13.0+cu130")
     assert sentence and "\n" not in sentence and "535.104.05" in sentence and "cannot use the GPU" in sentence
-    assert devices.CUDA12_INDEX in sentence and "torch==2.13.0" in sentence and "580" in sentence
+    assert devices.CUDA12_INDEX in sentence and "580" in sentence and "tools/setup_env.sh --cuda12" in sentence
+    # a build that exists for torch 2.13 (CUDA 12.6; 12.8 and 12.9 stopped with 2.12), at the pinned versions
+    assert "pip install torch==2.13.0+cu126 torchvision==0.28.0+cu126 --index-url" in sentence
+    assert devices.CUDA12_INDEX.endswith("/whl/cu126")
+    assert not any("cu129" in (ROOT / f).read_text() for f in ("README.md", "docs/running_elsewhere.md"))
+    assert devices.cuda12_install("2.11.0+cu128").startswith("pip install torch==2.11.0+cu126 torchvision==0.26.0")
     assert devices.driver_sentence(NEW, torch_cuda="13.0", torch_version="2.13.0") is None
     assert devices.driver_sentence(OLD, torch_cuda="12.9", torch_version="2.13.0+cu129") is None
     assert devices.driver_sentence(OLD, torch_cuda=None, torch_version="2.13.0+cpu") is None
@@ -407,7 +466,7 @@ def test_a_script_asking_for_the_gpu_behind_an_old_driver_gets_the_fix(monkeypat
     monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(devices, "nvidia_smi", lambda: OLD)
     monkeypatch.setattr(devices.torch.version, "cuda", "13.0")
-    with pytest.raises(devices.UserError, match="535.104.05 runs CUDA up to 12.2.*cu129"):
+    with pytest.raises(devices.UserError, match="535.104.05 runs CUDA up to 12.2.*cu126"):
         devices.pick("cuda")
     assert devices.pick("auto").type == "cpu"  # auto still runs, and says why it is on the CPU
     assert "note: running on the CPU: the NVIDIA driver 535.104.05" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 tools/colab_cell.py writes that cell (and the "Open in Colab" badge) into every notebook. On Colab the cell
 clones REPO_URL into HOME, then calls set_up(): install what Colab lacks (requirements-colab.txt) while holding
-Colab's own torch, torchvision, numpy and pandas where they are, and move into the notebooks folder.
+Colab's own torch, torchvision, numpy, pandas, scikit-learn and matplotlib where they are, and move into the notebooks folder.
 Outside Colab the cell does nothing. Safe to run twice, and no runtime restart is needed (nothing Colab had
 already imported is replaced).
 """
@@ -17,7 +17,7 @@ import sys
 REPO_URL = "https://github.com/trainup-course/trainup"
 BRANCH = "main"
 HOME = "/content/trainup"  # where the cell clones the course on Colab (/content is Colab's working folder)
-KEPT = ("torch", "torchvision", "numpy", "pandas")  # Colab's own, never replaced
+KEPT = ("torch", "torchvision", "numpy", "pandas", "scikit-learn", "matplotlib")  # Colab's own, never replaced
 
 
 def on_colab(env=None):

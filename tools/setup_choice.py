@@ -5,8 +5,10 @@ Run by setup_env.sh with the Python it is given, before any .venv exists: standa
 syntax that old Pythons still parse, so that a too-old Python gets the sentence and not a SyntaxError.
 
     python tools/setup_choice.py python [X.Y]       one sentence and exit 2 outside the supported range
-    python tools/setup_choice.py choose [--cpu]     the PyTorch build to install, and why (TRAINUP_CPU_ONLY=1)
-    python tools/setup_choice.py requirements cpu   requirements.txt with torch/torchvision as their +cpu builds
+    python tools/setup_choice.py choose [--cpu|--cuda12]
+                                       the PyTorch build to install, and why (TRAINUP_CPU_ONLY=1)
+    python tools/setup_choice.py requirements cpu|cu126
+                                       requirements.txt with torch/torchvision as those builds
 """
 import os
 import re
@@ -21,6 +23,10 @@ PYTHON_OLDEST = (3, 11)
 PYTHON_NEWEST = (3, 14)
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's own index of CPU-only builds
+# PyPI's torch 2.13 is a CUDA 13 build (drivers of the 580 series on); PyTorch's own index also builds it
+# for CUDA 12.6 (drivers from the 525 series, Maxwell to Hopper). 12.8 and 12.9 stopped with 2.12.
+CUDA12_INDEX = "https://download.pytorch.org/whl/cu126"
+INDEX = {"cpu": CPU_INDEX, "cu126": CUDA12_INDEX}
 # Size of .venv on disk after each path (README "Set-up" says the same; a test checks they agree).
 CUDA_SIZE = "5.4 GB"  # measured 2026-11-22 on a fresh clone
 CPU_SIZE = "not measured here (only PyPI is reachable from the machine the course is built on)"
@@ -52,6 +58,9 @@ def nvidia_driver_found(which=None, exists=os.path.exists):
 def choose(env, args, driver_found):
     """("cuda" or "cpu", the sentence the set-up prints). CPU-only only when asked for; without an
     NVIDIA driver it is offered, and the default stays PyPI's CUDA build, which also runs without a GPU."""
+    if "--cuda12" in args:
+        return "cu126", ("PyTorch: the CUDA 12.6 build of the same versions from %s (asked for with --cuda12: "
+                         "for an NVIDIA driver older than the 580 series, from the 525 series on)" % CUDA12_INDEX)
     if "--cpu" in args or env.get("TRAINUP_CPU_ONLY", "0") not in ("", "0"):
         how = "--cpu" if "--cpu" in args else "TRAINUP_CPU_ONLY=1"
         return "cpu", ("PyTorch: the CPU-only build of the same versions from %s (asked for with %s; "
@@ -63,19 +72,19 @@ def choose(env, args, driver_found):
                     "install the smaller CPU-only build instead" % CUDA_SIZE)
 
 
-def cpu_requirements(text):
-    """requirements.txt's lines with torch and torchvision pinned to the CPU-only builds of the same versions
-    (the pair must match: PyPI's CUDA torchvision does not load beside a +cpu torch)."""
+def cpu_requirements(text, build="cpu"):
+    """requirements.txt's lines with torch and torchvision pinned to another build of the same versions,
+    +cpu or +cu126 (the pair must match: PyPI's CUDA 13 torchvision does not load beside a +cpu torch)."""
     out, seen = [], set()
     for line in text.splitlines():
         m = re.match(r"^(torch|torchvision)\s*={2,3}\s*([0-9.]+)\s*$", line.strip())
         if m:
             seen.add(m.group(1))
-            line = "%s==%s+cpu" % (m.group(1), m.group(2))
+            line = "%s==%s+%s" % (m.group(1), m.group(2), build)
         out.append(line)
     if seen != {"torch", "torchvision"}:
         raise ValueError("requirements.txt must pin torch and torchvision exactly")
-    header = "# Written by tools/setup_choice.py: requirements.txt with the CPU-only torch and torchvision\n"
+    header = "# Written by tools/setup_choice.py: requirements.txt with the +%s torch and torchvision\n" % build
     return header + "\n".join(out) + "\n"
 
 
@@ -93,9 +102,9 @@ def main(argv):
         print(flavour)
         print(sentence)
         return 0
-    if what == "requirements" and argv[1:] == ["cpu"]:
+    if what == "requirements" and argv[1:2] in (["cpu"], ["cu126"]):
         with open(os.path.join(ROOT, "requirements.txt")) as f:
-            sys.stdout.write(cpu_requirements(f.read()))
+            sys.stdout.write(cpu_requirements(f.read(), argv[1]))
         return 0
     sys.stderr.write(__doc__)
     return 2

@@ -4,6 +4,7 @@
 #
 #   tools/setup_env.sh              PyPI's CUDA build of torch (about 5.4 GB; also runs without a GPU)
 #   tools/setup_env.sh --cpu        the CPU-only build of the same versions (also TRAINUP_CPU_ONLY=1)
+#   tools/setup_env.sh --cuda12     the CUDA 12.6 build of the same versions (an NVIDIA driver older than 580)
 #   tools/setup_env.sh --dry-run    check Python, say what would be installed and where, change nothing
 #   PYTHON=python3.12 tools/...     the Python to build .venv from (default python3; 3.11 to 3.14)
 #
@@ -13,9 +14,9 @@ cd "$(dirname "$0")/.."
 dry=0
 for arg in "$@"; do
   case $arg in
-    --cpu) ;;  # read by tools/setup_choice.py
+    --cpu|--cuda12) ;;  # read by tools/setup_choice.py
     --dry-run) dry=1 ;;
-    *) echo "error: unknown option $arg (tools/setup_env.sh [--cpu] [--dry-run])" >&2; exit 2 ;;
+    *) echo "error: unknown option $arg (tools/setup_env.sh [--cpu|--cuda12] [--dry-run])" >&2; exit 2 ;;
   esac
 done
 LOG=.venv-install.log
@@ -24,9 +25,10 @@ say() { echo "setup: $*"; }
 # Up to date already (either build): only lesson 05's Horovod is checked (built once, then reused).
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 have=$(cat .venv/.requirements.sha256 2>/dev/null || true)
-explicit_cpu=0
-{ [[ " $* " == *" --cpu "* ]] || [ "${TRAINUP_CPU_ONLY:-0}" != 0 ]; } && explicit_cpu=1
-if [ -x .venv/bin/python ] && { [ "$have" = "$want cpu" ] || { [ "$have" = "$want" ] && [ $explicit_cpu = 0 ]; }; }; then
+explicit=0
+{ [[ " $* " == *" --cpu "* ]] || [[ " $* " == *" --cuda12 "* ]] || [ "${TRAINUP_CPU_ONLY:-0}" != 0 ]; } && explicit=1
+if [ -x .venv/bin/python ] && { [ "$have" = "$want cpu" ] || [ "$have" = "$want cu126" ] \
+     || { [ "$have" = "$want" ] && [ $explicit = 0 ]; }; }; then
   if [ $dry = 1 ]; then say ".venv is up to date with requirements.txt; would only run tools/build_horovod.sh"; exit 0; fi
   exec tools/build_horovod.sh  # TRAINUP_SKIP_HOROVOD=1 skips it
 fi
@@ -45,10 +47,10 @@ flavour=$(head -1 <<<"$choice")
 say "  $(tail -n +2 <<<"$choice")"
 
 n=$(grep -cv '^\s*\(#\|$\)' requirements.txt)
-if [ "$flavour" = cpu ]; then
-  reqs=.venv/requirements-cpu.txt
-  pip_args=(--extra-index-url https://download.pytorch.org/whl/cpu --requirement "$reqs")
-  size="size not measured here"; first="not measured here"; key="$want cpu"
+if [ "$flavour" != cuda ]; then  # cpu or cu126: PyTorch's own index, the same versions
+  reqs=.venv/requirements-$flavour.txt
+  pip_args=(--extra-index-url "https://download.pytorch.org/whl/$flavour" --requirement "$reqs")
+  size="size not measured here"; first="not measured here"; key="$want $flavour"
 else
   reqs=requirements.txt
   pip_args=(--requirement "$reqs")
@@ -64,7 +66,7 @@ if [ $dry = 1 ]; then
 fi
 start=$SECONDS
 "$python" -m venv .venv
-[ "$flavour" = cpu ] && "$python" tools/setup_choice.py requirements cpu > "$reqs"
+[ "$flavour" != cuda ] && "$python" tools/setup_choice.py requirements "$flavour" > "$reqs"
 if ! .venv/bin/python -m pip install --progress-bar off "${pip_args[@]}" > "$LOG" 2>&1; then
   line=$(grep -m1 -E '^ERROR:' "$LOG" || tail -1 "$LOG")
   echo "error: pip could not install $reqs: $line (pip's full output: $LOG)" >&2

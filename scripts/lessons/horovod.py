@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainup import LOG_DIR, ROOT
 
+from .placement import placed
 from .report import QUICK, check, load_runs, read_run, save
 
 SCRIPT = "scripts/_trainup_horovod.py"
@@ -52,7 +53,7 @@ def command(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_
         flags += ["--fusion-threshold-mb", fusion_mb]
     if cycle_ms is not None:
         flags += ["--cycle-time-ms", cycle_ms]
-    part = [SCRIPT, *args, "--run-name", name, "--no-progress"] + ["--quick"] * quick
+    part = [SCRIPT, *placed(SCRIPT, args, np), "--run-name", name, "--no-progress"] + ["--quick"] * quick
     return [str(f) for f in flags], [str(a) for a in part]
 
 

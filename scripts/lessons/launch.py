@@ -18,6 +18,7 @@ from trainup import ROOT
 from trainup.distributed import free_port
 from trainup.metrics import machine_load
 from . import checks
+from .placement import placed
 from .report import QUICK, check
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -47,9 +48,18 @@ def torchrun_flags(nproc=2, nnodes=1, node_rank=0, port=None, rendezvous="standa
     return [str(f) for f in flags]
 
 
-def script_args(script, args, name, quick):
+def script_args(script, args, name, quick, nproc=1):
+    """The script's part of a job's command, its device placed (lessons/placement.py) for nproc processes."""
     quick = QUICK if quick is None else quick
-    return [f"scripts/{script}", *map(str, args), "--run-name", name, "--no-progress"] + ["--quick"] * quick
+    args = placed(script, args, nproc)
+    return [f"scripts/{script}", *args, "--run-name", name, "--no-progress"] + ["--quick"] * quick
+
+
+def command(script, args, name, nproc=2, quick=None, **flags):
+    """(argv, the command as printed) of one torchrun job: every torchrun job of the lessons is built here."""
+    part = script_args(script, args, name, quick, nproc)
+    f = torchrun_flags(nproc=nproc, **flags)
+    return TORCHRUN + f + part, shown(f, part)
 
 
 def shown(flags, script_part):
@@ -62,10 +72,9 @@ def _failed(what, output, code):
 
 def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags):
     """One torchrun job on this machine; prints the command and one checked sentence (report.check)."""
-    part = script_args(script, args, name, quick)
-    f = torchrun_flags(nproc=nproc, **flags)
-    print(shown(f, part))
-    proc = subprocess.run(TORCHRUN + f + part, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    argv, printed = command(script, args, name, nproc, quick, **flags)
+    print(printed)
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=environment(env))
     if proc.returncode != 0:
         raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
@@ -77,10 +86,12 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags
 class Job:
     """A run for side_by_side: scripts/<script> under torchrun with nproc processes, or plain python (nproc=0)."""
     def __init__(self, script, *args, name, nproc=0, quick=None, env=None):
-        part, self.name, self.env = script_args(script, args, name, quick), name, env
-        flags = torchrun_flags(nproc=nproc) if nproc else []
-        self.cmd = TORCHRUN + flags + part if nproc else [sys.executable] + part
-        self.shown = shown(flags, part) if nproc else "$ python " + shlex.join(part)
+        self.name, self.env = name, env
+        if nproc:
+            self.cmd, self.shown = command(script, args, name, nproc, quick)
+        else:
+            part = script_args(script, args, name, quick)
+            self.cmd, self.shown = [sys.executable] + part, "$ python " + shlex.join(part)
 
 
 def side_by_side(*jobs, timeout=900):
@@ -114,7 +125,7 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
     first node's address; here both nodes are this machine and meet on the loopback address.
     """
     port = free_port(HOST)
-    part = script_args(script, args, name, quick)
+    part = script_args(script, args, name, quick, nproc_per_node)
     procs = []
     for node in (0, 1):
         f = torchrun_flags(nproc=nproc_per_node, nnodes=2, node_rank=node, port=port, rendezvous=rendezvous,

@@ -259,12 +259,12 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
     each its own run <name>_<schedule>; a sentence for each, and their names are returned."""
     import subprocess
     from trainup import ROOT
-    from .launch import TORCHRUN, _failed, environment, script_args, shown, torchrun_flags
+    from .launch import _failed, command, environment
     if schedules:
         args = ("--schedule", ",".join(schedules), *args)
-    part, flags = script_args(script, args, name, quick), torchrun_flags(nproc=nproc)
-    print(shown(flags, part))
-    proc = subprocess.run(TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    argv, printed = command(script, args, name, nproc, quick)
+    print(printed)
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=environment())
     if proc.returncode != 0:
         raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
 from trainup.metrics import check_record
+from .placement import placed  # the device of every job, decided in one place
 
 QUICK = os.environ.get("TRAINUP_QUICK", "0") == "1"  # the tests and the course command set it
 
@@ -124,7 +125,7 @@ def run(script, *args, name, quick=None, timeout=900, env=None):
     quick = QUICK if quick is None else quick
     if "--resume" not in map(str, args):
         forget(name)  # a cell's run starts from nothing, the first time the cell runs as the tenth
-    cmd = [sys.executable, f"scripts/{script}", *map(str, args), "--run-name", name] + (["--quick"] * quick)
+    cmd = [sys.executable, f"scripts/{script}", *placed(script, args), "--run-name", name] + ["--quick"] * quick
     print("$ python", shlex.join(cmd[1:]))
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})

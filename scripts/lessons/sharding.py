@@ -24,11 +24,11 @@ MODEL = ("--blocks", "4", "--width", "64")
 
 def run(nproc, name, *args, modes=MODES, epochs=None):
     """One torchrun job of nproc processes running each --shard mode in turn; the run names, each checked."""
-    part = launch.script_args("_trainup_fsdp.py", [*MODEL, "--shard", ",".join(modes), *args], name, QUICK)
-    part += ["--epochs", str(epochs)] if epochs else []
-    flags = launch.torchrun_flags(nproc=nproc)
-    print(launch.shown(flags, part))
-    proc = subprocess.run(launch.TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True, timeout=900,
+    argv, printed = launch.command("_trainup_fsdp.py", [*MODEL, "--shard", ",".join(modes), *args], name,
+                                   nproc, QUICK)
+    argv, printed = (argv + ["--epochs", str(epochs)], f"{printed} --epochs {epochs}") if epochs else (argv, printed)
+    print(printed)
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=launch.environment())
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited with status {proc.returncode}:\n{proc.stderr[-3000:]}")

@@ -12,8 +12,18 @@ from . import UserError
 PRECISIONS = {"32": torch.float32, "64": torch.float64, "16": torch.float16, "bf16": torch.bfloat16}
 
 
-OLDER_CUDA_INDEX = "https://download.pytorch.org/whl/cu126"  # CUDA 12.6 builds still run Maxwell to Volta GPUs
-CUDA12_INDEX = "https://download.pytorch.org/whl/cu129"  # PyTorch's CUDA 12.9 builds: drivers of the 525 series on
+# PyTorch's CUDA 12.6 builds (torch 2.13 has no 12.8 or 12.9 build): drivers from the 525 series, and
+# GPUs from Maxwell on, which PyPI's CUDA 13 build (Turing on, drivers of the 580 series) leaves out.
+CUDA12_INDEX = OLDER_CUDA_INDEX = "https://download.pytorch.org/whl/cu126"
+
+
+def cuda12_install(version=None):
+    """The pip line for the CUDA 12.6 build of this torch and its torchvision (0.(minor+15)), pinned, so
+    that it replaces the build and never the version; tools/setup_env.sh --cuda12 does the same."""
+    version = (torch.__version__ if version is None else version).split("+")[0]
+    major, minor, patch = (int(p) for p in re.match(r"(\d+)\.(\d+)\.(\d+)", version).groups())
+    return (f"pip install torch=={version}+cu126 torchvision==0.{minor + 15}.{patch}+cu126 "
+            f"--index-url {CUDA12_INDEX}")
 
 # The torch versions the scripts run on (README "Which PyTorch"; tests/test_setup.py checks the two agree). The oldest
 # is what the course's GPU machines ship; the newest API the scripts use is pipelining's ScheduleDualPipeV (2.9).
@@ -66,9 +76,9 @@ def driver_sentence(smi_text, torch_cuda=HERE, torch_version=HERE):
     major = lambda v: int(v.split(".")[0])
     if major(found["cuda"]) >= major(torch_cuda):
         return None
-    fix = (f"install PyTorch's CUDA 12.9 build of the same version (pip install torch=={version} torchvision "
-           f"--index-url {CUDA12_INDEX})" if major(found["cuda"]) >= 12 else
-           "update the NVIDIA driver (the 525 series runs PyTorch's CUDA 12.9 builds)")
+    fix = (f"install PyTorch's CUDA 12.6 build of the same version (tools/setup_env.sh --cuda12, or "
+           f"{cuda12_install(version)})" if major(found["cuda"]) >= 12 else
+           "update the NVIDIA driver (the 525 series runs PyTorch's CUDA 12.6 builds)")
     return (f"the NVIDIA driver {found['driver']} runs CUDA up to {found['cuda']}, but this torch {version} is a "
             f"CUDA {torch_cuda} build, so torch cannot use the GPU: {fix}, or update the driver to the 580 series "
             f"or newer")
@@ -109,7 +119,7 @@ def too_old(capabilities=None, arch_list=None, cuda=None):
         if 10 * major + minor < oldest:
             return (f"GPU {name} (compute capability {major}.{minor}) is too old for this torch {torch.__version__} "
                     f"(a CUDA {cuda} build, for compute capability {oldest // 10}.{oldest % 10} and newer): install "
-                    f"a CUDA 12.6 build instead, pip install torch torchvision --index-url {OLDER_CUDA_INDEX}")
+                    f"a CUDA 12.6 build instead: tools/setup_env.sh --cuda12, or {cuda12_install()}")
     return None
 
 

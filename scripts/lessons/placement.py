@@ -1,0 +1,67 @@
+"""Where a lesson's job runs: the one decision, from the GPUs this machine has.
+
+    placement.decide(2, gpus=1)    # ('cpu', 'This job's 2 processes would need 2 GPUs ...')
+    placement.placed("_trainup_ddp.py", ["--quick"], nproc=2)   # the args, with --device cpu where needed
+
+A job of n processes uses GPUs only where there are n of them (one each, as torchrun's local ranks
+pick them); with fewer it runs on n CPU processes and says so in one sentence. Every launcher in
+lessons/ (report.run, launch.run and its kin, horovod.run) passes its arguments through placed().
+"""
+import os
+
+# The flag that says where a script runs, and its GPU value; the other scripts listed take --device.
+FLAG = {"_trainup_lightning.py": ("--accelerator", "gpu")}
+CHOOSES_DEVICE = {"_trainup_gpu.py", "_trainup_ddp.py", "_trainup_fsdp.py", "_trainup_horovod.py",
+                  "_trainup_lightning.py", "_trainup_pipeline.py", "_trainup_tp.py"}
+# Where a script's --device defaults to cpu, a job that names none never uses a GPU.
+DEFAULT = {"_trainup_pipeline.py": "cpu", "_trainup_tp.py": "cpu"}
+# The others choose no device: _trainup_cpu.py (CPU only), _trainup_dp.py (--gpus, one process),
+# _trainup_pipeline_manual.py (CPU only), _trainup_collectives.py (--backend).
+
+
+def gpu_count():
+    """GPUs torch can use here (CUDA_VISIBLE_DEVICES respected); 0 without a driver or a CUDA build."""
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def decide(nproc, gpus):
+    """('cuda' or 'cpu', the sentence saying why a job falls back to the CPU, or None)."""
+    if gpus and gpus >= nproc:
+        return "cuda", None
+    if not gpus:  # a CPU machine: every lesson runs on CPU processes, nothing to explain per job
+        return "cpu", None
+    return "cpu", (f"This job's {nproc} processes would need {nproc} GPUs, one each, and this machine has "
+                   f"{gpus}: it runs on {nproc} CPU processes instead.")
+
+
+def processes(script, args, nproc=1):
+    """How many processes the job starts: nproc, or Lightning's --devices when it spawns its own."""
+    args = [str(a) for a in args]
+    if script == "_trainup_lightning.py" and "--devices" in args:
+        value = args[args.index("--devices") + 1]
+        return int(value) * nproc if value.isdigit() else nproc
+    return nproc
+
+
+def placed(script, args, nproc=1, gpus=None, say=print):
+    """args with the device placement decided: a job that names GPUs it cannot have is refused in one
+    sentence; one that names none (or auto) gets the CPU where the GPUs are too few, and says why."""
+    args = [str(a) for a in args]
+    if os.path.basename(script) not in CHOOSES_DEVICE:
+        return args
+    flag, gpu = FLAG.get(os.path.basename(script), ("--device", "cuda"))
+    n = processes(os.path.basename(script), args, nproc)
+    gpus = gpu_count() if gpus is None else gpus
+    device, why = decide(n, gpus)
+    value = args[args.index(flag) + 1] if flag in args else DEFAULT.get(os.path.basename(script), "auto")
+    if value in ("cuda", "gpu") and device != "cuda":
+        raise RuntimeError(f"{flag} {value} with {n} process(es) needs {n} GPU(s), and this machine has "
+                           f"{gpus}; run this cell on a machine with {n} GPUs, or use {flag} cpu.")
+    if value != "auto" or why is None:  # named, or the script's own default already decides the same
+        return args
+    say(why)
+    if flag in args:
+        i = args.index(flag)
+        args = args[:i] + args[i + 2:]
+    return args + [flag, "cpu"]

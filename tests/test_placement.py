@@ -1,0 +1,103 @@
+"""Where each lesson's job runs: one decision (lessons/placement.py) for 0 to 8 GPUs, and every launcher
+of the lessons goes through it."""
+import json
+import re
+
+import pytest
+
+from conftest import ROOT
+from lessons import horovod, launch, pipeline, placement, report, sharding
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 3, 4, 8])
+@pytest.mark.parametrize("nproc", [1, 2, 4, 8])
+def test_a_job_uses_gpus_only_where_there_is_one_per_process(gpus, nproc):
+    device, why = placement.decide(nproc, gpus)
+    assert device == ("cuda" if gpus >= nproc else "cpu")
+    if device == "cpu" and gpus:
+        assert why == (f"This job's {nproc} processes would need {nproc} GPUs, one each, and this machine "
+                       f"has {gpus}: it runs on {nproc} CPU processes instead.")
+    else:
+        assert why is None  # on GPUs, or a CPU machine where every job runs on the CPU
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 3, 4, 8])
+def test_placed_arguments(gpus):
+    said = []
+    ddp = placement.placed("_trainup_ddp.py", ["--quick"], nproc=2, gpus=gpus, say=said.append)
+    assert ddp == (["--quick", "--device", "cpu"] if gpus == 1 else ["--quick"])  # auto decides the rest
+    assert bool(said) == (gpus == 1)
+    auto = placement.placed("_trainup_fsdp.py", ["--device", "auto"], nproc=4, gpus=gpus, say=said.append)
+    assert auto == (["--device", "cpu"] if 0 < gpus < 4 else ["--device", "auto"])
+    # Lightning spawning its own processes counts them; its flag is --accelerator
+    light = placement.placed("_trainup_lightning.py", ["--devices", 2], gpus=gpus, say=said.append)
+    assert light == (["--devices", "2", "--accelerator", "cpu"] if gpus == 1 else ["--devices", "2"])
+    # the CPU is always there; scripts that choose no device are left alone
+    assert placement.placed("_trainup_ddp.py", ["--device", "cpu"], nproc=8, gpus=gpus) == ["--device", "cpu"]
+    assert placement.placed("_trainup_cpu.py", ["--threads", 2], nproc=1, gpus=gpus) == ["--threads", "2"]
+    assert placement.placed("_trainup_tp.py", [], nproc=4, gpus=gpus, say=said.append) == []  # cpu default
+    if gpus < 2:
+        with pytest.raises(RuntimeError, match=f"needs 2 GPU\\(s\\), and this machine has {gpus}"):
+            placement.placed("_trainup_ddp.py", ["--device", "cuda"], nproc=2, gpus=gpus)
+    else:
+        assert placement.placed("_trainup_ddp.py", ["--device", "cuda"], nproc=2, gpus=gpus)[-1] == "cuda"
+
+
+class Started(Exception):
+    pass
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """A machine with one GPU; every process start is caught and its command kept."""
+    started = []
+
+    def start(cmd, *a, **k):
+        started.append([str(c) for c in cmd])
+        raise Started
+
+    monkeypatch.setattr(placement, "gpu_count", lambda: 1)
+    monkeypatch.setattr("subprocess.run", start)
+    monkeypatch.setattr("subprocess.Popen", start)
+    return started
+
+
+LAUNCHES = {
+    "launch.run": lambda: launch.run("_trainup_ddp.py", name="placement_probe", nproc=2),
+    "launch.Job": lambda: launch.side_by_side(launch.Job("_trainup_ddp.py", name="placement_probe", nproc=2)),
+    "launch.two_nodes": lambda: launch.two_nodes("_trainup_ddp.py", name="placement_probe", nproc_per_node=2),
+    "sharding.run": lambda: sharding.run(2, "p"),
+    "pipeline.run": lambda: pipeline.run("_trainup_pipeline.py", "--device", "auto", name="placement_probe"),
+    "horovod.run": lambda: horovod.run(name="placement_probe", np=2),
+    "report.run": lambda: report.run("_trainup_lightning.py", "--devices", 2, name="placement_probe"),
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHES))
+def test_every_launcher_places_its_job(launcher, one_gpu, capsys):
+    with pytest.raises(Started):
+        LAUNCHES[launcher]()
+    flag = "--accelerator" if launcher == "report.run" else "--device"
+    assert one_gpu and one_gpu[0][-1 - one_gpu[0][::-1].index(flag) + 1] == "cpu", one_gpu[0]
+    assert "would need 2 GPUs, one each, and this machine has 1" in capsys.readouterr().out
+
+
+STARTS = re.compile(r"subprocess\.|Popen\(|os\.system|!\s*(torchrun|horovodrun|srun|python)")
+MULTI = re.compile(r"torchrun|horovodrun|srun|torch\.distributed\.run|mpirun")
+
+
+def test_no_notebook_starts_a_multi_process_job_but_through_the_launchers():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            for line in "".join(cell["source"]).splitlines():
+                assert not (STARTS.search(line) and MULTI.search(line)), f"{path.name} cell {i}: {line}"
+
+
+def test_only_the_launchers_build_job_commands():
+    builders = {p.name for p in (ROOT / "scripts" / "lessons").glob("*.py")
+                if re.search(r"\b(TORCHRUN|HOROVODRUN) \+", p.read_text())}
+    # collectives.py starts _trainup_collectives.py, which chooses no device (its --backend does)
+    assert builders <= {"launch.py", "horovod.py", "collectives.py"}, builders
+    assert "_trainup_collectives.py" not in placement.CHOOSES_DEVICE
