@@ -109,7 +109,7 @@ def parse_args(argv=None):
     t.add_argument("--max-epochs", type=cli.positive(int), default=None, help="Lightning's name for --epochs")
     t.add_argument("--precision", default="32", help="32, 64 (64-true: float64, for the proofs), 16 (16-mixed), bf16 (bf16-mixed), or Lightning's names")
     t.add_argument("--no-sync-dist", action="store_true", help="self.log without sync_dist: rank 0 logs its shard")
-    t.add_argument("--monitor", action="store_true", help="DeviceStatsMonitor (and nvitop's GPU callback on GPUs)")
+    t.add_argument("--monitor", action="store_true", help="DeviceStatsMonitor (and the course's GPU statistics callback, nvitop's readings, on GPUs)")
     old = p.add_argument_group("Lightning 1.x flags, answered with what Lightning 2 wants")
     old.add_argument("--gpus", default=None, help="removed in Lightning 2")
     old.add_argument("--num-processes", default=None, help="removed in Lightning 2")
