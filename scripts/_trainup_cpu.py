@@ -7,6 +7,7 @@
 With --num-processes N, N worker processes train one model in shared memory, each on its share of
 the data, without locks (Hogwild, as in pytorch/examples' mnist_hogwild).
 """
+import atexit
 import os
 import queue
 import time
@@ -47,9 +48,9 @@ def optimizer_for(model, args):
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
-def hogwild_worker(rank, args, model, train_set, start_epoch, results, go):
+def hogwild_worker(rank, args, model, train_set, start_epoch, results, go, parent):
     """One of N processes: trains the shared model on every N-th sample, then waits for the next epoch."""
-    preempt.leave_to_main(args)  # a stop signal is for the main process: it stops the workers between epochs
+    preempt.leave_to_main(args)  # a stop signal is for the main process: it ends the workers between epochs
     torch.set_num_threads(args.threads)
     sampler = data.ShuffleSampler(len(train_set), args.seed, rank, args.num_processes)
     loader = DataLoader(train_set, batch_size=args.batch_size // args.num_processes, sampler=sampler)
@@ -58,7 +59,8 @@ def hogwild_worker(rank, args, model, train_set, start_epoch, results, go):
         scheduler.step()
     results.put((rank, None))  # ready: the epoch's clock starts once every worker is
     for epoch in range(start_epoch, args.epochs + 1):
-        go.get()  # the main process evaluates and logs between epochs
+        if preempt.next_epoch(go, parent) is None:  # the main process evaluates and logs between epochs
+            return
         sampler.set_epoch(epoch)
         results.put((rank, train_epoch(model, loader, optimizer, epoch, rank == 0 and args.show_progress)))
         scheduler.step()
@@ -70,7 +72,7 @@ def hogwild_epochs(args, model, train_set, start_epoch):
     ctx = mp.get_context("spawn")  # fork is unsafe once torch has started its thread pools
     results, go = ctx.Queue(), ctx.Queue()
     workers = [ctx.Process(target=hogwild_worker, daemon=True,
-                           args=(rank, args, model, train_set, start_epoch, results, go))
+                           args=(rank, args, model, train_set, start_epoch, results, go, os.getpid()))
                for rank in range(args.num_processes)]
     for w in workers:
         w.start()
@@ -86,15 +88,28 @@ def hogwild_epochs(args, model, train_set, start_epoch):
                     raise UserError(f"a worker process exited with status {dead[0].exitcode}")
         return meters
 
-    gather()  # every worker has started
-    for epoch in range(start_epoch, args.epochs + 1):
-        tick = time.perf_counter()
-        for _ in workers:
-            go.put(epoch)
-        total = sum(m.as_tensor() for m in gather())
-        yield epoch, metrics.Meter.from_tensor(total), time.perf_counter() - tick
-    for w in workers:
-        w.join()
+    def end():  # the workers ignore SIGTERM (a stop is the main process's), so they are told to end
+        if not any(w.is_alive() for w in workers):
+            return
+        for w in workers:
+            go.put(None)
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.kill()
+    # also at exit after a stop: before multiprocessing's own exit handler, which would wait for them
+    atexit.register(end)
+    try:
+        gather()  # every worker has started
+        for epoch in range(start_epoch, args.epochs + 1):
+            tick = time.perf_counter()
+            for _ in workers:
+                go.put(epoch)
+            total = sum(m.as_tensor() for m in gather())
+            yield epoch, metrics.Meter.from_tensor(total), time.perf_counter() - tick
+    finally:
+        atexit.unregister(end)
+        end()
 
 
 def parse_args(argv=None):

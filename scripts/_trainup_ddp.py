@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models, preempt, profiling
 
@@ -78,21 +78,6 @@ def optimizer_for(model, args):
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
-def loader_for(dataset, batch_size, sampler, args, device):
-    if args.resident:  # copied to the GPU once; every batch is then a slice in GPU memory
-        return data.ResidentLoader(dataset, batch_size, sampler, device)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
-                      pin_memory=device.type == "cuda" and not args.no_pin_memory, persistent_workers=args.workers > 0)
-
-
-def full_batches(loader, batch_size):
-    """Full batches, endlessly: a sweep may time more steps than one pass over a small data set holds."""
-    while True:
-        for x, y in loader:
-            if len(y) == batch_size:
-                yield x, y
-
-
 def sweep(args, model, train_set, device, log, ctx):
     """Train --sweep-steps steps at each (global) batch size and log throughput: where does the job saturate?"""
     for batch_size in args.sweep:
@@ -104,7 +89,7 @@ def sweep(args, model, train_set, device, log, ctx):
         scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
         sampler = data.ShuffleSampler(len(train_set), args.seed, ctx.rank, ctx.world_size)
         per_rank = batch_size // ctx.world_size
-        batches = full_batches(loader_for(train_set, per_rank, sampler, args, device), per_rank)
+        batches = data.full_batches(data.loader(train_set, per_rank, sampler, args, device), per_rank)
         steps = args.sweep_steps
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
@@ -211,8 +196,8 @@ def main(argv=None):
 
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
     accumulate = args.accumulate or 1
-    train_loader = loader_for(train_set, args.batch_size // ctx.world_size // accumulate, sampler, args, device)
-    test_loader = loader_for(test_set, 1000, range(ctx.rank, len(test_set), ctx.world_size), args, device)
+    train_loader = data.loader(train_set, args.batch_size // ctx.world_size // accumulate, sampler, args, device)
+    test_loader = data.loader(test_set, 1000, range(ctx.rank, len(test_set), ctx.world_size), args, device)
     profiler = profiling.start(args, ctx.rank, device)  # --profile STEPS: a trace of a few steps
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()

@@ -13,7 +13,6 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
 from trainup import UserError, checkpoint, cli, data, dataparallel, devices, gpumon, metrics, models, preempt
 
@@ -51,21 +50,6 @@ def optimizer_for(model, args):
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
-def loader_for(dataset, batch_size, sampler, args, device):
-    if args.resident:  # copied to the GPU once; every batch is then a slice in GPU memory
-        return data.ResidentLoader(dataset, batch_size, sampler, device)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
-                      pin_memory=device.type == "cuda" and not args.no_pin_memory, persistent_workers=args.workers > 0)
-
-
-def full_batches(loader, batch_size):
-    """Full batches, endlessly: a sweep may time more steps than one pass over a small data set holds."""
-    while True:
-        for x, y in loader:
-            if len(y) == batch_size:
-                yield x, y
-
-
 def sweep(args, model, train_set, device, log):
     """Train --sweep-steps steps at each batch size and log throughput: where does the GPU saturate?"""
     for batch_size in args.sweep:
@@ -75,7 +59,7 @@ def sweep(args, model, train_set, device, log):
         optimizer, _ = optimizer_for(model, args)
         scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
         sampler = data.ShuffleSampler(len(train_set), args.seed)
-        batches = full_batches(loader_for(train_set, batch_size, sampler, args, device), batch_size)
+        batches = data.full_batches(data.loader(train_set, batch_size, sampler, args, device), batch_size)
         steps = args.sweep_steps
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
@@ -149,8 +133,8 @@ def main(argv=None):
         return
 
     sampler = data.ShuffleSampler(len(train_set), args.seed)
-    train_loader = loader_for(train_set, args.batch_size, sampler, args, device)
-    test_loader = loader_for(test_set, 1000, range(len(test_set)), args, device)
+    train_loader = data.loader(train_set, args.batch_size, sampler, args, device)
+    test_loader = data.loader(test_set, 1000, range(len(test_set)), args, device)
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)

@@ -15,7 +15,6 @@ logs/tensorboard/<run>.
 """
 import importlib.util
 import logging
-import os
 import shutil
 import warnings
 from pathlib import Path

@@ -47,9 +47,27 @@ if _at:
             me = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
             if steps[0] == step and me == rank:
                 import signal
-                os.kill(os.getpid(), signal.SIGTERM)
+                if os.environ.get("TRAINUP_TEST_SIGTERM_GROUP"):  # as SLURM's time limit: the whole group,
+                    import subprocess  # from another process (a worker's parent's signal is told apart)
+                    subprocess.run(["kill", "-TERM", "--", f"-{os.getpgid(0)}"])
+                else:
+                    os.kill(os.getpid(), signal.SIGTERM)
         register_optimizer_step_post_hook(count)
     sys.addaudithook(_hook)
+if os.environ.get("TRAINUP_TEST_SIGTERM_IN_EVAL"):  # SIGTERM as the first evaluation starts
+    def _eval_hook(event, args, done=[0]):
+        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
+            return
+        done[0] = 1
+        import signal, torch
+        evaluate = torch.nn.Module.eval
+        def signalled(self, sent=[0]):
+            if not sent[0]:
+                sent[0] = 1
+                os.kill(os.getpid(), signal.SIGTERM)
+            return evaluate(self)
+        torch.nn.Module.eval = signalled
+    sys.addaudithook(_eval_hook)
 '''
 
 
@@ -96,10 +114,14 @@ def plain(tmp_path_factory):
     dead_lock(log_dir / "stopped.lock")
     jobs = {"straight": python("_trainup_cpu.py", *TINY, "--run-name", "straight", log_dir=log_dir, env=env),
             "stopped": python("_trainup_cpu.py", *TINY, "--run-name", "stopped", log_dir=log_dir,
-                              env={**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}"})}
+                              env={**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}"}),
+            "in_eval": python("_trainup_cpu.py", *TINY, "--run-name", "in_eval", log_dir=log_dir,
+                              env={**env, "TRAINUP_TEST_SIGTERM_IN_EVAL": "1"})}
     done = {k: finish_job(p) for k, p in jobs.items()}
     at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)  # before --resume replaces it
     resumed = finish_job(python("_trainup_cpu.py", *TINY, "--run-name", "stopped", "--resume", log_dir=log_dir, env=env))
+    done["in_eval_resumed"] = finish_job(python("_trainup_cpu.py", *TINY, "--run-name", "in_eval", "--resume",
+                                                log_dir=log_dir, env=env))
     twins_dir = tmp / "twins"
     frozen = {**env, "TRAINUP_TEST_FROZEN_TIME": str(time.time())}
     twins = [python("_trainup_cpu.py", "--quick", "--train-size", "64", "--test-size", "32", "--epochs", "1",
@@ -130,6 +152,16 @@ def test_resume_goes_on_from_the_step_and_ends_like_a_run_never_stopped(plain):
     mine = [r for r in logged if r["type"] == "epoch"]
     for a, b in zip(mine, ref):  # the resumed epoch's sums include the steps taken before the stop
         assert (a["loss"], a["accuracy"], a["samples"]) == (b["loss"], b["accuracy"], b["samples"])
+
+
+def test_a_stop_during_evaluation_keeps_the_random_states_and_resumes_exactly(plain):
+    """Signalled as epoch 1's evaluation starts: the stop lands after the epoch, saved like any stop (random
+    states included, at step 0 of epoch 2), so dropout's masks in epoch 2 are the unstopped run's."""
+    ok(plain.in_eval, preempt.STOPPED_EXIT), ok(plain.in_eval_resumed)
+    assert "SIGTERM: stopped after epoch 1" in plain.in_eval.stdout
+    resumed, straight = params(plain.log_dir, "in_eval"), params(plain.log_dir, "straight")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
 
 
 def test_a_dead_writers_lock_is_taken_over_and_locks_are_released(plain):
@@ -228,6 +260,63 @@ def test_ddp_ranks_all_stop_after_the_step_one_of_them_posted_and_resume_to_the_
         assert torch.equal(resumed[k], straight[k]), k
     summaries = [r["status"] for r in lines(ddp.log_dir, "stopped") if r["type"] == "summary"]
     assert summaries == ["stopped", "finished"]
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    """SIGTERM to the whole process group (what SLURM's time limit and scancel --signal do) while DataLoader
+    workers run: lesson 02's script with 2 workers, and Hogwild's 2 worker processes."""
+    tmp = tmp_path_factory.mktemp("group")
+    log_dir, env = tmp / "logs", site(tmp / "site")
+    workers = [*TINY, "--device", "cpu", "--workers", "2"]
+    hit = {**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
+    jobs = {"straight": python("_trainup_gpu.py", *workers, "--run-name", "straight", log_dir=log_dir, env=env),
+            "stopped": python("_trainup_gpu.py", *workers, "--run-name", "stopped", log_dir=log_dir, env=hit),
+            "hogwild": python("_trainup_cpu.py", *TINY, "--num-processes", 2, "--threads", 1, "--run-name", "hogwild",
+                              log_dir=log_dir, env={**hit, "TRAINUP_TEST_SIGTERM_AT": "0:2"})}
+    done = {k: finish_job(p) for k, p in jobs.items()}
+    done["at_stop"] = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
+    done["resumed"] = finish_job(python("_trainup_gpu.py", *workers, "--run-name", "stopped", "--resume",
+                                        log_dir=log_dir, env=env))
+    ddp = [*TINY, "--device", "cpu", "--workers", "2", "--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
+    torchrun = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPTS / "_trainup_ddp.py", *ddp]
+    for name, extra, how in (("t_straight", [], env), ("t_stopped", [], hit), ("t_stopped", ["--resume"], env)):
+        done[name + "".join(extra)] = finish_job(start_job([str(a) for a in torchrun + ["--run-name", name] + extra],
+                                                           {**os.environ, **launch.environment(how)}))
+    return SimpleNamespace(log_dir=log_dir, **done)
+
+
+def test_a_signal_to_the_whole_group_stops_a_run_with_loader_workers_and_resumes_exactly(group):
+    ok(group.straight), ok(group.stopped, preempt.STOPPED_EXIT), ok(group.resumed)
+    assert "DataLoader worker" not in group.stopped.stderr
+    assert group.at_stop["position"]["step"] == STOP_AT
+    assert not list((group.log_dir / "checkpoints").glob("*.tmp"))
+    resumed, straight = params(group.log_dir, "stopped"), params(group.log_dir, "straight")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
+
+
+def test_a_signal_to_torchruns_whole_group_stops_every_rank_with_a_checkpoint_that_resumes_exactly(group):
+    """torchrun, its 2 workers and their 2 DataLoader workers each get SIGTERM: every rank exits 75 after the
+    same step (torchrun reports the stop as a failure of its own), and --resume ends as if never stopped."""
+    stopped = group.t_stopped
+    assert stopped.returncode != 0 and "DataLoader worker" not in stopped.stdout + stopped.stderr
+    ok(group.t_straight), ok(getattr(group, "t_stopped--resume"))
+    summaries = [r["status"] for r in lines(group.log_dir, "t_stopped") if r["type"] == "summary"]
+    assert summaries == ["stopped", "finished"]
+    assert "SIGTERM: stopped in epoch 1 after step" in stopped.stdout  # rank 0's sentence, through torchrun
+    resumed, straight = params(group.log_dir, "t_stopped"), params(group.log_dir, "t_straight")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
+
+
+def test_a_signal_to_the_whole_group_stops_hogwild_after_the_epoch(group):
+    """Hogwild's workers ignore the signal and finish the epoch; the main process saves it and ends them."""
+    ok(group.hogwild, preempt.STOPPED_EXIT)
+    assert "SIGTERM: stopped after epoch 1" in group.hogwild.stdout
+    logged = lines(group.log_dir, "hogwild")
+    assert [r["status"] for r in logged if r["type"] == "summary"] == ["stopped"]
+    assert torch.load(group.log_dir / "checkpoints" / "hogwild.pt", weights_only=True)["epoch"] == 1
 
 
 def test_resuming_inside_an_epoch_with_another_world_size_is_one_sentence(tmp_path, keep_signals):

@@ -13,9 +13,9 @@ import pickle
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
-from . import DATA_DIR, UserError
+from . import DATA_DIR, UserError, preempt
 
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -78,6 +78,28 @@ class ResidentLoader:
 
     def __len__(self):
         return -(-len(self.sampler) // self.batch_size)
+
+
+def loader(dataset, batch_size, sampler, args, device):
+    """The lessons' DataLoader: --workers processes, pinned memory on GPUs, or --resident batches.
+
+    Its own random generator: a DataLoader draws a seed each time it starts its workers (once with
+    persistent workers, every epoch without), and from the global generator that would shift dropout's
+    masks, so a run with workers, or one resumed mid-epoch, would draw differently from one without."""
+    if getattr(args, "resident", False):  # copied to the GPU once; every batch is then a slice in GPU memory
+        return ResidentLoader(dataset, batch_size, sampler, device)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
+                      pin_memory=device.type == "cuda" and not args.no_pin_memory,
+                      persistent_workers=args.workers > 0, generator=torch.Generator().manual_seed(args.seed),
+                      worker_init_fn=preempt.loader_worker_init)  # a stop is the main process's
+
+
+def full_batches(loader, batch_size):
+    """Full batches, endlessly: a sweep may time more steps than one pass over a small data set holds."""
+    while True:
+        for x, y in loader:
+            if len(y) == batch_size:
+                yield x, y
 
 
 def _normalize(x, mean, std):

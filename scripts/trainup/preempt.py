@@ -244,9 +244,10 @@ class Stopper:
         self.position, self.watched, self.how, self.posted = None, None, "", None
 
     def _requested(self, signum, frame):
-        if os.getpid() != self.pid:  # a forked child (a DataLoader worker): the signal's usual effect
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker), hit by a signal to the whole
+            # group (SLURM's time limit, scancel --signal, kill -TERM -PGID): the stop is the main process's.
+            # Dying here would fail the main process's next batch; it shuts its workers down as it exits.
+            signal.signal(signum, signal.SIG_IGN)
             return
         self.signal = signal.Signals(signum).name  # only a flag: the step in progress finishes first
 
@@ -290,17 +291,15 @@ class Stopper:
 
     def after_epoch(self, epoch):
         """Between epochs: a stop asked for during evaluation (or in Hogwild, whose workers train a whole epoch
-        at a time) exits here, from the checkpoint of the epoch that just ended."""
+        at a time) exits here, saved as any stop is: with the random states, at step 0 of the next epoch."""
         if self.check():
-            w = self.watched
-            print(f"{self.signal or 'a signal on another rank'}: stopped after epoch {epoch}; "
-                  f"--resume continues from {w['ckpt']}")
-            w["log"].summary(checkpoint=w["ckpt"], status="stopped")
-            self.comm.close()
-            raise SystemExit(STOPPED_EXIT)
+            self._exit(*self._save(epoch + 1, 0, metrics.Meter(), 0.0), f"stopped after epoch {epoch}")
 
     def stop(self, epoch, step, meter, wall_s):
         """Save where the run is, log it, leave the job together, and exit STOPPED_EXIT."""
+        self._exit(*self._save(epoch, step, meter, wall_s), f"stopped in epoch {epoch} after step {step}")
+
+    def _save(self, epoch, step, meter, wall_s):
         w = self.watched
         mine = dict(rng=rng_state(), meter=meter.as_tensor().tolist())
         ranks = self.comm.gather(mine)  # every rank's random states, for rank 0 to save
@@ -309,18 +308,42 @@ class Stopper:
         if self.comm.rank == 0:
             checkpoint.save(w["ckpt"], w["model"], w["optimizer"], w["scheduler"], epoch - 1, self.args,
                             w["scaler"], position=position)
-            print(f"{self.signal or 'a signal on another rank'}: stopped in epoch {epoch} after step {step}; "
-                  f"--resume continues from {w['ckpt']}")
-        w["log"].summary(checkpoint=w["ckpt"], status="stopped")
+        return w["ckpt"], w["log"]
+
+    def _exit(self, ckpt, log, where):
+        if self.comm.rank == 0:
+            print(f"{self.signal or 'a signal on another rank'}: {where}; --resume continues from {ckpt}")
+        log.summary(checkpoint=ckpt, status="stopped")
         self.comm.close()
         raise SystemExit(STOPPED_EXIT)
 
 
 def leave_to_main(args):
-    """In a worker process (Hogwild's): --stop-signal is the main process's to act on (it stops the workers
-    between epochs). SIGTERM keeps ending a worker: it is how the main process ends them when it exits."""
-    if args.stop_signal != "TERM":
-        signal.signal(getattr(signal, f"SIG{args.stop_signal}"), signal.SIG_IGN)
+    """In a worker process (Hogwild's): SIGTERM and --stop-signal are the main process's to act on, also
+    when they reach the whole process group (SLURM's time limit): it stops between epochs and then ends
+    the workers itself (next_epoch returns None)."""
+    for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def loader_worker_init(worker_id):
+    """A DataLoader worker leaves SIGTERM and the stop signals to the main process, also when they reach
+    the whole process group (SLURM's time limit, scancel --signal): torch's own handler would end the
+    worker (unless its parent sent it), and the main process's next batch would fail. The main process
+    ends its workers itself as it exits; they also end when it dies (torch's watchdog)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def next_epoch(go, parent):
+    """A worker waits for the main process's next epoch; None: stop (told so, or the main process died)."""
+    import queue
+    while True:
+        try:
+            return go.get(timeout=1)
+        except queue.Empty:
+            if os.getppid() != parent:  # orphaned: the main process is gone, and its signal was ignored
+                return None
 
 
 class Steps:
@@ -341,9 +364,13 @@ class Steps:
 
     def __iter__(self):
         started = time.perf_counter()
-        batches = iter(_skipped(self.loader, self.skip))  # may draw from the random generator (DataLoader)...
-        if self.rank_state:
-            set_rng_state(self.rank_state["rng"])  # ...so the random states are restored after it
+        # A DataLoader draws its base seed from the random generator when iterated: a stop at an epoch's
+        # start was saved before that draw, one inside an epoch after it, so the states go back in that order.
+        if self.rank_state and not self.skip:
+            set_rng_state(self.rank_state["rng"])
+        batches = iter(_skipped(self.loader, self.skip))
+        if self.rank_state and self.skip:
+            set_rng_state(self.rank_state["rng"])
         for step, batch in enumerate(batches, self.skip + 1):
             yield batch  # the script trains one step on it
             if step % self.every == 0 and self.stopper.due(self.epoch, step, self.every):
@@ -357,7 +384,8 @@ def _skipped(loader, skip):
     if isinstance(loader, DataLoader) and loader.batch_size and loader.sampler is not None:
         rest = list(loader.sampler)[skip * loader.batch_size:]  # the sampler's order, after set_epoch
         return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=rest, num_workers=loader.num_workers,
-                          pin_memory=loader.pin_memory, collate_fn=loader.collate_fn, drop_last=loader.drop_last)
+                          pin_memory=loader.pin_memory, collate_fn=loader.collate_fn, drop_last=loader.drop_last,
+                          generator=loader.generator, worker_init_fn=loader.worker_init_fn)
     return itertools.islice(loader, skip, None)
 
 
