@@ -60,7 +60,7 @@ def evaluate(model, loader, device, precision):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with devices.autocast(device, precision):
             logits = model(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
+        meter.add(F.cross_entropy(logits.float(), y), logits, y)  # the loss in fp32, as autocast computes it
     return meter
 
 
@@ -192,13 +192,13 @@ def main(argv=None):
     optimizer, scheduler = optimizer_for(model, args)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
     ckpt = checkpoint.path_for(args)
-    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device) if args.resume else 1
+    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler) if args.resume else 1
     # Every rank starts from rank 0's model and optimizer state, whatever it initialised or loaded itself.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **describe(ctx, args))
-    stop.watch(ckpt, log, model, optimizer, scheduler)  # what a stop saves, rank 0 writes
+    stop.watch(ckpt, log, model, optimizer, scheduler, scaler)  # what a stop saves, rank 0 writes
     monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
     if args.sweep:
         sweep(args, model, optimizer, train_set, device, log, ctx)
@@ -222,7 +222,7 @@ def main(argv=None):
         log.write("ranks", **per_rank(epoch, train, sampler))  # what each rank alone saw
         log.epoch(epoch, reduce(train), reduce(evaluate(model, test_loader, device, args.precision)), wall)
         if ctx.is_main:  # one writer; the others would race for the same file
-            checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+            checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args, scaler)
     monitor.stop()
     log.summary(checkpoint=ckpt)
     hvd.barrier()  # leave together, as the DDP script does

@@ -378,3 +378,22 @@ def test_a_requeued_slurm_job_comes_back_and_ends_like_the_job_never_stopped(req
     resumed, never = params(tmp, stopped), params(tmp, straight)
     for k in never:
         assert torch.equal(resumed[k], never[k]), k
+
+
+@pytest.mark.parametrize("key,saved,mine", [("batch_size", 32, 16), ("train_size", 256, 128), ("model", "cnn", "mlp"),
+                                           ("precision", "32", "64"), ("lesson", "fsdp", "ddp")])
+def test_a_resume_with_changed_flags_is_refused_in_one_sentence(tmp_path, key, saved, mine):
+    """Stopped at --batch-size 32, resumed with 16: 672 samples of epoch 1 would be trained twice."""
+    from trainup import UserError, checkpoint
+    args = SimpleNamespace(checkpoint_dir=str(tmp_path), run_name="r", lesson="ddp", model="cnn", dataset="digits",
+                           train_size=256, batch_size=32, precision="32")
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    path = checkpoint.path_for(SimpleNamespace(**{**vars(args), key: saved}))
+    checkpoint.save(path, model, opt, sched, 1, SimpleNamespace(**{**vars(args), key: saved}))
+    assert checkpoint.load(checkpoint.path_for(SimpleNamespace(**{**vars(args), key: saved})), model, opt, sched) == 2
+    checkpoint.path_for(SimpleNamespace(**{**vars(args), key: mine}))
+    flag = "the script" if key == "lesson" else "--" + key.replace("_", "-")
+    with pytest.raises(UserError, match=f"saved by a run with {flag} {saved}, and this run has {mine}"):
+        checkpoint.load(path, model, opt, sched)

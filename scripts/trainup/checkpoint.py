@@ -27,9 +27,14 @@ def path_for(args):
     except OSError as e:
         raise UserError(f"--checkpoint-dir {folder} cannot be created or written ({e.strerror or e}); "
                         f"point --checkpoint-dir at a folder you can write") from None
+    _ARGS[str(folder / f"{args.run_name}.pt")] = args  # what load() checks a resumed checkpoint against
     return folder / f"{args.run_name}.pt"
 
 
+# What a resumed run must share with the run that saved: another value would train another model, or other
+# samples (a changed batch size re-trains or skips part of an epoch). The rest (epochs, lr, ...) may change.
+SAME_ON_RESUME = ("lesson", "model", "dataset", "train_size", "batch_size", "precision")
+_ARGS = {}  # checkpoint path -> this run's arguments (path_for)
 _POSITIONS = {}  # checkpoint path -> the position inside an epoch that load() found there (None: an epoch's end)
 
 
@@ -61,6 +66,7 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     except (RuntimeError, OSError, EOFError, KeyError, TypeError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
         raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}): it is damaged or not a trainup "
                         f"checkpoint; delete it, or run without --resume") from None
+    _same_run(path, state.get("args") or {}, _ARGS.get(str(path)))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError:
@@ -72,6 +78,17 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     return epoch
+
+
+def _same_run(path, saved, args):
+    if args is None:
+        return
+    for key in SAME_ON_RESUME:
+        mine = getattr(args, key, None)
+        if key in saved and mine is not None and saved[key] != mine:
+            flag = "the script" if key == "lesson" else f"--{key.replace('_', '-')}"
+            raise UserError(f"checkpoint {path} was saved by a run with {flag} {saved[key]}, and this run has "
+                            f"{mine}: resume with the flags it was saved with, or use another --run-name")
 
 
 def position(path):
