@@ -108,11 +108,24 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, tmp_path, capsys)
     for flags, words in [(["--batch-size", "0"], ["--batch-size", "greater than 0"]),
                          (["--dataset", "imagenet"], ["--dataset", "invalid choice"]),
                          (["--dataset", "mnist", "--data-dir", tmp_path / "missing"], ["does not exist"]),
-                         (["--num-processes", "4", "--batch-size", "2"], ["cannot be split"])]:
-        proc = in_process(_trainup_cpu.main, ["--quick", *flags, "--log-dir", log_dir, "--no-progress"], capsys)
+                         (["--num-processes", "4", "--batch-size", "2"], ["cannot be split"]),
+                         (["--lr", "nan"], ["--lr", "finite"]), (["--gamma", "inf"], ["--gamma", "finite"]),
+                         (["--run-name", "r" * 300], ["--run-name", "at most 200"]),
+                         (["--log-dir", tmp_path / "file" / "sub"], ["--log-dir", "is not a folder"])]:
+        (tmp_path / "file").write_text("")
+        proc = in_process(_trainup_cpu.main, ["--quick", "--log-dir", log_dir, *flags, "--no-progress"], capsys)
         assert proc.returncode == 2
         assert_clean_error(proc, *words)
     assert not log_dir.exists()  # nothing half-written
+
+
+def test_a_loss_that_becomes_nan_ends_the_run_non_zero_saying_where(log_dir, capsys):
+    import _trainup_cpu
+    proc = in_process(_trainup_cpu.main, ["--quick", "--epochs", "1", "--lr", "1e30", "--log-dir", log_dir,
+                                          "--run-name", "nan", "--no-progress"], capsys)
+    assert proc.returncode == 2
+    assert_clean_error(proc, "training loss became nan in epoch 1", "--lr")
+    assert report.read_run(log_dir / "nan.jsonl")["summary"]["status"] == "failed"
 
 
 def test_bad_files_are_one_sentence_and_leave_nothing_half_written(runs, tmp_path, capsys):

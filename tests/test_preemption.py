@@ -395,5 +395,7 @@ def test_a_resume_with_changed_flags_is_refused_in_one_sentence(tmp_path, key, s
     assert checkpoint.load(checkpoint.path_for(SimpleNamespace(**{**vars(args), key: saved})), model, opt, sched) == 2
     checkpoint.path_for(SimpleNamespace(**{**vars(args), key: mine}))
     flag = "the script" if key == "lesson" else "--" + key.replace("_", "-")
-    with pytest.raises(UserError, match=f"saved by a run with {flag} {saved}, and this run has {mine}"):
+    said = (f"holds a {saved} whose weights do not fit this run's model \\({mine}\\)" if key == "model" else
+            f"saved by a run with {flag} {saved}, and this run has {mine}")
+    with pytest.raises(UserError, match=said):
         checkpoint.load(path, model, opt, sched)

@@ -86,6 +86,9 @@ def _same_run(path, saved, args):
     for key in SAME_ON_RESUME:
         mine = getattr(args, key, None)
         if key in saved and mine is not None and saved[key] != mine:
+            if key == "model":
+                raise UserError(f"checkpoint {path} holds a {saved[key]} whose weights do not fit this run's "
+                                f"model ({mine}); resume with the flags it was saved with, or use another --run-name")
             flag = "the script" if key == "lesson" else f"--{key.replace('_', '-')}"
             raise UserError(f"checkpoint {path} was saved by a run with {flag} {saved[key]}, and this run has "
                             f"{mine}: resume with the flags it was saved with, or use another --run-name")

@@ -1,6 +1,9 @@
 """The command-line flags every lesson script shares, and how bad input is reported."""
 import argparse
 import functools
+import math
+import os
+from pathlib import Path
 import signal
 import sys
 
@@ -23,8 +26,8 @@ def positive(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        if not math.isfinite(value) or value <= 0:  # nan and inf pass a "> 0" test, and train to NaN
+            raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
         return value
     return check
 
@@ -97,8 +100,16 @@ def parse(p, argv=None):
     args.run_name_default = args.run_name is None  # then rank 0's name wins in a job of many (preempt.Stopper)
     if args.run_name is None:
         args.run_name = preempt.default_name(args.lesson)
-    elif not args.run_name or "/" in args.run_name or args.run_name.startswith("."):
-        p.error(f"--run-name must be a plain file name, got {args.run_name!r}")
+    elif not args.run_name or "/" in args.run_name or args.run_name.startswith(".") or len(args.run_name) > 200:
+        p.error(f"--run-name must be a plain file name of at most 200 characters, got {args.run_name[:80]!r}")
+    # checked before any work, as --checkpoint-dir is, without making it yet (a refused run leaves nothing)
+    probe = Path(args.log_dir).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        why = "is not a folder" if not probe.is_dir() else "cannot be written"
+        p.error(f"--log-dir {args.log_dir} cannot be created or written ({probe} {why}); point it at a folder "
+                f"you can write")
     return args
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from . import UserError
+
 SCHEMA_VERSION = 1
 # The fields each record type must have (every record also has type, run, time).
 SCHEMA = {
@@ -248,6 +250,10 @@ class RunLog:
         line = dict(epoch=epoch, loss=train.mean_loss, accuracy=train.accuracy, test_loss=test.mean_loss,
                     test_accuracy=test.accuracy, wall_s=wall_s, samples=train.samples,
                     samples_per_s=train.samples / wall_s, peak_mem_mb=peak_memory_mb(self.device))
+        if not math.isfinite(line["loss"]):  # every later step would train on it: stop, and say where
+            self.summary(status="failed")
+            raise UserError(f"the training loss became {line['loss']} in epoch {epoch}: the learning rate "
+                            f"(--lr) is too high, or the data hold bad values; nothing of this epoch was saved")
         self.epochs = getattr(self, "epochs", []) + [line]
         if self.enabled:
             print(f"epoch {epoch}: loss {line['loss']:.4f}  accuracy {line['accuracy']:.3f}  "
