@@ -101,3 +101,29 @@ def test_only_the_launchers_build_job_commands():
     # collectives.py starts _trainup_collectives.py, which chooses no device (its --backend does)
     assert builders <= {"launch.py", "horovod.py", "collectives.py"}, builders
     assert "_trainup_collectives.py" not in placement.CHOOSES_DEVICE
+
+
+def test_the_gpu_reference_runs_cover_every_gpu_path_the_notebooks_read():
+    """tools/gpu_reference_runs.sh --dry-run on a pretended 2-GPU machine: the runs notebooks 02, 03 and 04
+    read from logs/reference/ (04: DDP over NCCL at 1 and 2 processes)."""
+    import subprocess
+    dry = subprocess.run(["bash", "tools/gpu_reference_runs.sh", "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "NGPU": "2", "GPU": "X"})
+    assert dry.returncode == 0, dry.stderr
+    for name in ("gpu_cuda", "gpu_sweep_resident", "dp_cnn_2gpu", "dp_phases_2gpu", "ddp_n1", "ddp_n2"):
+        assert f"--run-name {name} " in dry.stdout, name
+    assert "--nproc-per-node 2 scripts/_trainup_ddp.py --device cuda --backend nccl" in dry.stdout
+    read = "".join((ROOT / "notebooks" / n).read_text() for n in ("02_single_gpu.ipynb", "04_ddp.ipynb"))
+    assert 'reference/*/ddp_n*' in read and 'gpu.references(\\"gpu_sweep_resident' in read
+
+
+def test_nccl_debug_lines_are_filtered_to_how_the_gpus_talk():
+    from lessons import collectives
+    kept = ["host:1:1 [0] NCCL INFO Channel 00/02 :    0   1",
+            "host:1:1 [0] NCCL INFO Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->-1",
+            "host:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+            "host:1:1 [0] NCCL INFO Connected all rings"]
+    dropped = ["host:1:1 [0] NCCL INFO NCCL version 2.27.5+cuda13.0",
+               "host:1:1 [0] NCCL INFO Bootstrap: Using eth0:10.0.0.2<0>", "host:1:1 [0] NCCL INFO cudaDriverVersion 13000"]
+    assert all(collectives.NCCL_TOPOLOGY.search(line) for line in kept)
+    assert not any(collectives.NCCL_TOPOLOGY.search(line) for line in dropped)

