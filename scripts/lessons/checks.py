@@ -119,6 +119,14 @@ def figure(fig, name, image_dir=IMAGE_DIR):
     return fig
 
 
+def show(fig, name, image_dir=IMAGE_DIR):
+    """checks.figure, then the figure shown where it is drawn: in mid-cell, in a loop, beside other output
+    (report.save closed it, so a notebook would not show it otherwise)."""
+    figure(fig, name, image_dir)
+    from IPython.display import display
+    display(fig)
+
+
 def swept(name, log_dir=LOG_DIR):
     """A --sweep run finished, in the schema, and measured the batch sizes it was asked for, each with a
     throughput. A GPU sweep may stop early when a batch no longer fits in memory: the smallest sizes count."""
