@@ -20,6 +20,7 @@ import time
 
 import os
 import socket
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -118,8 +119,22 @@ def setup(args):
     if args.batch_size % ctx.world_size:
         raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
                         f"{ctx.world_size} processes; use a multiple of {ctx.world_size}")
-    ctx.device = devices.pick(args.device, ctx.local_rank)
+    ctx.device = devices.pick(gpu_ops(args.device), ctx.local_rank)
     return ctx
+
+
+def gpu_ops(requested):
+    """The device, where this Horovod can all-reduce on it: a build without NCCL moves only CPU tensors
+    (on a CUDA tensor it stops with its own "not compiled with CUDA")."""
+    if requested == "cpu" or hvd.nccl_built() or not torch.cuda.is_available():
+        return requested
+    build = "HOROVOD_GPU_OPERATIONS=NCCL tools/build_horovod.sh on this GPU machine"
+    if requested == "cuda":
+        raise UserError(f"--device cuda needs a Horovod built with NCCL, and this one all-reduces CPU tensors "
+                        f"only: rebuild it with {build}, or use --device cpu")
+    print(f"note: running on the CPU: this Horovod was built without NCCL ({build} builds one for GPUs)",
+          file=sys.stderr)
+    return "cpu"
 
 
 def describe(ctx, args):
