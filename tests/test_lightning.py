@@ -213,3 +213,17 @@ def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it
     for step, zero in ((3, True), (4, True), (4, False)):  # step 3: not every 2nd; rank 1: never writes
         callback.on_train_batch_end(SimpleNamespace(is_global_zero=zero, global_step=step, logger=logger), None, None, None, 0)
     assert logged == [({"gpu0/utilization_pct": 87.0, "gpu0/memory_used_mb": 512.0, "gpu1/memory_used_mb": 3.0}, 4)]
+
+
+def test_the_course_callback_keeps_its_log_when_lightning_sets_callback_log(tmp_path):
+    """Lightning sets `callback.log = module.log` on every callback: the course's run log lives elsewhere,
+    so on_exception still closes the run as failed (and the one-sentence refusal is not hidden)."""
+    from types import SimpleNamespace
+    from trainup import lightning_log
+    callback = lightning_log.CourseLog.__new__(lightning_log.CourseLog)
+    written = []
+    callback.run_log = SimpleNamespace(enabled=True, _file=SimpleNamespace(closed=False),
+                                       summary=lambda **kw: written.append(kw))
+    callback.log = lambda *a, **kw: None  # what Lightning does
+    callback.on_exception(None, None, RuntimeError("x"))
+    assert written == [dict(checkpoint=None, status="failed")]

@@ -76,3 +76,37 @@ def test_outputs_are_stored_on_a_quiet_machine_only(tmp_path):
     assert proc.stderr.strip().startswith("error: the load average is") and len(proc.stderr.splitlines()) == 1
     assert f"on {cores} cores" in proc.stderr
     assert notebook.read_text() == "{}", "nothing was executed"
+
+
+DRAWS = re.compile(r"checks\.(figure|show)\(")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_cell_that_draws_a_figure_shows_it(path):
+    """A figure is shown where it is drawn: a cell that draws one unconditionally stores an image; one that
+    draws only when runs exist (GPU runs, reference logs) stores an image or the sentence saying why not."""
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or not DRAWS.search(source):
+            continue
+        hidden = [line for line in source.splitlines() if DRAWS.search(line) and line.rstrip().endswith(";")]
+        assert not hidden, f"{path.name} cell {i} draws a figure and hides it: {hidden}"
+        images = [o for o in cell["outputs"] if "image/png" in o.get("data", {})]
+        always = any(DRAWS.match(line) or re.match(r"\w+ = checks\.", line) for line in source.splitlines())
+        said = "".join("".join(o.get("text", "")) for o in cell["outputs"]).strip()
+        assert images or (not always and said), f"{path.name} cell {i} draws a figure and stores no image"
+
+
+def test_notebook_06s_stored_sweep_shows_the_bubble_shrinking_or_says_why_not():
+    """The stored sweep (a quiet machine's): GPipe's measured bubble at m = 8 below that at m = 1, and each
+    row at m >= 4 within 10 % of (p-1)/(m+p-1) or followed by the reason computed from the same steps."""
+    cells = json.loads((ROOT / "notebooks" / "06_pipeline_parallel.ipynb").read_text())["cells"]
+    out = next("".join("".join(o.get("text", "")) for o in c["outputs"]) for c in cells
+               if "pipeline.bubble_table(" in "".join(c["source"]))
+    rows = {(m[1], int(m[2])): float(m[3])
+            for m in re.finditer(r"^\s*(gpipe|1f1b)\s+(\d+)\s+([\d.]+)\s", out, flags=re.M)}
+    assert rows[("gpipe", 8)] < rows[("gpipe", 1)], rows
+    for (schedule, m), _ in rows.items():
+        if m >= 4:
+            line = next(s for s in out.splitlines() if s.startswith(f"{schedule}, {m} micro-batch(es)"))
+            assert "(within 10%)" in line or "because" in line, line

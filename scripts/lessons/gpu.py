@@ -23,6 +23,32 @@ def has_gpu():
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
+# What lesson 02 measures on the GPU it finds: DataLoader workers and pinned memory, then fp32 against fp16
+# and bf16 on the same resident sweep (bf16 only where the GPU has it: compute capability 8.0 on).
+HERE_ON_GPU = {"gpu_here_workers0": ("--workers", 0), "gpu_here_workers2": ("--workers", 2),
+               "gpu_here_workers2_nopin": ("--workers", 2, "--no-pin-memory")}
+HERE_PRECISIONS = {"gpu_here_sweep_fp32": "32", "gpu_here_sweep_fp16": "16", "gpu_here_sweep_bf16": "bf16"}
+
+
+def measure_on_this_gpu(quick=report.QUICK):
+    """Lesson 02's GPU measurements on this machine's GPU 0; the run names (workers, then precision sweeps)."""
+    import torch
+    from trainup import devices
+    names = []
+    for name, flags in HERE_ON_GPU.items():
+        names.append(report.run("_trainup_gpu.py", "--device", "cuda", *flags, "--epochs", 1 if quick else 3,
+                                "--no-progress", name=name))
+    sizes, steps = ("64,256,1024", 10) if quick else ("64,128,256,512,1024,2048", 50)
+    no_bf16 = devices.bf16_sentence(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+    for name, precision in HERE_PRECISIONS.items():
+        if precision == "bf16" and no_bf16:
+            print(no_bf16)
+            continue
+        names.append(report.run("_trainup_gpu.py", "--device", "cuda", "--resident", "--precision", precision,
+                                "--sweep", sizes, "--sweep-steps", steps, "--no-progress", name=name))
+    return names
+
+
 def logs(*names, log_dir=LOG_DIR):
     """This machine's logs of these runs (those that exist)."""
     return [p for p in (Path(log_dir) / f"{n}.jsonl" for n in names) if p.exists()]

@@ -131,6 +131,27 @@ def sync_sentence(table):
     return "; ".join(parts) + "."
 
 
+def sync_plot(names=("l_ddp", "l_torchrun"), name="lightning_sync_dist", log_dir=LOG_DIR):
+    """The epoch loss each run logged, read back from its TensorBoard run, against the whole job's loss
+    (every rank's sums, from the course's log): with sync_dist the two lines meet; without, rank 0's own."""
+    import matplotlib.pyplot as plt
+    from .report import load_epochs, save
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for run in names:
+        points = tensorboard_scalars(run, log_dir)["train_loss_epoch"]
+        sync = records(run, "lightning_sync", log_dir)[0]["sync_dist"]
+        ax.plot(range(1, len(points) + 1), [v for _, v in points], marker="o",
+                label=f"{run}, sync_dist={sync}: TensorBoard")
+    job = load_epochs(names[0], log_dir)
+    ax.plot(job["epoch"], job["loss"], "k--", marker="x", label="the whole job (every rank's sums)")
+    ax.set(title="The epoch loss rank 0 logged", xlabel="epoch", ylabel="training loss")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    save(fig, name)
+    return fig
+
+
 def tensorboard_scalars(name, log_dir=LOG_DIR):
     """The scalars of logs/tensorboard/<name> read back: {tag: [(step, value), ...]}."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

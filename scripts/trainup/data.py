@@ -189,7 +189,11 @@ def load(args):
         train, test = _torchvision(args.dataset, root, args.download)
     else:
         raise UserError(f"unknown data set {args.dataset!r}; choose one of {', '.join(DATASETS)}")
-    return _as_default_dtype(_first(train, args.train_size)), _as_default_dtype(_first(test, args.test_size))
+    train, test = _as_default_dtype(_first(train, args.train_size)), _as_default_dtype(_first(test, args.test_size))
+    if getattr(args, "batch_size", 0) > len(train):  # not one whole step: sweeps and pipelines would train nothing
+        raise UserError(f"--batch-size {args.batch_size} is larger than the {len(train)} training samples; use a "
+                        f"smaller batch, or more data (--train-size, or no --quick)")
+    return train, test
 
 
 def _as_default_dtype(ds):

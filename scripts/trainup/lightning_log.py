@@ -42,11 +42,12 @@ class CourseLog(Callback):
         strategy = trainer.strategy
         backend = getattr(strategy, "process_group_backend", None) or getattr(
             strategy, "_process_group_backend", None) or "none"
-        self.log = metrics.RunLog(self.args, self.script, pl_module.device, trainer.world_size, backend,
+        # not self.log: Lightning sets every callback's `log` to the module's self.log
+        self.run_log = metrics.RunLog(self.args, self.script, pl_module.device, trainer.world_size, backend,
                                   enabled=trainer.is_global_zero)
         for kind, fields in self.extra_records:
-            self.log.write(kind, **fields)
-        self.log.write("lightning", strategy=type(strategy).__name__, accelerator=type(trainer.accelerator).__name__,
+            self.run_log.write(kind, **fields)
+        self.run_log.write("lightning", strategy=type(strategy).__name__, accelerator=type(trainer.accelerator).__name__,
                        precision=str(trainer.precision), world_size=trainer.world_size, num_nodes=trainer.num_nodes,
                        devices=trainer.num_devices,
                        sync_dist=bool(pl_module.sync_dist), launcher=type(strategy.cluster_environment).__name__
@@ -70,18 +71,18 @@ class CourseLog(Callback):
         ranks = _gathered(pl_module, pl_module.train_meter)
         train, test = _summed(ranks), _summed(_gathered(pl_module, pl_module.test_meter))
         logged = trainer.callback_metrics.get("train_loss_epoch")
-        self.log.write("lightning_sync", epoch=epoch, sync_dist=bool(pl_module.sync_dist),
+        self.run_log.write("lightning_sync", epoch=epoch, sync_dist=bool(pl_module.sync_dist),
                        logged_loss=float(logged) if logged is not None else None, job_loss=train.mean_loss,
                        rank_loss=[m.mean_loss for m in ranks], rank_samples=[m.samples for m in ranks],
                        sampler=self.sampler)
-        self.log.epoch(epoch, train, test, max(self.tock - self.tick, 1e-9))
+        self.run_log.epoch(epoch, train, test, max(self.tock - self.tick, 1e-9))
         if trainer.is_global_zero:  # one writer; the others would race for the same file
             scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
             checkpoint.save(self.ckpt, pl_module.model, trainer.optimizers[0], scheduler, epoch, self.args)
 
     def on_fit_end(self, trainer, pl_module):
-        self.log.summary(checkpoint=self.ckpt)
+        self.run_log.summary(checkpoint=self.ckpt)
 
     def on_exception(self, trainer, pl_module, exception):
-        if getattr(self, "log", None) is not None and self.log.enabled and not self.log._file.closed:
-            self.log.summary(checkpoint=None, status="failed")
+        if getattr(self, "run_log", None) is not None and self.run_log.enabled and not self.run_log._file.closed:
+            self.run_log.summary(checkpoint=None, status="failed")
