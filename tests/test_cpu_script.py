@@ -1,5 +1,6 @@
 """_trainup_cpu.py run for real on tiny data, standalone, as a learner runs it."""
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -164,3 +165,13 @@ def test_bad_files_are_one_sentence_and_leave_nothing_half_written(runs, tmp_pat
     assert not list(log_dir.glob("*.jsonl")) and not list(log_dir.glob("*.stdout"))  # no log begun
     assert (ckpts / "cnn.pt").read_bytes() == good  # the checkpoint it refused is untouched
     assert sorted(p.name for p in ckpts.iterdir()) == ["cnn.pt", "cut.pt", "garbage.pt"]
+
+
+@pytest.mark.parametrize("name", ["../escape", "/tmp/absolute", "."])
+def test_the_collectives_script_keeps_its_log_inside_log_dir(name, tmp_path, capsys):
+    import _trainup_collectives
+    proc = in_process(_trainup_collectives.main, ["--run-name", name, "--log-dir", tmp_path / "logs"], capsys)
+    assert proc.returncode == 2
+    assert_clean_error(proc, "--run-name must be a plain file name")
+    args = _trainup_collectives.parse_args(["--log-dir", str(tmp_path / "logs")])
+    assert args.run_name.startswith("collectives_") and args.run_name.endswith(f"-{os.getpid()}")

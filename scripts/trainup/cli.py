@@ -97,12 +97,17 @@ def parse(p, argv=None):
         p.error(f"--image-shape must look like 3x224x224, got {args.image_shape!r}")
     if args.precision in ("64", "64-true", "double"):  # Lightning's spellings too
         torch.set_default_dtype(torch.float64)  # the model, the data (data.load) and every buffer
+    return named(p, args)
+
+
+def named(p, args):
+    """The run's name (rank 0's default wins later: preempt.Stopper) and its --log-dir, checked before any
+    work: a plain file name, and a folder that can be made and written (nothing is made yet)."""
     args.run_name_default = args.run_name is None  # then rank 0's name wins in a job of many (preempt.Stopper)
     if args.run_name is None:
         args.run_name = preempt.default_name(args.lesson)
     elif not args.run_name or "/" in args.run_name or args.run_name.startswith(".") or len(args.run_name) > 200:
         p.error(f"--run-name must be a plain file name of at most 200 characters, got {args.run_name[:80]!r}")
-    # checked before any work, as --checkpoint-dir is, without making it yet (a refused run leaves nothing)
     probe = Path(args.log_dir).absolute()
     while not probe.exists():
         probe = probe.parent
