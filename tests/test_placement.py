@@ -124,6 +124,7 @@ def test_nccl_debug_lines_are_filtered_to_how_the_gpus_talk():
             "host:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
             "host:1:1 [0] NCCL INFO Connected all rings"]
     dropped = ["host:1:1 [0] NCCL INFO NCCL version 2.27.5+cuda13.0",
-               "host:1:1 [0] NCCL INFO Bootstrap: Using eth0:10.0.0.2<0>", "host:1:1 [0] NCCL INFO cudaDriverVersion 13000"]
+               "host:1:1 [0] NCCL INFO Bootstrap: Using eth0:10.0.0.2<0>",
+               "host:1:1 [0] NCCL INFO cudaDriverVersion 13000"]
     assert all(collectives.NCCL_TOPOLOGY.search(line) for line in kept)
     assert not any(collectives.NCCL_TOPOLOGY.search(line) for line in dropped)
