@@ -327,3 +327,18 @@ def test_the_cores_note_says_what_the_cores_allow():
     note = ddp.cores_note(pd.DataFrame({"world_size": [1, 2, 2 * launch.cores()]}))
     assert f"use {launch.cores()} CPU core(s), fewer than the {2 * launch.cores()} processes" in note
     assert ("Other programs were running too" in note) == claims.others_busy()
+
+
+def test_a_failed_job_raises_with_the_courses_sentence_first():
+    """torchrun prints its ChildFailedError report after the worker's one sentence: the cell's error starts
+    with the sentence (a real job: 2 processes cannot split a batch of 3)."""
+    from lessons import launch, report
+    out = ("error: --batch-size 3 is the global batch and cannot be split evenly over 2 processes\n"
+           "E1124 torch.distributed.elastic... failed (exitcode: 2)\nTraceback (most recent call last):\n"
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert str(report.failed("torchrun", out, 1)).splitlines()[0] == (
+        "torchrun exited with status 1: --batch-size 3 is the global batch and cannot be split evenly over 2 processes")
+    with pytest.raises(RuntimeError) as failed:
+        launch.run("_trainup_ddp.py", "--device", "cpu", "--batch-size", 3, name="failed_probe", nproc=2)
+    first = str(failed.value).splitlines()[0]
+    assert first.startswith("torchrun exited with status") and "cannot be split evenly over 2" in first, first

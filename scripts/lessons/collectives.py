@@ -15,7 +15,7 @@ from pathlib import Path
 from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
 from . import launch
-from .report import QUICK, forget, read_run, save
+from .report import QUICK, failed, forget, read_run, save
 
 SCRIPT = "_trainup_collectives.py"
 # What each failure says; the first line of a job's output that matches is shown.
@@ -51,7 +51,7 @@ def run(show, *args, name, nproc=2, timeout=600, env=None):
     proc = subprocess.run(launch.TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=launch.environment(env))
     if proc.returncode != 0:
-        raise RuntimeError(f"torchrun exited with status {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise failed("torchrun", proc.stderr, proc.returncode)
     print("\n".join(line for line in proc.stdout.splitlines() if not line.startswith("finished:")))
     finished(name)
     return name

@@ -18,7 +18,7 @@ from pathlib import Path
 from trainup import LOG_DIR, ROOT
 
 from .placement import placed
-from .report import QUICK, check, load_runs, read_run, save
+from .report import QUICK, check, failed, load_runs, read_run, save
 
 SCRIPT = "scripts/_trainup_horovod.py"
 HOROVODRUN = [sys.executable, "-c", "from horovod.runner.launch import run_commandline; run_commandline()"]
@@ -65,7 +65,7 @@ def run(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_ms=N
     proc = subprocess.run(HOROVODRUN + flags + [sys.executable] + part, cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=environment(env))
     if proc.returncode != 0:
-        raise RuntimeError(f"horovodrun exited with status {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise failed("horovodrun", proc.stdout + proc.stderr, proc.returncode)
     print(check(name))
     return name
 

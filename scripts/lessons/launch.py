@@ -19,7 +19,7 @@ from trainup.distributed import free_port
 from trainup.metrics import machine_load
 from . import checks
 from .placement import placed
-from .report import QUICK, check
+from .report import QUICK, check, failed
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 HOST = "127.0.0.1"  # the simulated nodes meet on the loopback address
@@ -66,10 +66,6 @@ def shown(flags, script_part):
     return "$ OMP_NUM_THREADS=1 " + shlex.join(["torchrun", *flags, *script_part])
 
 
-def _failed(what, output, code):
-    return RuntimeError(f"{what} exited with status {code}:\n{output[-3000:]}")
-
-
 def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags):
     """One torchrun job on this machine; prints the command and one checked sentence (report.check)."""
     argv, printed = command(script, args, name, nproc, quick, **flags)
@@ -77,7 +73,7 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=environment(env))
     if proc.returncode != 0:
-        raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
+        raise failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
     print(check(name))
     checks.finished(name)  # exit status 0 is not enough: the log must say finished, in the schema
     return name
@@ -111,7 +107,7 @@ def side_by_side(*jobs, timeout=900):
                 p.wait()
     for job, p, out in zip(jobs, procs, outputs):
         if p.returncode != 0:
-            raise _failed(job.name, out, p.returncode)
+            raise failed(job.name, out, p.returncode)
     for job in jobs:
         print(check(job.name))
         checks.finished(job.name)
@@ -145,7 +141,7 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
                 p.wait()
     for node, (p, out) in enumerate(zip(procs, outputs)):
         if p.returncode != 0:
-            raise _failed(f"node {node}'s torchrun", out, p.returncode)
+            raise failed(f"node {node}'s torchrun", out, p.returncode)
     print(check(name))
     checks.finished(name)
     return name

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from .report import read_run, save
+from .report import failed, read_run, save
 
 COMPUTE = ("F", "B", "I", "W")  # forward, backward (whole, or to the input / weights in zero-bubble schedules)
 COLOURS = {"F": "tab:blue", "B": "tab:orange", "I": "tab:orange", "W": "tab:red", "S": "0.75", "R": "0.9"}
@@ -259,7 +259,7 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
     each its own run <name>_<schedule>; a sentence for each, and their names are returned."""
     import subprocess
     from trainup import ROOT
-    from .launch import _failed, command, environment
+    from .launch import command, environment
     if schedules:
         args = ("--schedule", ",".join(schedules), *args)
     argv, printed = command(script, args, name, nproc, quick)
@@ -267,7 +267,7 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=environment())
     if proc.returncode != 0:
-        raise _failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
+        raise failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
     names = [f"{name}_{s}" for s in schedules] if schedules else [name]
     for n in names:
         print(check(n))

@@ -8,6 +8,7 @@
 """
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -130,11 +131,24 @@ def run(script, *args, name, quick=None, timeout=900, env=None):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if proc.returncode != 0:
-        raise RuntimeError(f"{script} exited with status {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise failed(script, proc.stderr, proc.returncode)
     print(check(name, LOG_DIR))
     from . import checks
     checks.finished(name, LOG_DIR)  # a run that exits 0 but did not finish or broke the schema fails the cell
     return name
+
+
+# A script's own sentence for bad input or a refused run ("error: ..."; under torchrun with --tee or a
+# rank prefix, "[rank0]: error: ..."), which launchers print 20-40 lines of their own after.
+COURSE_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?error: (.*)$", re.M)
+
+
+def failed(what, output, code):
+    """The error a cell raises for a job that failed: the course's sentence first, then the end of what the
+    launcher printed (torchrun's ChildFailedError, horovodrun's RuntimeError), for whoever wants it."""
+    found = COURSE_ERROR.search(output)
+    head = f"{what} exited with status {code}" + (f": {found.group(1)}" if found else "")
+    return RuntimeError(f"{head}\n--- the end of its output ---\n{output[-3000:]}")
 
 
 def forget(name):

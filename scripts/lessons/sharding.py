@@ -13,7 +13,7 @@ from trainup import LOG_DIR, ROOT
 from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, SHARDED, ZERO_STAGE, expected
 
 from . import checks, launch
-from .report import QUICK, check, read_run, save
+from .report import QUICK, check, failed, read_run, save
 
 TOLERANCE = 0.10  # measured within 10 % of the formula
 STATES = ("param", "grad", "optim")
@@ -31,7 +31,7 @@ def run(nproc, name, *args, modes=MODES, epochs=None):
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=launch.environment())
     if proc.returncode != 0:
-        raise RuntimeError(f"torchrun exited with status {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise failed("torchrun", proc.stderr, proc.returncode)
     names = [name if len(modes) == 1 else f"{name}_{m}" for m in modes]
     for n in names:
         run = checks.finished(n)  # exit status 0 is not enough: the log must say finished, in the schema
