@@ -47,7 +47,9 @@ if _at:
             me = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
             if steps[0] == step and me == rank:
                 import signal
-                if os.environ.get("TRAINUP_TEST_SIGTERM_GROUP"):  # as SLURM's time limit: the whole group,
+                if os.environ.get("TRAINUP_TEST_KILL_AGENT"):  # torchrun's agent killed, its workers left
+                    os.kill(os.getppid(), signal.SIGKILL)
+                elif os.environ.get("TRAINUP_TEST_SIGTERM_GROUP"):  # as SLURM's time limit: the whole group,
                     import subprocess  # from another process (a worker's parent's signal is told apart)
                     subprocess.run(["kill", "-TERM", "--", f"-{os.getpgid(0)}"])
                 else:
@@ -399,3 +401,19 @@ def test_a_resume_with_changed_flags_is_refused_in_one_sentence(tmp_path, key, s
             f"saved by a run with {flag} {saved}, and this run has {mine}")
     with pytest.raises(UserError, match=said):
         checkpoint.load(path, model, opt, sched)
+
+
+def test_workers_whose_torchrun_was_killed_end_with_one_sentence_each(tmp_path):
+    """SIGKILL to torchrun's agent after step 3: its workers notice (the store it served stops answering, or
+    their parent changed, or a peer left a collective) and end, each with one sentence, no orphan training on."""
+    env = site(tmp_path / "site", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}", TRAINUP_TEST_KILL_AGENT="1")
+    cmd = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPTS / "_trainup_ddp.py", *TINY, "--device",
+           "cpu", "--epochs", "3", "--run-name", "orphan", "--log-dir", tmp_path / "logs", "--checkpoint-dir",
+           tmp_path / "logs" / "checkpoints"]
+    done = finish_job(start_job([str(c) for c in cmd], {**os.environ, **launch.environment(env)}))
+    assert done.returncode == -signal.SIGKILL  # the agent; its workers' pipes closed when they ended
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and all("this rank ends here" in e for e in errors), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    summaries = [r["status"] for r in lines(tmp_path / "logs", "orphan") if r["type"] == "summary"]
+    assert summaries in ([], ["failed"])  # it never claims to have finished

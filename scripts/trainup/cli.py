@@ -3,6 +3,7 @@ import argparse
 import functools
 import math
 import os
+import re
 from pathlib import Path
 import signal
 import sys
@@ -118,6 +119,9 @@ def named(p, args):
     return args
 
 
+PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
+
+
 def main_guard(main):
     """Run main(); a UserError becomes one sentence on stderr and exit status 2, not a traceback."""
     @functools.wraps(main)
@@ -132,6 +136,12 @@ def main_guard(main):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        except RuntimeError as e:  # gloo's, when another rank or the launcher died mid-collective
+            lost = PEER_GONE.search(str(e))
+            if not lost or "trainup.distributed" not in sys.modules:
+                raise
+            print(f"error: another rank of this job is gone ({lost.group(0)}): {preempt.GONE}", file=sys.stderr)
+            sys.exit(1)
         finally:  # gives the caller its own signal handlers and dtype back (a Stopper replaced them)
             torch.set_default_dtype(dtype)
             for s, handler in handlers.items():

@@ -116,6 +116,19 @@ class Lock:
 
 # --- Talking to the other ranks (torch.distributed, or Horovod) -------------------------------------------
 
+GONE = ("this rank ends here, and --resume continues from the last checkpoint")
+
+
+def _asking_store(ask):
+    """The job's store is served by torchrun's agent (or rank 0): when it stops answering, the launcher is
+    gone (killed, out of memory), and a rank left alone would train on as an orphan."""
+    try:
+        return ask()
+    except (RuntimeError, OSError):  # torch's DistNetworkError and DistStoreError are RuntimeErrors
+        raise UserError(f"the job's key-value store stopped answering (its launcher, or rank 0, is gone): "
+                        f"{GONE}") from None
+
+
 class Alone:
     """A job of one process."""
     world_size, rank = 1, 0
@@ -126,10 +139,10 @@ class Alone:
 
     def post(self, key, value):
         """Put value under key unless a rank already did; returns the value that stays."""
-        return self.store.compare_set(key, "", value).decode()
+        return _asking_store(lambda: self.store.compare_set(key, "", value).decode())
 
     def read(self, key):
-        return self.store.get(key).decode() if self.store.check([key]) else None
+        return _asking_store(lambda: self.store.get(key).decode() if self.store.check([key]) else None)
 
     def gather(self, obj):
         return [obj]
@@ -237,6 +250,8 @@ class Stopper:
     def __init__(self, args, comm=None):
         self.args, self.comm = args, comm or Alone()
         self.signal, self.pid = None, os.getpid()
+        # under torchrun (its agent is this process's parent): watched at each stop check
+        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         if getattr(args, "run_name_default", False):  # rank 0's default name, for every rank
             args.run_name = self.comm.broadcast(args.run_name)
         for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
@@ -281,6 +296,8 @@ class Stopper:
 
     def due(self, epoch, step, every):
         """After a step that ends a check's interval: whether every rank stops now (the same answer on all)."""
+        if self.launcher and os.getppid() != self.launcher:  # torchrun's agent died: no orphans
+            raise UserError(f"torchrun (process {self.launcher}), which started this rank, is gone: {GONE}")
         if self.comm.world_size == 1:
             return self.signal is not None
         if self.how == "all_reduce":
