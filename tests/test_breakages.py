@@ -78,13 +78,32 @@ BREAKAGES = {
         "piece.grad = mine[:piece.numel()].div_(self.world)",
         "piece.grad = mine[:piece.numel()]",
         "test_fsdp.py::test_every_mode_ends_with_the_parameters_of_one_process"),
+    "Horovod without the initial broadcast": (
+        "_trainup_horovod.py",
+        "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
+        "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n",
+        "",
+        "test_horovod.py::test_ranks_that_start_apart_end_like_one_process_after_rank_0s_broadcast"),
+    "the manual pipeline sends zeros back instead of the activations' gradient": (
+        "_trainup_pipeline_manual.py",
+        "    dist.send(act.grad, dst=0)",
+        "    dist.send(torch.zeros_like(act.grad), dst=0)",
+        "test_pipeline.py::test_the_manual_halves_learn_step_by_step_what_the_whole_model_learns_in_one_process"),
+    "the bus bandwidth without the ring factor": (
+        "_trainup_collectives.py",
+        "busbw_gbps=algbw * ring,",
+        "busbw_gbps=algbw,",
+        "test_ddp_inside.py::test_bus_bandwidth_is_algbw_times_the_ring_factor"),
 }
 
 
 # the breakages whose test trains (seconds of jobs), each followed by one whose test runs in its own process
 TRAINS = ("all-reduce sums instead of averaging", "resume ignored", "every rank writes the checkpoint",
           "Hogwild workers on private copies", "Horovod sums the gradients instead of averaging",
-          "Lightning seeds each rank differently", "ZeRO-2's reduce-scatter not divided by the world size")
+          "Lightning seeds each rank differently", "ZeRO-2's reduce-scatter not divided by the world size",
+          "Horovod without the initial broadcast",
+          "the manual pipeline sends zeros back instead of the activations' gradient",
+          "the bus bandwidth without the ring factor")
 _rest = [n for n in BREAKAGES if n not in TRAINS]
 ORDER = [n for pair in zip(TRAINS, _rest + [None] * len(TRAINS)) for n in pair if n]
 

@@ -15,8 +15,8 @@ DDP_SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
 TINY = ["--quick", "--dropout", "0", "--no-progress"]
 
 
-def torchrun(script, *args):
-    return start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [script, *map(str, args)])
+def torchrun(script, *args, nproc=2):
+    return start(launch.TORCHRUN + launch.torchrun_flags(nproc=nproc) + [script, *map(str, args)])
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,8 @@ def jobs(tmp_path_factory):
     procs = dict(
         shows=torchrun(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
                        "--run-name", "shows", *common),
+        # 3 processes: the ring factor 2(N-1)/N is 4/3 (with 2 it is 1, and a missing factor hides)
+        bw3=torchrun(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common, nproc=3),
         acc1=torchrun(DDP_SCRIPT, *train, "--accumulate", 1, "--run-name", "acc1"),
         acc4=torchrun(DDP_SCRIPT, *train, "--accumulate", 4, "--run-name", "acc4"),
         mismatch=start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [COLLECTIVES, "--show", "mismatch"],
@@ -36,7 +38,7 @@ def jobs(tmp_path_factory):
         hang=torchrun(COLLECTIVES, "--show", "hang", "--timeout", 3))
     for name, proc in procs.items():
         out[name] = finish(proc)
-    for name in ("shows", "acc1", "acc4"):
+    for name in ("shows", "bw3", "acc1", "acc4"):
         ok(out[name])
     return out
 
@@ -70,6 +72,9 @@ def test_bus_bandwidth_is_algbw_times_the_ring_factor(jobs):
     t = collectives.bandwidth_table("shows", jobs["log_dir"])  # checks every row against the definitions
     assert t["size_bytes"].tolist() == [1024, 65536, 2**20] and (t["time_s"] > 0).all()
     assert (t["busbw_gbps"] == t["algbw_gbps"]).all()  # N=2: 2(N-1)/N = 1
+    three = collectives.bandwidth_table("bw3", jobs["log_dir"])  # checked against the definitions, N = 3
+    assert (three["world_size"] == 3).all() and len(three) == 2
+    assert three["busbw_gbps"].tolist() == pytest.approx((three["algbw_gbps"] * 4 / 3).tolist(), rel=1e-12)
 
 
 def test_ddp_broadcasts_rank_0s_state_and_buckets_gradients_during_backward(jobs):

@@ -57,6 +57,26 @@ def records(log_dir, name, kind):
     return [r for r in report.read_run(log_dir / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
+# Put on PYTHONPATH as sitecustomize.py: rank 1 moves every parameter it gives an optimizer by +0.01, so it
+# starts apart from rank 0 (as ranks seeded differently, or loading other files, would); from outside the
+# script, which holds no switch for it. It leaves a mark, so a test knows it ran.
+APART = """import os
+if os.environ.get("HOROVOD_RANK") == "1":
+    import torch
+    _init = torch.optim.Optimizer.__init__
+
+    def _apart(self, params, *a, **k):
+        params = list(params)
+        with torch.no_grad():
+            for g in params:
+                for p in g["params"] if isinstance(g, dict) else [g]:
+                    p.add_(0.01)
+        open(os.environ["TRAINUP_APART_MARK"], "w").close()
+        _init(self, params, *a, **k)
+    torch.optim.Optimizer.__init__ = _apart
+"""
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     """Started together (each is mostly start-up and waiting): one process with the whole batch
@@ -65,12 +85,18 @@ def jobs(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("horovod") / "logs"
     faults = log_dir.parent / "faults"
     hvd2 = horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF)
+    site = log_dir.parent / "apart"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(APART)
+    apart = horovodrun(log_dir, "apart", "--batch-size", 64, *checks.PROOF,
+                       env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+                            "TRAINUP_APART_MARK": str(site / "rank1_started_apart")})
     one = start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size", "64",
                  "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")])
     died = horovodrun(faults, "died", env={distributed.FAULT_ENV: "1:3:exit"})  # os._exit(1) before step 3
     raised = horovodrun(faults, "raised", env={distributed.FAULT_ENV: "1:3"})   # an exception at step 3
     return SimpleNamespace(log_dir=log_dir, one=finish(one), hvd2=finish(hvd2), faults=faults, died=finish(died),
-                           raised=finish(raised))
+                           raised=finish(raised), apart=finish(apart), mark=site / "rank1_started_apart")
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +117,17 @@ def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_
     for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):  # metrics summed over both ranks
         assert e2["samples"] == e1["samples"] == 512
         assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
+
+
+def test_ranks_that_start_apart_end_like_one_process_after_rank_0s_broadcast(jobs, runs):
+    """Rank 1 starts from other weights (APART): hvd.broadcast_parameters gives it rank 0's before the first
+    step, so the job ends as one process does (float64). Without the broadcast the two ranks average
+    gradients of different models and end about 1e-2 apart from it."""
+    ok(jobs.apart)
+    assert jobs.mark.exists(), "rank 1 did not start apart: the test would prove nothing"
+    one, apart = params(runs, "one"), params(runs, "apart")
+    for k in one:
+        torch.testing.assert_close(apart[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)
 
 
 def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from lessons import horovod, launch, pipeline, placement, report, sharding
+from lessons import gpu, horovod, launch, pipeline, placement, report, sharding
 
 
 @pytest.mark.parametrize("gpus", [0, 1, 2, 3, 4, 8])
@@ -82,6 +82,31 @@ def test_every_launcher_places_its_job(launcher, one_gpu, capsys):
     assert "would need 2 GPUs, one each, and this machine has 1" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_lesson_06_runs_its_stages_on_gpus_only_where_there_are_two(gpus, monkeypatch, tmp_path, capsys):
+    started = []
+
+    def start(cmd, *a, **k):
+        started.append([str(c) for c in cmd])
+        raise Started
+
+    monkeypatch.setattr(placement, "gpu_count", lambda: gpus)
+    monkeypatch.setattr("subprocess.run", start)
+    if gpus < 2:
+        committed = {p.parent.name for p in gpu.references(f"{pipeline.GPU_SWEEP}_gpipe")}
+        assert set(pipeline.sweep_on_gpus(64, ["--width", 8])) == committed
+        assert not started
+        out = capsys.readouterr().out
+        assert f"This machine has {gpus} GPU(s), and one stage per GPU needs 2" in out
+        assert "pp_sweep_gpu_gpipe" in out and "Traceback" not in out
+    else:
+        with pytest.raises(Started):
+            pipeline.sweep_on_gpus(64, ["--width", 8])
+        cmd = " ".join(started[0])
+        assert "--nproc-per-node 2" in cmd and "--device cuda --sweep" in cmd, cmd
+        assert "--device cpu" not in cmd
+
+
 STARTS = re.compile(r"subprocess\.|Popen\(|os\.system|!\s*(torchrun|horovodrun|srun|python)")
 MULTI = re.compile(r"torchrun|horovodrun|srun|torch\.distributed\.run|mpirun")
 
@@ -110,9 +135,12 @@ def test_the_gpu_reference_runs_cover_every_gpu_path_the_notebooks_read():
     dry = subprocess.run(["bash", "tools/gpu_reference_runs.sh", "--dry-run"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "NGPU": "2", "GPU": "X"})
     assert dry.returncode == 0, dry.stderr
-    for name in ("gpu_cuda", "gpu_sweep_resident", "dp_cnn_2gpu", "dp_phases_2gpu", "ddp_n1", "ddp_n2"):
+    for name in ("gpu_cuda", "gpu_sweep_resident", "dp_cnn_2gpu", "dp_phases_2gpu", "ddp_n1", "ddp_n2",
+                 "pp_sweep_gpu"):
         assert f"--run-name {name} " in dry.stdout, name
     assert "--nproc-per-node 2 scripts/_trainup_ddp.py --device cuda --backend nccl" in dry.stdout
+    assert "--nproc-per-node 2 scripts/_trainup_pipeline.py --device cuda" in dry.stdout
+    assert f"--run-name {pipeline.GPU_SWEEP} " in dry.stdout
     read = "".join((ROOT / "notebooks" / n).read_text() for n in ("02_single_gpu.ipynb", "04_ddp.ipynb"))
     assert 'reference/*/ddp_n*' in read and 'gpu.references(\\"gpu_sweep_resident' in read
 

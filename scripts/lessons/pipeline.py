@@ -298,3 +298,23 @@ def gantt_grid(names, image, log_dir=LOG_DIR, **kw):
         gantt(name, None, log_dir=log_dir, ax=ax, **kw)
     save(fig, image)
     return fig
+
+
+GPU_SWEEP = "pp_sweep_gpu"  # the sweep with one stage per GPU; tools/gpu_reference_runs.sh writes it too
+
+
+def sweep_on_gpus(batch, size, gpus=None, quick=None):
+    """The bubble sweep again with one stage per GPU (activations sent over NCCL), where this machine
+    has 2 GPUs: bubble tables of this run, else of the reference runs committed (after one sentence
+    saying what the run needs); {} where there are neither."""
+    from . import gpu
+    from .placement import gpu_count
+    gpus = gpu_count() if gpus is None else gpus
+    if gpus >= 2:
+        names = run("_trainup_pipeline.py", "--device", "cuda", "--sweep", "1,2,4,8,16", "--sweep-steps", 3,
+                    "--batch-size", batch, *size, name=GPU_SWEEP, schedules=["gpipe", "1f1b"], quick=quick)
+        return {"here": bubble_table(names)}
+    print(f"This machine has {gpus} GPU(s), and one stage per GPU needs 2, so the sweep ran on CPU processes "
+          f"only. " + gpu.about_references(f"{GPU_SWEEP}_gpipe"))
+    found = gpu.references(f"{GPU_SWEEP}_gpipe")
+    return {p.parent.name: bubble_table([f"{GPU_SWEEP}_gpipe", f"{GPU_SWEEP}_1f1b"], p.parent) for p in found}
