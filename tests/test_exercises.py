@@ -5,7 +5,6 @@ lessons 07-10 check their solutions in their own test files, against the runs th
 everything else is computed without training.
 """
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest

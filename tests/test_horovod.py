@@ -6,7 +6,6 @@ tests skip and say why, except with TRAINUP_REQUIRE_HOROVOD=1 (CI), where a miss
 import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

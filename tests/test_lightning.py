@@ -2,7 +2,6 @@
 against the course's one-process baseline; TensorBoard's files, the checkpoints, the 1.x flags, and SLURM."""
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -58,7 +57,7 @@ def test_lightning_ddp_on_two_processes_ends_like_one_process(runs):
     run1, run2 = report.read_run(log_dir / "one.jsonl"), report.read_run(log_dir / "pl_ddp.jsonl")
     for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):
         assert e2["samples"] == e1["samples"] == 512
-        assert e2["loss"] == pytest.approx(e1["loss"], abs=1e-5)
+        assert e2["loss"] == pytest.approx(e1["loss"], abs=TOLERANCE)
         assert e2["test_accuracy"] == pytest.approx(e1["test_accuracy"], abs=1e-9)
 
 
@@ -77,10 +76,10 @@ def test_with_sync_dist_the_log_is_the_jobs_and_without_it_rank_0s_own(runs):
     synced, unsynced = records(log_dir, "pl_ddp", "lightning_sync"), records(log_dir, "pl_torchrun", "lightning_sync")
     assert [r["sync_dist"] for r in synced + unsynced] == [True, True, False, False]
     for r in synced:
-        assert r["logged_loss"] == pytest.approx(r["job_loss"], abs=1e-5)
+        assert r["logged_loss"] == pytest.approx(r["job_loss"], abs=TOLERANCE)
     for r in unsynced:
-        assert r["logged_loss"] == pytest.approx(r["rank_loss"][0], abs=1e-5)  # rank 0's shard alone
-        assert abs(r["logged_loss"] - r["job_loss"]) > 1e-4
+        assert r["logged_loss"] == pytest.approx(r["rank_loss"][0], abs=TOLERANCE)  # rank 0's shard alone
+        assert abs(r["logged_loss"] - r["job_loss"]) > 1e-4  # the shards' losses differ by far more
 
 
 def test_only_rank_0_writes_and_once(runs):
@@ -108,7 +107,8 @@ def test_tensorboard_event_files_hold_the_loss_and_the_device_statistics(runs):
         assert tag in tags, tags
     logged = [s.value for s in events.Scalars("train_loss_epoch")]
     job = [e["loss"] for e in report.read_run(log_dir / "pl_ddp.jsonl")["epochs"]]
-    assert logged == pytest.approx(job, abs=1e-5)  # TensorBoard and the course's log tell the same story
+    # TensorBoard and the course's log tell the same story; TensorBoard keeps float32 (an ulp near 2 is 2.4e-7)
+    assert logged == pytest.approx(job, abs=1e-6)
     assert len(events.Scalars("train_loss_step")) == 2 * 512 // 64
     device = [t for t in tags if t.startswith("DeviceStatsMonitor")]
     assert device and events.Scalars(device[0]), tags  # --monitor: CPU statistics in the same run as the loss
@@ -197,7 +197,7 @@ def test_the_exercise_solutions_give_the_right_answers(runs):
     assert s.mean_of_means(means) == 1.5 and s.job_mean(means, counts) == pytest.approx(1.8)
     assert s.lightning_synced(means, counts) == pytest.approx(1.8)
     log_dir, _ = runs
-    assert s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < 1e-5
+    assert s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < TOLERANCE  # float64 runs
 
 
 def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it_cannot():

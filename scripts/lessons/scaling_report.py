@@ -234,7 +234,7 @@ def what_is_missing(runs, left_out=()):
         return None
     refs = sorted({r["facts"]["measured_on"] for r in runs})
     have = (f"logs/ holds only reference runs ({', '.join(refs)}), no run of this machine" if refs else
-            f"logs/ holds no finished training run" + (f" ({len(left_out)} other log(s))" if left_out else ""))
+            "logs/ holds no finished training run" + (f" ({len(left_out)} other log(s))" if left_out else ""))
     return (f"{have}: run `bash run_course.sh` (every lesson, quick mode) or the lesson notebooks, then "
             f"`python -m lessons.scaling_report` from scripts/ again.")
 
