@@ -17,6 +17,23 @@ SCRIPTS = Path(os.environ.get("TRAINUP_SCRIPTS_DIR", ROOT / "scripts"))
 sys.path.insert(0, str(SCRIPTS))
 
 
+# How each test of this session did on the unbroken course, by node id: tests/test_breakages.py reads it
+# (its targets must pass without a breakage) instead of running them all again.
+OUTCOMES = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        OUTCOMES[report.nodeid] = "failed"
+    elif report.skipped or (report.when == "call" and report.passed):
+        OUTCOMES.setdefault(report.nodeid, "skipped" if report.skipped else "passed")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The check of the checks runs last, after the tests it breaks have run on the unbroken course."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/test_breakages.py"))  # stable: order kept
+
+
 HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means the job hung, and the test fails
 
 

@@ -6,6 +6,8 @@ the cheapest test that guards that claim runs in a fresh pytest against the copy
 TRAINUP_SCRIPTS_DIR). The test must fail, by an assertion, not by an error. Nothing in scripts/ carries a
 test-only switch for this. The fresh pytests run side by side, as many at a time as this process has cores
 (most of each is starting Python and importing torch, on one core): one that trains beside one that does not.
+Each target must pass on the unbroken course: the suite runs this module last (conftest) and reads how its
+targets did; run alone, it runs them unbroken first.
 """
 import os
 import re
@@ -16,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import ROOT
+from conftest import OUTCOMES, ROOT
 
 # (what breaks, file under scripts/, text to replace, its replacement, the test that must fail)
 BREAKAGES = {
@@ -152,6 +154,14 @@ def unbroken(targets, basetemp, scripts=ROOT / "scripts"):
     return failed
 
 
+def failing_unbroken(targets, basetemp, session=OUTCOMES):
+    """The targets that fail on the unbroken course: as this session ran them, where it did (conftest runs
+    this module last), and from a pytest of the others (this module run alone, or with -k)."""
+    ran = {} if os.environ.get("TRAINUP_SCRIPTS_DIR") else {t: session[t] for t in targets if t in session}
+    missing = [t for t in targets if t not in ran]
+    return [t for t, outcome in ran.items() if outcome == "failed"] + (unbroken(missing, basetemp) if missing else [])
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory, request):
     """Each selected breakage (-k works): its broken copy (None if it no longer applies) and what its test's
@@ -163,7 +173,7 @@ def outcomes(tmp_path_factory, request):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     targets = sorted({f"tests/{BREAKAGES[name][3]}" for name in copies})
     with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
-        clean = pool.submit(unbroken, targets, tmp_path_factory.mktemp("unbroken"))
+        clean = pool.submit(failing_unbroken, targets, tmp_path_factory.mktemp("unbroken"))
         procs = {name: pool.submit(run_its_test, name, copy) for name, copy in copies.items() if copy}
         failing = clean.result()
         return {name: (copies[name], procs[name].result() if name in procs else None,
@@ -192,3 +202,7 @@ def test_a_target_that_fails_on_the_unbroken_course_is_reported(tmp_path):
     failed = unbroken(targets, tmp_path / "tmp")
     assert len(failed) == 1 and failed[0].endswith("test_fails_anyway.py::test_it"), failed
     assert unbroken(targets[1:], tmp_path / "tmp2") == []
+    # as the whole suite sees it: this session's outcome where it ran the target, a pytest where it did not
+    assert failing_unbroken(targets, tmp_path / "tmp3", session={targets[0]: "failed"}) == targets[:1]
+    assert failing_unbroken(targets, tmp_path / "tmp4", session={targets[0]: "passed"}) == []
+    assert failing_unbroken(targets, tmp_path / "tmp5", session={})[0].endswith("test_fails_anyway.py::test_it")
