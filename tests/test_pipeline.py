@@ -161,6 +161,39 @@ def test_the_manual_halves_learn_step_by_step_what_the_whole_model_learns_in_one
     assert abs(whole[-1] - whole[0]) > 1e3 * ATOL  # the steps did move the model, far beyond the tolerance
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8), (3, 5)])
+def test_the_ideal_schedule_has_the_theorys_bubble(schedule, p, m):
+    """Equal stages (forward 1, backward 2) and free sends, laid out in the schedule's order: the bubble
+    is (p-1)/(m+p-1), each micro-batch runs forward and backward once per rank, and no rank ever holds
+    more micro-batches' activations than the schedule allows (GPipe m, 1F1B p - rank)."""
+    if schedule == "1f1b" and m < p:
+        return
+    ranks = lesson.simulate(lesson.order(schedule, p, m), [1.0] * p, [2.0] * p)
+    busy = sum(b - a for _, events in ranks.values() for *_, a, b in events)
+    assert 1 - busy / (p * lesson.span(ranks)) == pytest.approx(lesson.theory(p, m), abs=1e-12)
+    for r, (_, events) in ranks.items():
+        assert sorted((k, mb) for _, k, mb, _, _ in events) == sorted((k, i) for k in "BF" for i in range(m))
+        alive = held = 0
+        for _, kind, *_ in events:
+            alive += 1 if kind == "F" else -1
+            held = max(held, alive)
+        assert held == (m if schedule == "gpipe" else min(m, p - r))
+    assert lesson.theory(2, 4, v=2) == pytest.approx(1 / 9)  # interleaved: (p-1)/(v*m+p-1)
+
+
+def test_the_ideal_of_a_measured_step_is_no_longer_than_its_compute_allows(runs):
+    """The ideal built from a real run's measured compute: every forward and backward of the step, and a
+    span at least the busiest rank's compute."""
+    for schedule in ("gpipe", "1f1b"):
+        ideal, m = lesson.ideal_step(name(schedule), log_dir=runs)
+        measured, _ = lesson.measured_step(name(schedule), log_dir=runs)
+        assert m == 4 and sorted(ideal) == sorted(measured) == [0, 1]
+        compute = max(sum(b - a for _, k, _, a, b in ev if k in "FB") for _, ev in ideal.values())
+        assert compute <= lesson.span(ideal) + 1e-12 and len(ideal[0][1]) == 2 * m
+    assert "ideal" in lesson.about_ideal([name("gpipe")], log_dir=runs)[0]
+
+
 def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, monkeypatch, capsys):
     """Checked in this interpreter (main() stops before it starts a process group): seconds, not a new
     interpreter per case."""

@@ -99,13 +99,15 @@ def test_every_cell_that_draws_a_figure_shows_it(path):
 
 def test_notebook_06s_stored_sweep_shows_the_bubble_shrinking_or_says_why_not():
     """The stored sweep (a quiet machine's): GPipe's measured bubble at m = 8 below that at m = 1, and each
-    row at m >= 4 within 10 % of (p-1)/(m+p-1) or followed by the reason computed from the same steps."""
+    row at m >= 4 within 10 % of (p-1)/(v*m+p-1) or followed by the reason computed from the same steps;
+    interleaved 1F1B among them."""
     cells = json.loads((ROOT / "notebooks" / "06_pipeline_parallel.ipynb").read_text())["cells"]
     out = next("".join("".join(o.get("text", "")) for o in c["outputs"]) for c in cells
                if "pipeline.bubble_table(" in "".join(c["source"]))
     rows = {(m[1], int(m[2])): float(m[3])
-            for m in re.finditer(r"^\s*(gpipe|1f1b)\s+(\d+)\s+([\d.]+)\s", out, flags=re.M)}
+            for m in re.finditer(r"^\s*(gpipe|1f1b|interleaved1f1b)\s+(\d+)\s+([\d.]+)\s", out, flags=re.M)}
     assert rows[("gpipe", 8)] < rows[("gpipe", 1)], rows
+    assert ("interleaved1f1b", 8) in rows, rows
     for (schedule, m), _ in rows.items():
         if m >= 4:
             line = next(s for s in out.splitlines() if s.startswith(f"{schedule}, {m} micro-batch(es)"))

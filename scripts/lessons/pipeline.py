@@ -79,9 +79,11 @@ def _one_step(t):
     return out
 
 
-def theory(p, m):
-    """The GPipe paper's bubble: (p-1)/(m+p-1) of the time, p stages, m micro-batches, equal stages, free sends."""
-    return (p - 1) / (m + p - 1)
+def theory(p, m, v=1):
+    """The bubble's share of the time: (p-1)/(v*m+p-1) for p ranks, m micro-batches and v stages per rank
+    (GPipe's paper for v = 1; Megatron-LM's interleaved 1F1B, arXiv 2104.04473, for v > 1: each rank's
+    work comes in v smaller pieces, so the ramp up and down is v times shorter), equal stages, free sends."""
+    return (p - 1) / (v * m + p - 1)
 
 
 def bubble_table(names, log_dir=LOG_DIR):
@@ -93,12 +95,12 @@ def bubble_table(names, log_dir=LOG_DIR):
     for name in [names] if isinstance(names, str) else names:
         cfg = layout(name, log_dir)
         batch = read_run(Path(log_dir) / f"{name}.jsonl")["config"]["args"]["batch_size"] // cfg["data_parallel"]
-        p = cfg["pipeline_ranks"]
+        p, v = cfg["pipeline_ranks"], cfg.get("stages_per_rank", 1)
         per_m = {}
         for s in _one_step(steps(name, log_dir)):
             busy = sum(s["busy"].values())
             work = sorted(s["work"].values())
-            ideal = (s["microbatches"] + p - 1) * max(work)  # equal stages at the slowest one's pace, free sends
+            ideal = (v * s["microbatches"] + p - 1) * max(work)  # equal stages at the slowest one's pace, free sends
             per_m.setdefault(s["microbatches"], []).append(dict(
                 bubble=1 - busy / (s["ranks"] * s["span_s"]),
                 imbalance=max(work) / (sum(work) / len(work)) - 1,
@@ -106,8 +108,9 @@ def bubble_table(names, log_dir=LOG_DIR):
                 samples_per_s=batch / s["step_s"], span_s=s["span_s"]))
         for m, measured in sorted(per_m.items()):
             med = pd.DataFrame(measured).median()
-            rows.append(dict(run=name, schedule=cfg["schedule"], stages=p, microbatches=m, measured=med["bubble"],
-                             theory=theory(p, m), imbalance=med["imbalance"], overhead=med["overhead"],
+            rows.append(dict(run=name, schedule=cfg["schedule"], stages=p, stages_per_rank=v, microbatches=m,
+                             measured=med["bubble"], theory=theory(p, m, v), imbalance=med["imbalance"],
+                             overhead=med["overhead"],
                              samples_per_s=med["samples_per_s"], steps=len(measured)))
     t = pd.DataFrame(rows)
     return t.assign(off_by=(t["measured"] - t["theory"]) / t["theory"].where(t["theory"] > 0))
@@ -138,15 +141,19 @@ def about_bubble(t):
 
 
 def bubble_plot(t, name):
-    """Measured bubble against (p-1)/(m+p-1), and throughput, against the micro-batch count."""
+    """Measured bubble against (p-1)/(v*m+p-1), and throughput, against the micro-batch count."""
     import matplotlib.pyplot as plt
+    import pandas as pd
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
     for run, g in t.groupby("run", sort=False):
         label = g["schedule"].iloc[0]
         a.plot(g["microbatches"], 100 * g["measured"], "o-", label=f"{label}, measured")
         b.plot(g["microbatches"], g["samples_per_s"], "o-", label=label)
+    for v, g in t.groupby(t.get("stages_per_rank", pd.Series(1, index=t.index))):
+        g = g.drop_duplicates("microbatches").sort_values("microbatches")
+        a.plot(g["microbatches"], 100 * g["theory"], "k--" if v == 1 else "k:",
+               label="theory (p-1)/(m+p-1)" if v == 1 else f"theory (p-1)/({v}m+p-1), interleaved")
     g = t.drop_duplicates("microbatches").sort_values("microbatches")
-    a.plot(g["microbatches"], 100 * g["theory"], "k--", label="theory (p-1)/(m+p-1)")
     for ax in (a, b):
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(g["microbatches"]), [str(m) for m in g["microbatches"]])
@@ -158,43 +165,138 @@ def bubble_plot(t, name):
     return fig
 
 
-def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, title=None):
-    """One measured step drawn as it ran: a row per rank, time across, forward and backward in two colours
-    (sends and waits grey), each bar labelled with its micro-batch (and stage, when a rank holds two)."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+def measured_step(name, microbatches=None, step=None, log_dir=LOG_DIR):
+    """One measured step of pipeline 0: {rank: (its stages, its events on the first rank's time axis)},
+    and its micro-batch count (a sweep holds several: the largest unless told)."""
     t = steps(name, log_dir)
     t = t[t["pipeline"] == 0] if "pipeline" in t else t
-    t = t[t["microbatches"] == (microbatches or t["microbatches"].max())]  # a sweep holds several counts
+    t = t[t["microbatches"] == (microbatches or t["microbatches"].max())]
     epoch, first = t[["epoch", "step"]].iloc[0]  # the first measured step, unless told
-    step = step if step is not None else first
-    g = t[(t["epoch"] == epoch) & (t["step"] == step)].sort_values("rank")
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(11, 1 + 0.7 * len(g)))
-    seen = set()
+    g = t[(t["epoch"] == epoch) & (t["step"] == (step if step is not None else first))].sort_values("rank")
     placed = aligned(g)
-    span = max(e[4] for ev in placed.values() for e in ev)
-    for _, r in g.iterrows():
-        two = len(r["stages"]) > 1
-        for s, kind, mb, a, b in placed[r["rank"]]:
-            ax.broken_barh([(1000 * a, 1000 * (b - a))], (r["rank"] - 0.4, 0.8), facecolors=COLOURS[kind],
+    return {r["rank"]: (list(r["stages"]), placed[r["rank"]]) for _, r in g.iterrows()}, int(g["microbatches"].iloc[0])
+
+
+def draw_step(ax, ranks, title, legend=True):
+    """A step's events drawn as a Gantt chart: a row per rank, forward and backward in two colours (sends
+    and waits grey), each bar labelled with its micro-batch (and stage, when a rank holds two)."""
+    from matplotlib.patches import Patch
+    seen = set()
+    span = max(e[4] for _, ev in ranks.values() for e in ev)
+    for rank, (stages, events) in ranks.items():
+        for s, kind, mb, a, b in events:
+            ax.broken_barh([(1000 * a, 1000 * (b - a))], (rank - 0.4, 0.8), facecolors=COLOURS[kind],
                            edgecolor="k" if kind in COMPUTE else "none", linewidth=0.3,
                            hatch="//" if kind in ("I", "W") else None)
             seen.add(kind)
             if kind in COMPUTE and b - a > 0.015 * span:  # labels only where they fit
-                ax.text(1000 * (a + b) / 2, r["rank"], f"{mb}" + (f"/s{s}" if two else ""), ha="center",
+                ax.text(1000 * (a + b) / 2, rank, f"{mb}" + (f"/s{s}" if len(stages) > 1 else ""), ha="center",
                         va="center", fontsize=6, clip_on=True)
-    ax.set_yticks(list(g["rank"]), [f"rank {r['rank']} (stage {', '.join(map(str, r['stages']))})"
-                                     for _, r in g.iterrows()])
-    ax.invert_yaxis()
-    cfg = layout(name, log_dir)
+    ax.set_yticks(list(ranks), [f"rank {r} (stage {', '.join(map(str, st))})" for r, (st, _) in ranks.items()])
+    ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)  # rank 0 on top
     ax.set_xlabel("ms from the start of the step (the first rank's)")
-    ax.set_title(title or f"{cfg['schedule']}: {g['microbatches'].iloc[0]} micro-batch(es), one measured step",
-                 loc="left", fontsize="medium")
-    ax.legend(handles=[Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in COLOURS if k in seen],
-              fontsize="small", loc="lower right", bbox_to_anchor=(1, 1), ncol=len(seen), frameon=False)
+    ax.set_title(title, loc="left", fontsize="medium")
+    handles = [Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in COLOURS if k in seen]
+    if legend:
+        ax.legend(handles=handles, fontsize="small", loc="lower right", bbox_to_anchor=(1, 1), ncol=len(seen),
+                  frameon=False)
+    return handles
+
+
+def gantt(name, image, microbatches=None, step=None, log_dir=LOG_DIR, ax=None, title=None):
+    """One measured step drawn as it ran (draw_step)."""
+    import matplotlib.pyplot as plt
+    ranks, m = measured_step(name, microbatches, step, log_dir)
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(11, 1 + 0.7 * len(ranks)))
+    draw_step(ax, ranks, title or f"{layout(name, log_dir)['schedule']}: {m} micro-batch(es), one measured step")
     if image:
         save(fig, image)
     return fig
+
+
+def order(schedule, p, m):
+    """Each rank's forwards and backwards, (kind, micro-batch), in the order a schedule of one stage per
+    rank runs them: GPipe (and naive) all forwards, then all backwards; 1F1B p-1-rank forwards to warm
+    up, then one forward and one backward in turn, then the backwards left."""
+    if schedule in ("naive", "gpipe"):
+        return [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
+    if schedule != "1f1b":
+        raise ValueError(f"the ideal schedule is drawn for naive, gpipe and 1f1b, not {schedule}")
+    out = []
+    for r in range(p):
+        w = min(p - 1 - r, m)
+        steady = [op for i in range(m - w) for op in (("F", w + i), ("B", i))]
+        out.append([("F", i) for i in range(w)] + steady + [("B", i) for i in range(m - w, m)])
+    return out
+
+
+def simulate(ops, forward, backward):
+    """The ideal step: every op starts as soon as its rank is free and its input is there (sends cost
+    nothing). ops: each rank's order; forward[r], backward[r]: one micro-batch's compute on rank r.
+    {rank: ([rank], events)} as measured_step gives them."""
+    p, done, free, at = len(ops), {}, [0.0] * len(ops), [0] * len(ops)
+    events = {r: ([r], []) for r in range(p)}
+    while any(at[r] < len(ops[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            if at[r] == len(ops[r]):
+                continue
+            kind, mb = ops[r][at[r]]
+            needs = ([("F", r - 1, mb)] if r else []) if kind == "F" else \
+                [("F", r, mb)] + ([("B", r + 1, mb)] if r < p - 1 else [])
+            if all(n in done for n in needs):
+                start = max([free[r]] + [done[n] for n in needs])
+                free[r] = done[(kind, r, mb)] = start + (forward[r] if kind == "F" else backward[r])
+                events[r][1].append([r, kind, mb, start, free[r]])
+                at[r] += 1
+                moved = True
+        if not moved:
+            raise ValueError("this order waits for itself")
+    return events
+
+
+def ideal_step(name, microbatches=None, log_dir=LOG_DIR):
+    """The measured step's ideal: the same schedule, each stage's median measured forward and backward
+    per micro-batch, equal for every micro-batch, and free sends."""
+    import statistics
+    ranks, m = measured_step(name, microbatches, log_dir=log_dir)
+    cost = {k: [statistics.median(b - a for _, kind, _, a, b in ranks[r][1] if kind == k) for r in sorted(ranks)]
+            for k in "FB"}
+    return simulate(order(layout(name, log_dir)["schedule"], len(ranks), m), cost["F"], cost["B"]), m
+
+
+def span(ranks):
+    events = [e for _, ev in ranks.values() for e in ev]
+    return max(e[4] for e in events) - min(e[3] for e in events)
+
+
+def ideal_beside(names, image, log_dir=LOG_DIR):
+    """Each run's measured step (left) beside its ideal (right: same compute, free sends), one time axis."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(names), 2, figsize=(12, 1.9 * len(names) + 0.4), sharex=True, squeeze=False)
+    for name, (left, right) in zip(names, axes):
+        measured, m = measured_step(name, log_dir=log_dir)
+        ideal, _ = ideal_step(name, log_dir=log_dir)
+        schedule = layout(name, log_dir)["schedule"]
+        handles = draw_step(left, measured, f"{schedule}, {m} micro-batches: measured", legend=False)
+        draw_step(right, ideal, f"{schedule}: ideal (the same compute, sends free)", legend=False)
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))
+    save(fig, image)
+    return fig
+
+
+def about_ideal(names, log_dir=LOG_DIR):
+    """A sentence per run: its measured step against its ideal, and the share the sends and waits took."""
+    out = []
+    for name in names:
+        measured, m = measured_step(name, log_dir=log_dir)
+        ideal, _ = ideal_step(name, log_dir=log_dir)
+        a, b = span(measured), span(ideal)
+        out.append(f"{layout(name, log_dir)['schedule']}, {m} micro-batches: the step took {1000 * a:.1f} ms, "
+                   f"its ideal {1000 * b:.1f} ms; " + (f"sending, waiting and scheduling cost {1 - b / a:.0%} of it"
+                                                      if a > b else "it ran no slower than its ideal"))
+    return out
 
 
 def manual_waits(name, log_dir=LOG_DIR):
