@@ -145,7 +145,7 @@ def test_synthetic_full_set(full_set):
     assert target == 0.7 and (t["epochs_needed"] == 2).all() and t["seconds"].is_monotonic_increasing
     fig = sr.scaling_plot(sr.performance(runs), "test_scaling_report")
     checks.figure(fig, "test_scaling_report")
-    checks.figure(sr.memory_plot(sr.performance(runs), sr.model_sizes(runs, full_set), "test_scaling_memory"),
+    checks.figure(sr.resident_plot(sr.performance(runs), sr.model_sizes(runs, full_set), "test_scaling_memory"),
                   "test_scaling_memory")
     checks.figure(sr.time_plot(t, target, "test_scaling_time"), "test_scaling_time")
 
@@ -317,6 +317,63 @@ def test_only_like_with_like_is_compared(tmp_path):
     said = " ".join(sr.recommend(table.reset_index(), cores=8))
     assert "scaled best (90% efficiency" in said and "130%" not in said
     assert "job(s) on several devices had no one-device run doing the same work" in said
+
+
+def test_strong_and_weak_scaling_each_against_its_own_one_device_run(tmp_path):
+    """Strong scaling: the one-device run did the same global batch; weak scaling: it did the per-device
+    batch (each device the work one did); a job with neither has no speedup."""
+    write_run(tmp_path, "one64", "_trainup_gpu.py", samples_per_s=100)
+    write_run(tmp_path, "strong", "_trainup_ddp.py", world_size=2, samples_per_s=180)  # 64 shared by 2
+    write_run(tmp_path, "weak", "_trainup_ddp.py", world_size=2, samples_per_s=190,
+              extra_args={"batch_size": 128})  # 64 on each of 2
+    write_run(tmp_path, "neither", "_trainup_ddp.py", world_size=2, samples_per_s=190,
+              extra_args={"batch_size": 96})
+    runs, _ = sr.load(tmp_path)
+    table = sr.performance(runs).set_index("run")
+    assert table.loc["one64", "scaling"] == "strong" and table.loc["one64", "speedup"] == 1
+    assert (table.loc["strong", "baseline"], table.loc["strong", "scaling"]) == ("one64", "strong")
+    assert (table.loc["weak", "baseline"], table.loc["weak", "scaling"]) == ("one64", "weak")
+    assert table.loc["weak", "efficiency"] == pytest.approx(0.95)
+    assert not isinstance(table.loc["neither", "scaling"], str) and math.isnan(table.loc["neither", "speedup"])
+    # a one-device run made on a busy machine (load average above its cores) is no baseline
+    write_run(tmp_path, "busy64", "_trainup_ddp.py", samples_per_s=50, time=2000.0)
+    busy = tmp_path / "busy64.jsonl"
+    busy.write_text(busy.read_text().replace('"world_size": 1,', '"world_size": 1, "cores": 2, "load_start": 3.5,'))
+    again = sr.performance(sr.load(tmp_path)[0]).set_index("run")
+    assert again.loc["weak", "baseline"] == "one64" and again.loc["busy64", "speedup"] == 1
+    said = sr.about_scaling(table.reset_index())
+    assert said.startswith("1 job(s) on several devices measured as strong scaling") and "and 1 as weak" in said
+    checks.figure(sr.scaling_plot(table.reset_index(), "test_scaling_weak"), "test_scaling_weak")
+
+
+def _shard_memory(n, mb):
+    b = int(mb * 2**20)
+    return dict(type="shard_memory", run="x", time=1.0, shard="none", world_size=n, parameters=1,
+                param_bytes=[b] * n, grad_bytes=[b] * n, optim_bytes=[2 * b] * n, expected_bytes=[b, b, 2 * b])
+
+
+def test_memory_comes_from_the_lessons_own_records(tmp_path):
+    """Bytes of parameters, gradients and optimizer state (lesson 09's records) and activations (lesson
+    06's): the recommendation compares those, never the process's resident memory on a CPU."""
+    blocks = {"model": "blocks", "blocks": 2, "width": 32}
+    write_run(tmp_path, "s1", "_trainup_fsdp.py", extra_args={**blocks, "shard": "none"},
+              extra_records=[_shard_memory(1, 1.0)], peak_mem_mb=700)
+    write_run(tmp_path, "s2", "_trainup_fsdp.py", world_size=2, extra_args={**blocks, "shard": "parameters"},
+              extra_records=[_shard_memory(2, 0.5)], peak_mem_mb=650)
+    step = dict(type="pipe_step", run="x", time=1.0, epoch=1, step=1, microbatches=2, rank=0, stages=[0],
+                step_s=0.1, events=[], peak_activation_bytes=[3 * 2**20])
+    write_run(tmp_path, "pp", "_trainup_pipeline.py", world_size=2, extra_args={**blocks, "stages": 2},
+              extra_records=[step, {**step, "rank": 1, "peak_activation_bytes": [2**20]}])
+    runs, _ = sr.load(tmp_path)
+    mem = sr.memory_records(runs)
+    by = mem.set_index(["run", "part"])["mb"]
+    assert by[("s1", "optimizer state")] == 2 and by[("s2", "parameters")] == 0.5
+    assert by[("pp", "activations")] == 3 and ("pp", "parameters") not in by
+    said = " ".join(sr.recommend(sr.performance(runs), cores=8, mem=mem))
+    assert "ZeRO-3 / FSDP (shard parameters) (not proven to train the same model) on 2 held the least per " \
+           "device (2 MB against 4 MB on one device)" in said, said
+    assert "resident memory is not compared on a CPU" in said
+    checks.figure(sr.memory_plot(mem, "test_scaling_memory_parts"), "test_scaling_memory_parts")
 
 
 # ------------------------------------------------------------------- one real pair, the command end to end

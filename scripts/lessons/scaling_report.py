@@ -251,30 +251,56 @@ def about_schema(runs):
 
 # ----------------------------------------------------------------------------------------- the big table
 
-def single_device_match(run, runs):
+def single_device_match(run, runs, scaling="strong"):
     """The one-device run to measure speedup against: same machine, device kind, work per step and set-up
-    (threads per process on a CPU); the same script if there is one, else any one-device run; the latest.
-    A one-device run is its own: its speedup is 1."""
+    (threads per process on a CPU), and not run on a busy machine (busy); the same script if there is one,
+    else any one-device run; the one made nearest in time.
+    Strong scaling: the same global batch (the devices share the work); weak scaling: one device's batch is
+    the run's per-device batch (each device does what one did). A one-device run is its own: speedup 1."""
     f = run["facts"]
     if f["devices"] == 1:
-        return run
+        return run if scaling == "strong" else None
     setup = SAME_SETUP + (("threads",) if f["device"] == "cpu" else ())
-    pool = [r for r in runs if r["facts"]["devices"] == 1 and same(r["facts"], f, ("measured_on", "device"))
-            and same(r["facts"], f, SAME_WORK) and same(r["facts"], f, setup)]
-    return latest([r for r in pool if r["facts"]["script"] == f["script"]]) or latest(pool)
+    work = SAME_WORK if scaling == "strong" else tuple(k for k in SAME_WORK if k != "batch_size")
+    per_device = (f.get("batch_size") or 0) // f["devices"]
+    pool = [r for r in runs if r["facts"]["devices"] == 1 and not busy(r)
+            and same(r["facts"], f, ("measured_on", "device")) and same(r["facts"], f, work) and same(r["facts"], f, setup)
+            and (scaling == "strong" or r["facts"].get("batch_size") == per_device)]
+    return nearest([r for r in pool if r["facts"]["script"] == f["script"]], f) or nearest(pool, f)
+
+
+def busy(run):
+    """The run's log recorded a load average above the machine's cores at its start or end (the course's
+    one threshold, lessons/claims.py): something else took turns with it, so it measures no one device."""
+    env, summary = run.get("env") or {}, run.get("summary") or {}
+    cores = env.get("cores") or env.get("cpu_count")
+    loads = [v for v in (env.get("load_start"), summary.get("load_end")) if v is not None]
+    return bool(cores and loads and max(loads) > cores)
+
+
+def nearest(candidates, f):
+    """The candidate made closest in time to the run (the same course and a machine in the same state, as
+    a lesson makes its runs one after another), the latest of equals; None when there is none."""
+    return min(candidates, key=lambda r: (abs((r["facts"]["time"] or 0) - (f["time"] or 0)),
+                                          -(r["facts"]["time"] or 0), r["name"]), default=None)
 
 
 def performance(runs):
     """One row per training run: strategy, hardware, devices, batch, throughput, epoch time, speedup and
-    efficiency against the matching single-device run, peak memory per device, final loss and accuracy."""
+    efficiency against the matching single-device run (strong scaling where one did the same global batch,
+    else weak scaling where one did the per-device batch: column scaling), resident memory per process
+    (peak_mem_mb; on a GPU the memory torch allocated), final loss and accuracy."""
     import pandas as pd
     rows = []
     for r in runs:
         f, s = r["facts"], r["summary"]
-        base = single_device_match(r, runs)
-        speedup = s["samples_per_s"] / base["summary"]["samples_per_s"] if base else float("nan")
-        if speedup / f["devices"] > COMPARABLE_EFFICIENCY:  # not one device's work: no comparable baseline
-            base, speedup = None, float("nan")
+        for scaling in ("strong", "weak"):
+            base = single_device_match(r, runs, scaling)
+            speedup = s["samples_per_s"] / base["summary"]["samples_per_s"] if base else float("nan")
+            if speedup / f["devices"] > COMPARABLE_EFFICIENCY:  # not one device's work: no comparable baseline
+                base, speedup = None, float("nan")
+            if base:
+                break
         rows.append(dict(
             run=r["name"], strategy=r["strategy"].name if r["strategy"] else f"other ({f['script']})",
             family=r["strategy"].family if r["strategy"] else f["script"], measured_on=f["measured_on"],
@@ -282,6 +308,7 @@ def performance(runs):
             per_device_batch=(f.get("batch_size") or 0) // max(f["devices"], 1), samples_per_s=s["samples_per_s"],
             epoch_s=sum(e["wall_s"] for e in r["epochs"]) / len(r["epochs"]), speedup=speedup,
             efficiency=speedup / f["devices"], baseline=base["name"] if base else None,
+            scaling=scaling if base else None,
             peak_mem_mb=s["peak_mem_mb"], loss=s["loss"], test_accuracy=s["test_accuracy"], epochs=len(r["epochs"]),
             model=f.get("model"), dataset=f.get("dataset")))
     return pd.DataFrame(rows)
@@ -304,27 +331,52 @@ def about_equivalence(table):
 
 # ------------------------------------------------------------------------------------------------- plots
 
-def scaling_plot(table, name="scaling_report_scaling"):
-    """Throughput and efficiency against devices, one line per strategy family and machine, with the ideal."""
+def scaling_plot(table, name="scaling_report_scaling", models=3):
+    """Per model (a row each; those with the most jobs on several devices first): throughput and efficiency
+    against devices, one line per strategy family, machine and scaling (solid: strong, the global batch
+    fixed; dotted: weak, the per-device batch fixed), at the median of its runs, the bar their spread
+    (lowest to highest); dashed: the ideal, n x one device."""
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     t = table.dropna(subset=["speedup"])
-    for (family, where), g in t.groupby(["family", "measured_on"], sort=False):
-        g = g.groupby("world_size", as_index=False)[["samples_per_s", "speedup", "efficiency"]].median()
-        label = family if where == "here" else f"{family} ({where})"
-        line, = a.plot(g["world_size"], g["samples_per_s"], "o-", label=label)
-        one = (g["samples_per_s"] / g["speedup"]).iloc[0]
-        a.plot(g["world_size"], one * g["world_size"], "--", color=line.get_color(), alpha=0.4)
-        b.plot(g["world_size"], 100 * g["efficiency"], "o-", color=line.get_color(), label=label)
-    b.axhline(100, color="k", ls="--", alpha=0.5, label="ideal")
-    a.set(title="Throughput (dashed: ideal, n x one device)", xlabel="devices (processes)", ylabel="samples/s")
-    b.set(title="Efficiency: speedup / devices", xlabel="devices (processes)", ylabel="%")
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
-        ax.set_xticks(sorted(t["world_size"].unique()) if len(t) else [1])
+    shown = t[t["world_size"] > 1]["model"].value_counts().index[:models].tolist() or \
+        t["model"].value_counts().index[:1].tolist()
+    fig, axes = plt.subplots(max(len(shown), 1), 2, figsize=(11, 0.6 + 3.4 * max(len(shown), 1)), squeeze=False)
+    for model, (a, b) in zip(shown, axes):
+        for (family, where, scaling), g in t[t["model"] == model].groupby(["family", "measured_on", "scaling"],
+                                                                           sort=False):
+            q = g.groupby("world_size")[["samples_per_s", "efficiency"]].agg(["median", "min", "max"])
+            x, style = q.index, "o-" if scaling == "strong" else "s:"
+            label = (family if where == "here" else f"{family} ({where})") + ("" if scaling == "strong" else ", weak")
+            colour = None
+            for ax, col, scale in ((a, "samples_per_s", 1), (b, "efficiency", 100)):
+                med, lo, hi = (scale * q[(col, k)] for k in ("median", "min", "max"))
+                drawn = ax.errorbar(x, med, yerr=[med - lo, hi - med], fmt=style, capsize=3, label=label,
+                                    color=colour)
+                colour = drawn.lines[0].get_color()  # the same colour in both panels
+            one = (g["samples_per_s"] / g["speedup"]).median()
+            a.plot(x, one * x, "--", color="0.6", lw=0.8)
+        b.axhline(100, color="k", ls="--", alpha=0.5, label="ideal")
+        a.set(title=f"{model}: throughput (dashed: ideal)", xlabel="devices (processes)", ylabel="samples/s")
+        b.set(title=f"{model}: efficiency, speedup / devices", xlabel="devices (processes)", ylabel="%")
+        for ax in (a, b):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="x-small")
+            ax.set_xticks(sorted(t[t["model"] == model]["world_size"].unique()))
+    fig.tight_layout()
     save(fig, name)
     return fig
+
+
+def about_scaling(table):
+    """Which scaling each comparable job on several devices was measured as, counted from the table."""
+    t = table[(table["world_size"] > 1) & table["scaling"].notna()]
+    kinds = t["scaling"].value_counts()
+    strong, weak = int(kinds.get("strong", 0)), int(kinds.get("weak", 0))
+    out = (f"{strong} job(s) on several devices measured as strong scaling (the global batch of a one-device run, "
+           f"shared) and {weak} as weak scaling (each device the batch one device did).")
+    if not weak:
+        out += " No weak-scaling pair is in logs/: a one-device run with the per-device batch would make one."
+    return out
 
 
 def time_to_accuracy(runs, target=None):
@@ -379,15 +431,73 @@ def model_sizes(runs, checkpoint_dir=CHECKPOINT_DIR):
     return sizes
 
 
-def memory_plot(table, sizes, name="scaling_report_memory"):
-    """Peak memory per device against model size, one marker per strategy family."""
+def memory_records(runs):
+    """What each device held, from the lessons' own memory records, not the process's resident memory:
+    'shard_memory' (parameters, gradients, optimizer state per rank; lesson 09), 'tp' (parameters per rank;
+    lesson 09) and 'pipe_step' (activations kept for backward, per stage; lesson 06). One row per run and
+    part: MB on the rank that held the most."""
+    import pandas as pd
+    rows = []
+    for r in runs:
+        f = r["facts"]
+        head = dict(run=r["name"], strategy=r["strategy"].name if r["strategy"] else f["script"], model=f["model"],
+                    world_size=f["devices"], measured_on=f["measured_on"])
+        parts = {}
+        for rec in r["extra"]:
+            kind = rec.get("type") if isinstance(rec, dict) else None
+            if kind == "shard_memory":
+                for part, key in (("parameters", "param_bytes"), ("gradients", "grad_bytes"),
+                                  ("optimizer state", "optim_bytes")):
+                    parts[part] = max(rec[key])
+            elif kind == "tp":
+                parts["parameters"] = max(rec["param_bytes"])
+            elif kind == "pipe_step" and rec.get("peak_activation_bytes"):
+                parts["activations"] = max(parts.get("activations", 0), *rec["peak_activation_bytes"])
+        rows += [dict(head, part=part, mb=b / 2**20, source=SOURCE[part]) for part, b in parts.items()]
+    return pd.DataFrame(rows, columns=["run", "strategy", "model", "world_size", "measured_on", "part", "mb",
+                                       "source"])
+
+
+SOURCE = {"parameters": "tensors each rank holds", "gradients": "tensors each rank holds",
+          "optimizer state": "tensors each rank holds", "activations": "saved for backward (a hook)"}
+PARTS = ["parameters", "gradients", "optimizer state", "activations"]
+
+
+def memory_plot(mem, name="scaling_report_memory", models=3):
+    """Per model: MB per device of each strategy and device count, parameters, gradients, optimizer state
+    and activations stacked, as the lessons counted them."""
+    import matplotlib.pyplot as plt
+    shown = mem["model"].value_counts().index[:models].tolist()
+    fig, axes = plt.subplots(1, max(len(shown), 1), figsize=(5.5 * max(len(shown), 1), 4), squeeze=False)
+    for model, ax in zip(shown, axes[0]):
+        g = mem[mem["model"] == model].pivot_table(index=["strategy", "world_size"], columns="part", values="mb",
+                                                   aggfunc="median")
+        g = g[[p for p in PARTS if p in g.columns]].fillna(0)
+        labels = [f"{s}, {n}" for s, n in g.index]
+        left = [0.0] * len(g)
+        for part in g.columns:
+            ax.barh(labels, g[part], left=left, label=part)
+            left = [x + y for x, y in zip(left, g[part])]
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize="x-small")
+        ax.set(title=f"{model}: memory per device", xlabel="MB on the rank holding the most")
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    save(fig, name)
+    return fig
+
+
+def resident_plot(table, sizes, name="scaling_report_resident"):
+    """The process's resident memory (on a GPU: what torch allocated) against model size: on a CPU most of
+    it is the torch library, the same for every strategy; shown as such."""
     import matplotlib.pyplot as plt
     t = table.assign(parameters=table["run"].map(sizes)).dropna(subset=["parameters", "peak_mem_mb"])
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for family, g in t.groupby("family", sort=False):
         ax.scatter(g["parameters"] / 1e6, g["peak_mem_mb"], label=family, alpha=0.7)
-    ax.set(title="Peak memory per device against model size", xlabel="parameters (millions)",
-           ylabel="peak memory per device (MB)")
+    ax.set(title="Resident memory per process (mostly the torch library on a CPU)",
+           xlabel="parameters (millions)", ylabel="peak resident memory (MB)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small")
     save(fig, name)
@@ -396,7 +506,7 @@ def memory_plot(table, sizes, name="scaling_report_memory"):
 
 # ------------------------------------------------------------------------------------------ the sentence
 
-def recommend(table, equal=None, cores=None):
+def recommend(table, equal=None, cores=None, mem=None):
     """A few sentences, each worked out from the table: per machine and model, what gave the most samples/s,
     what scaled best, what needed the least memory per device (each flagged when it is not proven to train
     the one-process model); which runs crowded the cores; which strategies are proven equal."""
@@ -421,7 +531,8 @@ def recommend(table, equal=None, cores=None):
             if len(multi):
                 best = multi.loc[multi["efficiency"].idxmax()]
                 parts.append(f"of the jobs on several devices, {named(best)} scaled best ({best.efficiency:.0%} "
-                             f"efficiency: {best.speedup:.2f}x one device on {best.world_size})")
+                             f"efficiency, {best.scaling} scaling: {best.speedup:.2f}x one device on "
+                             f"{best.world_size})")
             uncompared = g[(g["world_size"] > 1) & g["efficiency"].isna()]
             if len(uncompared):
                 parts.append(f"{len(uncompared)} job(s) on several devices had no one-device run doing the same "
@@ -434,8 +545,14 @@ def recommend(table, equal=None, cores=None):
                              f"({low.peak_mem_mb:,.0f} MB" + (f" against {one.min():,.0f} MB on one device)" if len(one)
                                                               else ")"))
             elif len(several):
-                parts.append("memory per device is not compared on a CPU: a process's resident memory is "
-                             "mostly the torch library (lesson 09 counts each strategy's own bytes)")
+                parts.append("resident memory is not compared on a CPU: it is mostly the torch library")
+            counted = _counted(mem, where, model)
+            if len(counted[counted["world_size"] > 1]):
+                low = counted[counted["world_size"] > 1].sort_values("mb").iloc[0]
+                one = counted.loc[counted["world_size"] == 1, "mb"]
+                parts.append(f"of the runs whose parameters, gradients and optimizer state the lessons counted, "
+                             f"{named(low)} on {low.world_size} held the least per device ({low.mb:.3g} MB"
+                             + (f" against {one.min():.3g} MB on one device)" if len(one) else ")"))
             out.append(head + " " + "; ".join(parts) + ".")
         crowded = machine[(machine["world_size"] > n)] if where == "here" and hardware.startswith("CPU") else machine.iloc[:0]
         if len(crowded):
@@ -450,18 +567,32 @@ def recommend(table, equal=None, cores=None):
     return out
 
 
+def _counted(mem, where, model):
+    """Per run of this machine and model: the MB per device of parameters, gradients and optimizer state
+    together, for the runs whose lesson counted all three (memory_records)."""
+    import pandas as pd
+    if mem is None or not len(mem):
+        return pd.DataFrame(columns=["run", "strategy", "world_size", "mb"])
+    m = mem[(mem["measured_on"] == where) & (mem["model"] == model) & (mem["part"] != "activations")]
+    whole = m.groupby("run")["part"].nunique() == 3
+    m = m[m["run"].isin(whole[whole].index)]
+    return m.groupby(["run", "strategy", "world_size"], as_index=False)["mb"].sum()
+
+
 # ----------------------------------------------------------------------------------- this lesson's pair
 
 # The cheapest proof made here: one process with the whole batch, and 2 DDP ranks with half each
 # (dropout off: each rank would draw its own masks), in float64 (checks.PROOF) like every proof.
 # NOISE_PAIR: one DDP process, then the same with its batch cut in two micro-batches
 # (--accumulate 2): only the order of its sums changes (equivalence.noise_pairs), so their
-# difference is the noise floor. Notebook 10 makes all four when logs/ lacks them.
+# difference is the noise floor. Notebook 10 makes all five (WEAK below) when logs/ lacks them.
 # Each: (name, script, processes, flags).
 PAIR_FLAGS = ["--device", "cpu", "--batch-size", 64, "--dropout", 0, "--threads", 1, *checks.PROOF]
 PAIR = (("report_one", "_trainup_gpu.py", 1, ()), ("report_ddp_n2", "_trainup_ddp.py", 2, ()))
 NOISE_PAIR = (("report_ddp_n1", "_trainup_ddp.py", 1, ()),
               ("report_ddp_n1_acc2", "_trainup_ddp.py", 1, ("--accumulate", 2)))
+# WEAK: 2 DDP ranks with 64 samples each, the batch report_one did alone: weak scaling beside the pair's strong.
+WEAK = (("report_ddp_n2_b128", "_trainup_ddp.py", 2, ("--batch-size", 128)),)
 
 
 def _made(name, flags, log_dir, checkpoint_dir):
@@ -484,7 +615,7 @@ def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
     import contextlib
     import io
     from . import launch, report
-    for name, script, nproc, flags in (*PAIR, *NOISE_PAIR):
+    for name, script, nproc, flags in (*PAIR, *NOISE_PAIR, *WEAK):
         if not _made(name, flags, log_dir, checkpoint_dir):
             with contextlib.redirect_stdout(io.StringIO()):
                 if nproc == 1:
@@ -495,14 +626,14 @@ def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
             raise AssertionError(f"{name}: no finished float64 log (in the schema) and checkpoint")
     return (f"{PAIR[0][0]} (one process, batch 64) and {PAIR[1][0]} (2 DDP ranks, 32 samples "
             f"each); the noise pair {NOISE_PAIR[0][0]} and {NOISE_PAIR[1][0]} (one DDP process, "
-            f"batch 64 whole and as 2 micro-batches of 32): float64, finished, logs in the "
-            f"schema, checkpoints here.")
+            f"batch 64 whole and as 2 micro-batches of 32); {WEAK[0][0]} (2 DDP ranks, 64 samples each: "
+            f"weak scaling): float64, finished, logs in the schema, checkpoints here.")
 
 
 # ---------------------------------------------------------------------------------------------- command
 
 COLUMNS = ["strategy", "measured_on", "hardware", "world_size", "global_batch", "per_device_batch", "samples_per_s",
-           "epoch_s", "speedup", "efficiency", "peak_mem_mb", "loss", "test_accuracy"]
+           "epoch_s", "speedup", "efficiency", "scaling", "peak_mem_mb", "loss", "test_accuracy"]
 EQUIVALENCE_COLUMNS = ["strategy", "largest_difference", "noise_floor", "tolerance", "result",
                        "reason"]
 
@@ -532,9 +663,12 @@ def main(argv=None):
         scaling_plot(table)
         t, target = time_to_accuracy(runs)
         time_plot(t, target)
-        memory_plot(table, model_sizes(runs, a.checkpoint_dir))
+        mem = memory_records(runs)
+        if len(mem):
+            memory_plot(mem)
+        resident_plot(table, model_sizes(runs, a.checkpoint_dir))
         print(f"figures: {IMAGE_DIR.name}/scaling_report_*.png")
-    print("\n".join(recommend(table, equal)))
+    print("\n".join(recommend(table, equal, mem=memory_records(runs))))
     if (equal["result"] == "FAILS").any():
         print("error: a strategy ended with parameters different from its one-process baseline", file=sys.stderr)
         return 1
