@@ -15,7 +15,9 @@ logs/tensorboard/<run>.
 """
 import importlib.util
 import logging
+import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.strategies import StrategyRegistry
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
@@ -161,6 +164,18 @@ def build_trainer(args, callbacks):
     return trainer
 
 
+def stopped(trainer, ckpt):
+    """A SIGTERM (a scheduler's time limit, scancel): Lightning's checkpoint of where the run stood, written
+    whole (every rank joins, rank 0 writes, then a rename), and exit 75 as every course script: resumable."""
+    tmp = ckpt.with_name(f".{ckpt.name}.tmp")
+    trainer.save_checkpoint(tmp)
+    if trainer.is_global_zero:
+        os.replace(tmp, ckpt)
+        print(f"stopped by SIGTERM at epoch {trainer.current_epoch + 1}, step {trainer.global_step}: "
+              f"{ckpt.name} saved; run again with --resume to go on", file=sys.stderr)
+    sys.exit(preempt.STOPPED_EXIT)
+
+
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
@@ -200,6 +215,8 @@ def main(argv=None):
         if not str(e).startswith(("Lightning", "You ", "`")):  # Lightning's own refusals read like this
             raise
         raise UserError(f"Lightning stopped: {str(e).splitlines()[0]}") from None
+    except SIGTERMException:  # Lightning stops every rank after the step; alone it would exit 0, unsaved
+        stopped(trainer, ckpt)
     if trainer.is_global_zero:
         print(f"TensorBoard: tensorboard --logdir {Path(args.log_dir) / 'tensorboard'}")
 

@@ -8,6 +8,7 @@ the loss). One step: rank 0 forward, send; rank 1 receive, forward, loss, backwa
 gradient of its input; rank 0 receive it, backward. Each process notes when it computed (F, B),
 sent (S) and waited to receive (R): the log's 'pipe_step' records, drawn by the notebook.
 """
+import sys
 import time
 
 import torch
@@ -65,9 +66,17 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu", choices=("cpu",), help="this picture runs on the CPU")
     p.add_argument("--backend", default="gloo", choices=("gloo",))
     p.add_argument("--timeout", type=cli.positive(float), default=300)
+    given = argv if argv is not None else sys.argv[1:]
     args = cli.parse(p, argv)
     if args.blocks < 2:
         p.error(f"--blocks {args.blocks}: two halves need at least 2 blocks")
+    # a picture of --steps steps from scratch: it keeps no checkpoint and counts steps, not epochs
+    for flag, instead in (("--resume", "it keeps no checkpoint"), ("--checkpoint-dir", "it keeps no checkpoint"),
+                          ("--epochs", "it counts --steps"), ("--stop-signal", "it keeps no checkpoint")):
+        if any(a == flag or a.startswith(flag + "=") for a in map(str, given)):
+            p.error(f"{flag} does not apply to this picture of {args.steps} steps: {instead}")
+    if args.dataset == "synthetic":
+        p.error("--dataset synthetic: the halves index a data set held in memory (digits, mnist, cifar10)")
     return args
 
 

@@ -124,6 +124,13 @@ def test_missing_data_folder_is_a_clear_error(tmp_path):
         data.load(args(dataset="mnist", data_dir=str(tmp_path / "nope")))
 
 
+@pytest.mark.parametrize("download", [False, True])
+def test_a_data_dir_that_is_a_file_is_one_sentence(tmp_path, download):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        data.load(args(dataset="mnist", data_dir=str(tmp_path / "file"), download=download))
+
+
 def test_missing_mnist_files_say_how_to_get_them(tmp_path):
     with pytest.raises(UserError, match="--download"):
         data.load(args(dataset="mnist", data_dir=str(tmp_path)))

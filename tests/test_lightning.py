@@ -246,3 +246,31 @@ def test_a_run_refused_for_a_live_writer_leaves_the_live_runs_tensorboard_alone(
                            str(tmp_path / "ckpt"), "--no-progress"], capture_output=True, text=True, timeout=300)
     assert_clean_error(proc, "is being written by another run")
     assert (board / "events.out").read_text() == "the live run's"
+
+
+def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path):
+    """A SIGTERM (a time limit, scancel) mid-run: Lightning stops after the step, the course saves its
+    checkpoint whole and exits 75 (Lightning alone exits 0, unsaved); --resume then finishes the run."""
+    import signal
+    import subprocess
+    import time
+    log_dir, ckpt_dir = tmp_path / "logs", tmp_path / "ckpt"
+    cmd = [sys.executable, str(SCRIPTS / "_trainup_lightning.py"), *TINY, "--accelerator", "cpu", "--epochs", 3,
+           "--run-name", "stop", "--log-dir", log_dir, "--checkpoint-dir", ckpt_dir]
+    cmd = [str(c) for c in cmd]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = log_dir / "stop.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and '"type": "epoch"' not in (
+            log.read_text() if log.exists() else ""):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 75, f"exit {proc.returncode}\n{err[-3000:]}"
+    assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
+    assert (ckpt_dir / "stop-lightning.ckpt").exists() and not list(ckpt_dir.glob(".*.tmp"))
+    assert report.read_run(log)["summary"]["status"] == "stopped"  # as every course script logs a stop
+    again = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    run = report.read_run(log)
+    assert run["summary"]["status"] == "finished" and [e["epoch"] for e in run["epochs"]][-1] == 3

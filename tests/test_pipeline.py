@@ -34,8 +34,8 @@ def ok(proc):
 
 def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
     cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc)] if nproc else [sys.executable]
-    return start(cmd + [script, *tiny, *map(str, args), "--run-name", name, "--log-dir", str(log_dir),
-                        "--checkpoint-dir", str(log_dir / "checkpoints")])
+    keeps = [] if script == MANUAL else ["--checkpoint-dir", str(log_dir / "checkpoints")]  # it keeps none
+    return start(cmd + [script, *tiny, *map(str, args), "--run-name", name, "--log-dir", str(log_dir), *keeps])
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +218,15 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, monkeypatch, caps
         assert done.returncode == 2, flags
         assert_clean_error(done, *words)
     assert not log_dir.exists() or not list(log_dir.iterdir())  # nothing half-written
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--resume"], ["--resume does not apply", "keeps no checkpoint"]),
+    (["--checkpoint-dir", "x"], ["--checkpoint-dir does not apply"]),
+    (["--epochs", "3"], ["--epochs does not apply", "counts --steps"]),
+    (["--dataset", "synthetic"], ["--dataset synthetic", "held in memory"])])
+def test_the_manual_halves_refuse_flags_they_would_ignore(flags, words, log_dir, capsys):
+    import _trainup_pipeline_manual
+    done = in_process(_trainup_pipeline_manual.main, ["--quick", *flags, "--log-dir", log_dir], capsys)
+    assert done.returncode == 2
+    assert_clean_error(done, *words)

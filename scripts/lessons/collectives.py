@@ -299,7 +299,7 @@ def about_lr(t):
             f"batch's {small['loss']:.3f}. With the rate scaled {scaled['lr'] / big['lr']:.0f}x (the linear rule) it "
             f"ends at {scaled['loss']:.3f}, {cmp(scaled['loss'], big['loss'])} than at the same rate; with "
             f"{warm['warmup']} warm-up steps as well, {warm['loss']:.3f}, {cmp(warm['loss'], scaled['loss'])} than "
-            f"without warm-up. " + ("The large batch has not caught up with the small one in these few epochs: "
-                                    "the rule keeps the progress per sample comparable over a longer run, not after a "
-                                    "handful of steps." if min(scaled["loss"], warm["loss"]) > small["loss"] else
-                                    "Scaled, the large batch caught up with the small one."))
+            f"without warm-up. " + ("In these few epochs the large batch has not caught up with the small one: "
+                                    "a run this short shows which way each change moves the loss, not where a "
+                                    "longer run ends." if min(scaled["loss"], warm["loss"])
+                                    > small["loss"] else "Scaled, the large batch caught up with the small one."))

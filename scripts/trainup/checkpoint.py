@@ -6,8 +6,11 @@ taken, the epoch's sums so far and every rank's random states; load() then start
 os.replace is atomic on POSIX: a reader (or a restarted run) sees the old checkpoint or the new
 one, never half of one. A checkpoint that cannot be read, or holds another model, is one sentence.
 """
+import contextlib
+import errno
 import os
 import pickle
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -43,15 +46,33 @@ def save(path, model, optimizer, scheduler, epoch, args, scaler=None, position=N
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "epoch": epoch,
-                # fp16's loss scale, learned over the run: without it a resumed run starts again at 65536
-                "scaler": scaler.state_dict() if scaler is not None else {},
-                "position": position,
-                "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}},
-               tmp)
-    os.replace(tmp, path)
+    with whole(path, tmp):
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "epoch": epoch,
+                    # fp16's loss scale, learned over the run: without it a resumed run starts again at 65536
+                    "scaler": scaler.state_dict() if scaler is not None else {},
+                    "position": position,
+                    "args": {k: v for k, v in vars(args).items()
+                             if isinstance(v, (int, float, str, bool, type(None)))}},
+                   tmp)
+        os.replace(tmp, path)
     return path
+
+
+@contextlib.contextmanager
+def whole(path, tmp):
+    """Writing path through tmp: a write that fails (a full disk) leaves no half-written tmp behind, the
+    last whole checkpoint in place, and one sentence."""
+    try:
+        yield
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True) if Path(tmp).is_dir() else Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"checkpoint {path} could not be written ({e.strerror or e}); "
+                        + ("the disk is full: " if e.errno in FULL else "")
+                        + "the last whole checkpoint is kept, nothing half-written is left") from None
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, or over the quota
 
 
 def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):

@@ -1,5 +1,6 @@
 """The command-line flags every lesson script shares, and how bad input is reported."""
 import argparse
+import errno
 import functools
 import math
 import os
@@ -136,6 +137,13 @@ def main_guard(main):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        except OSError as e:  # a log line or a file the run writes, on a full disk (checkpoints: checkpoint.whole)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = e.filename or "the run's files"
+            print(f"error: no space left to write {where} ({e.strerror}): free some "
+                  f"space, or point --log-dir and --checkpoint-dir at another disk", file=sys.stderr)
+            sys.exit(2)
         except RuntimeError as e:  # gloo's, when another rank or the launcher died mid-collective
             lost = PEER_GONE.search(str(e))
             if not lost or "trainup.distributed" not in sys.modules:

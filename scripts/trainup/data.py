@@ -191,6 +191,9 @@ def load(args):
         test = SyntheticImages(args.test_size or 256, args.image_shape, args.num_classes, seed=2)
     elif args.dataset in ("mnist", "cifar10"):
         root = Path(args.data_dir)
+        if root.exists() and not root.is_dir():
+            raise UserError(f"--data-dir {root} is a file, not a folder; point --data-dir at the folder that holds "
+                            f"{args.dataset}")
         if not root.is_dir() and not args.download:
             raise UserError(f"data folder {root} does not exist; point --data-dir at the folder that holds "
                             f"{args.dataset}, or add --download to create it (needs a network)")

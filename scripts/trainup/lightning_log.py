@@ -85,4 +85,5 @@ class CourseLog(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         if getattr(self, "run_log", None) is not None and self.run_log.enabled and not self.run_log._file.closed:
-            self.run_log.summary(checkpoint=None, status="failed")
+            stopped = type(exception).__name__ == "SIGTERMException"  # Lightning's stop: resumable, not failed
+            self.run_log.summary(checkpoint=None, status="stopped" if stopped else "failed")

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401  before joining: see distributed.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import UserError
+from . import UserError, checkpoint
 
 # torch 2.13 names them *_single; older releases (a GPU machine's or Colab's torch) have only the old names
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
@@ -203,10 +203,12 @@ def save_full(path, state, epoch, args):
     """The whole model as one file, atomically: what checks.same_parameters reads."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save({"model": state, "epoch": epoch,
-                "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}},
-               tmp)
-    os.replace(tmp, path)
+    with checkpoint.whole(path, tmp):
+        torch.save({"model": state, "epoch": epoch,
+                    "args": {k: v for k, v in vars(args).items()
+                             if isinstance(v, (int, float, str, bool, type(None)))}},
+                   tmp)
+        os.replace(tmp, path)
 
 
 RESUMABLE = ("none", "parameters")  # get_state_dict knows DDP and FSDP2, not ZeroRedundancyOptimizer nor GradientShards
@@ -217,6 +219,7 @@ def save_sharded(folder, model, optimizer, scheduler, epoch):
     lets a job of any size load it. Written to a temporary folder, then renamed by rank 0: a reader sees
     the old checkpoint or the new one."""
     from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
     folder = Path(folder)
     tmp = folder.with_name(f".{folder.name}.tmp")
@@ -224,8 +227,14 @@ def save_sharded(folder, model, optimizer, scheduler, epoch):
         shutil.rmtree(tmp)
     dist.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": epoch},
-             checkpoint_id=str(tmp))
+    try:
+        dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": epoch},
+                 checkpoint_id=str(tmp))
+    except (OSError, CheckpointException) as e:  # every rank's failure, gathered: every rank gets it
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"checkpoint {folder} could not be written ({_why(e)}); the last whole checkpoint is "
+                        f"kept, nothing half-written is left") from None
     dist.barrier()
     if dist.get_rank() == 0:
         old = folder.with_name(f".{folder.name}.old")
@@ -236,9 +245,18 @@ def save_sharded(folder, model, optimizer, scheduler, epoch):
     dist.barrier()
 
 
+def _why(e):
+    """The first underlying failure of a CheckpointException (one per rank), else the error itself."""
+    failures = getattr(e, "failures", None) or {}
+    first = next(iter(failures.values()), e)
+    first = first[0] if isinstance(first, tuple) else first  # DCP keeps (exception, its traceback) per rank
+    return f"{type(first).__name__}: {getattr(first, 'strerror', None) or str(first).splitlines()[0][:120]}"
+
+
 def load_sharded(folder, model, optimizer, scheduler):
     """Restore a DCP checkpoint into this job, whatever its size; the epoch to start from (1 if none)."""
     from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     if not Path(folder).exists():
         return 1
@@ -246,9 +264,9 @@ def load_sharded(folder, model, optimizer, scheduler):
     state = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": 0}
     try:
         dcp.load(state, checkpoint_id=str(folder))
-    except Exception as e:  # DCP wraps every rank's failure in one CheckpointException
-        raise UserError(f"checkpoint {folder} cannot be loaded into this run ({type(e).__name__}): it holds "
-                        f"another model or mode; resume with the flags it was saved with") from None
+    except (Exception, CheckpointException) as e:  # DCP's, every rank's failure in one: a BaseException
+        raise UserError(f"checkpoint {folder} cannot be loaded into this run ({_why(e)}): it is damaged, or "
+                        f"holds another model or mode; resume with the flags it was saved with") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.load_state_dict(state["scheduler"])
     return state["epoch"] + 1
