@@ -164,6 +164,17 @@ def build_trainer(args, callbacks):
     return trainer
 
 
+def readable(ckpt):
+    """A checkpoint to resume from that Lightning can read: else one sentence before any process starts
+    (Lightning would stop with a traceback from torch.load)."""
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)  # Lightning's own files hold more
+        assert isinstance(state, dict) and "state_dict" in state and "loops" in state
+    except Exception as e:  # noqa: BLE001  damaged bytes fail in many ways (zip, pickle, EOF...)
+        raise UserError(f"checkpoint {ckpt} cannot be read ({type(e).__name__}): it is damaged or not "
+                        f"Lightning's; delete it, or run without --resume") from None
+
+
 def stopped(trainer, ckpt):
     """A SIGTERM (a scheduler's time limit, scancel): Lightning's checkpoint of where the run stood, written
     whole (every rank joins, rank 0 writes, then a rename), and exit 75 as every course script: resumable."""
@@ -208,6 +219,8 @@ def main(argv=None):
     if skipped and trainer.is_global_zero:
         print(skipped)
     ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"
+    if args.resume and ckpt.exists():
+        readable(ckpt)
     try:
         trainer.fit(module, datamodule=Digits(train_set, test_set, args.batch_size),
                     ckpt_path=str(ckpt) if args.resume and ckpt.exists() else None)

@@ -40,6 +40,7 @@ FAULTS = [
     ("--data-dir that is a file", "test_data.py", "test_a_data_dir_that_is_a_file"),
     ("flags the manual pipeline would ignore", "test_pipeline.py", "test_the_manual_halves_refuse_flags"),
     ("Lightning stopped by SIGTERM", "test_lightning.py", "test_sigterm_saves_a_checkpoint_exits_75"),
+    ("a damaged Lightning checkpoint resumed", "test_lightning.py", "test_a_damaged_lightning_checkpoint"),
     ("Lightning: a refused run and the live run's files", "test_lightning.py",
      "test_a_run_refused_for_a_live_writer"),
 ]

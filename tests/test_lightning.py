@@ -139,6 +139,18 @@ def test_old_and_bad_flags_are_one_sentence_and_a_nonzero_exit(main, flags, word
     assert not (log_dir / "bad.jsonl").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("damage", ["bytes", "empty", "another file"])
+def test_a_damaged_lightning_checkpoint_is_one_sentence(main, damage, capsys, log_dir):
+    ckpt = log_dir / "checkpoints" / "dmg-lightning.ckpt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    if damage == "another file":
+        torch.save({"model": {}}, ckpt)  # a course checkpoint, not Lightning's
+    else:
+        ckpt.write_bytes(b"PK\x03\x04 not a checkpoint" if damage == "bytes" else b"")
+    proc = in_process(main, [*TINY, "--accelerator", "cpu", "--resume", "--run-name", "dmg", *_out(log_dir)], capsys)
+    assert_clean_error(proc, "cannot be read", "damaged or not Lightning's", "without --resume")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the sentence for a machine without a GPU")
 def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, log_dir):
     assert_clean_error(in_process(main, [*TINY, "--accelerator", "gpu", *_out(log_dir)], capsys),
