@@ -15,9 +15,7 @@ logs/tensorboard/<run>.
 """
 import importlib.util
 import logging
-import os
 import shutil
-import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,8 +30,8 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
-from trainup import (UserError, cli, data, distributed, lightning_compat, lightning_gpustats, metrics, models,
-                     preempt)
+from trainup import (UserError, cli, data, distributed, lightning_ckpt, lightning_compat, lightning_gpustats,
+                     metrics, models, preempt)
 
 # Lightning's banners ("GPU available: ...", "Initializing distributed ...", "`Trainer.fit` stopped") are INFO
 # messages of these loggers: the course's own lines say what ran, so only warnings and errors pass.
@@ -151,40 +149,17 @@ def build_trainer(args, callbacks):
     devices, nodes = trainer_flags(args)
     tensorboard = TensorBoardLogger(save_dir=str(Path(args.log_dir) / "tensorboard"), name=args.run_name,
                                     version="", default_hp_metric=False)
-    lightning_ckpt = ModelCheckpoint(dirpath=args.checkpoint_dir, filename=f"{args.run_name}-lightning",
+    own_ckpt = ModelCheckpoint(dirpath=args.checkpoint_dir, filename=f"{args.run_name}-lightning",
                                      enable_version_counter=False)  # Lightning's own, rank 0 writes it
     try:
         trainer = pl.Trainer(accelerator=args.accelerator, devices=devices, num_nodes=nodes, strategy=args.strategy,
                              precision=lightning_compat.precision(args.precision), max_epochs=args.epochs,
-                             logger=tensorboard, callbacks=[*callbacks, lightning_ckpt], log_every_n_steps=1,
+                             logger=tensorboard, callbacks=[*callbacks, own_ckpt], log_every_n_steps=1,
                              enable_model_summary=False, enable_progress_bar=not args.no_progress,
                              num_sanity_val_steps=0, deterministic=False)
     except (MisconfigurationException, ImportError, ValueError, RuntimeError, TypeError) as e:
         raise UserError(f"Lightning refuses these flags: {str(e).splitlines()[0]}") from None
     return trainer
-
-
-def readable(ckpt):
-    """A checkpoint to resume from that Lightning can read: else one sentence before any process starts
-    (Lightning would stop with a traceback from torch.load)."""
-    try:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)  # Lightning's own files hold more
-        assert isinstance(state, dict) and "state_dict" in state and "loops" in state
-    except Exception as e:  # noqa: BLE001  damaged bytes fail in many ways (zip, pickle, EOF...)
-        raise UserError(f"checkpoint {ckpt} cannot be read ({type(e).__name__}): it is damaged or not "
-                        f"Lightning's; delete it, or run without --resume") from None
-
-
-def stopped(trainer, ckpt):
-    """A SIGTERM (a scheduler's time limit, scancel): Lightning's checkpoint of where the run stood, written
-    whole (every rank joins, rank 0 writes, then a rename), and exit 75 as every course script: resumable."""
-    tmp = ckpt.with_name(f".{ckpt.name}.tmp")
-    trainer.save_checkpoint(tmp)
-    if trainer.is_global_zero:
-        os.replace(tmp, ckpt)
-        print(f"stopped by SIGTERM at epoch {trainer.current_epoch + 1}, step {trainer.global_step}: "
-              f"{ckpt.name} saved; run again with --resume to go on", file=sys.stderr)
-    sys.exit(preempt.STOPPED_EXIT)
 
 
 @cli.main_guard
@@ -220,7 +195,7 @@ def main(argv=None):
         print(skipped)
     ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"
     if args.resume and ckpt.exists():
-        readable(ckpt)
+        lightning_ckpt.readable(ckpt)
     try:
         trainer.fit(module, datamodule=Digits(train_set, test_set, args.batch_size),
                     ckpt_path=str(ckpt) if args.resume and ckpt.exists() else None)
@@ -229,7 +204,7 @@ def main(argv=None):
             raise
         raise UserError(f"Lightning stopped: {str(e).splitlines()[0]}") from None
     except SIGTERMException:  # Lightning stops every rank after the step; alone it would exit 0, unsaved
-        stopped(trainer, ckpt)
+        lightning_ckpt.stopped(trainer, ckpt)
     if trainer.is_global_zero:
         print(f"TensorBoard: tensorboard --logdir {Path(args.log_dir) / 'tensorboard'}")
 
