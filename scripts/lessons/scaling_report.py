@@ -251,10 +251,10 @@ def about_schema(runs):
 
 # ----------------------------------------------------------------------------------------- the big table
 
-def single_device_match(run, runs, scaling="strong"):
+def single_device_match(run, runs, scaling="strong", quiet=True):
     """The one-device run to measure speedup against: same machine, device kind, work per step and set-up
-    (threads per process on a CPU), and not run on a busy machine (busy); the same script if there is one,
-    else any one-device run; the one made nearest in time.
+    (threads per process on a CPU), and not run on a busy machine (busy; quiet=False: busy or not); the
+    same script if there is one, else any one-device run; the one made nearest in time.
     Strong scaling: the same global batch (the devices share the work); weak scaling: one device's batch is
     the run's per-device batch (each device does what one did). A one-device run is its own: speedup 1."""
     f = run["facts"]
@@ -263,10 +263,35 @@ def single_device_match(run, runs, scaling="strong"):
     setup = SAME_SETUP + (("threads",) if f["device"] == "cpu" else ())
     work = SAME_WORK if scaling == "strong" else tuple(k for k in SAME_WORK if k != "batch_size")
     per_device = (f.get("batch_size") or 0) // f["devices"]
-    pool = [r for r in runs if r["facts"]["devices"] == 1 and not busy(r)
+    pool = [r for r in runs if r["facts"]["devices"] == 1 and not (quiet and busy(r))
             and same(r["facts"], f, ("measured_on", "device")) and same(r["facts"], f, work) and same(r["facts"], f, setup)
             and (scaling == "strong" or r["facts"].get("batch_size") == per_device)]
     return nearest([r for r in pool if r["facts"]["script"] == f["script"]], f) or nearest(pool, f)
+
+
+# Why a row has no speedup. The first two are the machine's doing, not the course's: a loaded machine or
+# a one-device run slower than its own work (a turn lost to another program) measures no one device.
+BUSY = "its one-device run was made on a busy machine (load average above its cores)"
+IMPLAUSIBLE = f"the efficiency came out above {COMPARABLE_EFFICIENCY:.0%}: not one device's work"
+DISTURBED = (BUSY, IMPLAUSIBLE)
+UNMATCHED = "no one-device run did the same work on this machine"
+
+
+def comparison(run, runs):
+    """(baseline, scaling, speedup, why): strong scaling where a one-device run did the same global
+    batch, else weak scaling where one did the per-device batch; why says what left a row without."""
+    f, why = run["facts"], UNMATCHED
+    for scaling in ("strong", "weak"):
+        base = single_device_match(run, runs, scaling)
+        if base is None:
+            if single_device_match(run, runs, scaling, quiet=False) is not None and why == UNMATCHED:
+                why = BUSY
+            continue
+        speedup = run["summary"]["samples_per_s"] / base["summary"]["samples_per_s"]
+        if speedup / f["devices"] <= COMPARABLE_EFFICIENCY:
+            return base, scaling, speedup, None
+        why = IMPLAUSIBLE
+    return None, None, float("nan"), why
 
 
 def busy(run):
@@ -294,13 +319,7 @@ def performance(runs):
     rows = []
     for r in runs:
         f, s = r["facts"], r["summary"]
-        for scaling in ("strong", "weak"):
-            base = single_device_match(r, runs, scaling)
-            speedup = s["samples_per_s"] / base["summary"]["samples_per_s"] if base else float("nan")
-            if speedup / f["devices"] > COMPARABLE_EFFICIENCY:  # not one device's work: no comparable baseline
-                base, speedup = None, float("nan")
-            if base:
-                break
+        base, scaling, speedup, why = comparison(r, runs)
         rows.append(dict(
             run=r["name"], strategy=r["strategy"].name if r["strategy"] else f"other ({f['script']})",
             family=r["strategy"].family if r["strategy"] else f["script"], measured_on=f["measured_on"],
@@ -308,7 +327,7 @@ def performance(runs):
             per_device_batch=(f.get("batch_size") or 0) // max(f["devices"], 1), samples_per_s=s["samples_per_s"],
             epoch_s=sum(e["wall_s"] for e in r["epochs"]) / len(r["epochs"]), speedup=speedup,
             efficiency=speedup / f["devices"], baseline=base["name"] if base else None,
-            scaling=scaling if base else None,
+            scaling=scaling, no_speedup=why,
             peak_mem_mb=s["peak_mem_mb"], loss=s["loss"], test_accuracy=s["test_accuracy"], epochs=len(r["epochs"]),
             model=f.get("model"), dataset=f.get("dataset")))
     return pd.DataFrame(rows)
@@ -377,6 +396,20 @@ def about_scaling(table):
     if not weak:
         out += " No weak-scaling pair is in logs/: a one-device run with the per-device batch would make one."
     return out
+
+
+def about_weak(table, name=None):
+    """The weak-scaling run made here in one sentence: its efficiency against the one-device run that did
+    its per-device batch, or what the machine did that left it without one. Fails where no one-device run
+    did that batch (the course's doing, not the machine's)."""
+    name = name or WEAK[0][0]
+    r = table.set_index("run").loc[name]
+    if r["scaling"] == "weak":
+        return (f"{name} ({r.world_size} ranks, {r.per_device_batch} samples each) against {r.baseline} "
+                f"(one device, {r.per_device_batch} samples): weak scaling, efficiency {r.efficiency:.0%}.")
+    if r["no_speedup"] in DISTURBED:
+        return f"{name} has no efficiency this time: {r.no_speedup}. Run this notebook again on a quiet machine."
+    raise AssertionError(f"{name} is not measured as weak scaling: {r.no_speedup or r.scaling}")
 
 
 def time_to_accuracy(runs, target=None):
@@ -534,9 +567,13 @@ def recommend(table, equal=None, cores=None, mem=None):
                              f"efficiency, {best.scaling} scaling: {best.speedup:.2f}x one device on "
                              f"{best.world_size})")
             uncompared = g[(g["world_size"] > 1) & g["efficiency"].isna()]
-            if len(uncompared):
-                parts.append(f"{len(uncompared)} job(s) on several devices had no one-device run doing the same "
-                             f"work (model, batch, precision, threads, instruments), so no speedup is claimed")
+            disturbed = uncompared["no_speedup"].isin(DISTURBED) if "no_speedup" in g else uncompared["efficiency"] < 0
+            if (~disturbed).any():
+                parts.append(f"{int((~disturbed).sum())} job(s) on several devices had no one-device run doing the "
+                             f"same work (model, batch, precision, threads, instruments), so no speedup is claimed")
+            if disturbed.any():
+                parts.append(f"{int(disturbed.sum())} job(s) on several devices were compared with a busy machine "
+                             f"or a disturbed one-device run, so no speedup is claimed for them")
             several = g[g["world_size"] > 1]
             if len(several) and not hardware.startswith("CPU"):  # memory torch allocated on the device
                 low = several.loc[several["peak_mem_mb"].idxmin()]
