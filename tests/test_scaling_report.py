@@ -347,12 +347,16 @@ def test_strong_and_weak_scaling_each_against_its_own_one_device_run(tmp_path):
     assert table.loc["neither", "no_speedup"] == sr.UNMATCHED and not isinstance(table.loc["weak", "no_speedup"], str)
     with pytest.raises(AssertionError, match="not measured as weak scaling"):
         sr.about_weak(table.reset_index(), "neither")
+    assert sr.comparable(table.reset_index(), "strong", "strong")
+    with pytest.raises(AssertionError, match="not measured as strong scaling: it is weak"):
+        sr.comparable(table.reset_index(), "weak", "strong")
     # the machine's doing is said, not failed: the only one-device run busy, or one slower than its work
     one64 = tmp_path / "one64.jsonl"
     one64.write_text(one64.read_text().replace('"world_size": 1,', '"world_size": 1, "cores": 2, "load_start": 3.5,'))
     (tmp_path / "busy64.jsonl").unlink()
     disturbed = sr.performance(sr.load(tmp_path)[0])
     assert disturbed.set_index("run").loc["weak", "no_speedup"] == sr.BUSY
+    assert not sr.comparable(disturbed, "strong", "strong")  # said, not failed
     assert "no efficiency this time: its one-device run was made on a busy" in sr.about_weak(disturbed, "weak")
     write_run(tmp_path, "slow64", "_trainup_gpu.py", samples_per_s=60)  # 190 / 60 / 2: 158 %
     slowed = sr.performance(sr.load(tmp_path)[0]).set_index("run")

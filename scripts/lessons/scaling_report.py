@@ -398,18 +398,27 @@ def about_scaling(table):
     return out
 
 
+def comparable(table, name, scaling):
+    """True where run name was measured as this scaling against a one-device run; False where the machine
+    left it without one (DISTURBED). Fails where no one-device run did its work: the course's doing."""
+    r = table.set_index("run").loc[name]
+    if r["scaling"] == scaling:
+        return True
+    if r["no_speedup"] in DISTURBED:
+        return False
+    why = r["no_speedup"] if isinstance(r["no_speedup"], str) else f"it is {r['scaling']} scaling"
+    raise AssertionError(f"{name} is not measured as {scaling} scaling: {why}")
+
+
 def about_weak(table, name=None):
     """The weak-scaling run made here in one sentence: its efficiency against the one-device run that did
-    its per-device batch, or what the machine did that left it without one. Fails where no one-device run
-    did that batch (the course's doing, not the machine's)."""
+    its per-device batch, or what the machine did that left it without one (comparable)."""
     name = name or WEAK[0][0]
     r = table.set_index("run").loc[name]
-    if r["scaling"] == "weak":
+    if comparable(table, name, "weak"):
         return (f"{name} ({r.world_size} ranks, {r.per_device_batch} samples each) against {r.baseline} "
                 f"(one device, {r.per_device_batch} samples): weak scaling, efficiency {r.efficiency:.0%}.")
-    if r["no_speedup"] in DISTURBED:
-        return f"{name} has no efficiency this time: {r.no_speedup}. Run this notebook again on a quiet machine."
-    raise AssertionError(f"{name} is not measured as weak scaling: {r.no_speedup or r.scaling}")
+    return f"{name} has no efficiency this time: {r.no_speedup}. Run this notebook again on a quiet machine."
 
 
 def time_to_accuracy(runs, target=None):
