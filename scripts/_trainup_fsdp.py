@@ -116,7 +116,8 @@ def train(args, ctx, mode, name, train_set, test_set):
     source = folder.with_name(f"{name.replace(args.run_name, args.resume_from, 1)}.dcp") if args.resume_from else folder
     if args.resume_from and not source.exists():
         raise UserError(f"--resume-from {args.resume_from}: no sharded checkpoint {source.name} in {source.parent}")
-    start_epoch = sharding.load_sharded(source, model, optimizer, scheduler) if args.resume or args.resume_from else 1
+    start_epoch = (sharding.load_sharded(source, model, optimizer, scheduler, run)
+                   if args.resume or args.resume_from else 1)
     log = metrics.RunLog(run, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **distributed.describe(ctx, args))
     log.write("sharding", shard=mode, zero_stage=sharding.ZERO_STAGE[mode], mesh=ctx.world_size,
@@ -144,7 +145,7 @@ def train(args, ctx, mode, name, train_set, test_set):
         wall = time.perf_counter() - tick
         log.epoch(epoch, distributed.reduce(train_meter), distributed.reduce(evaluate(model, test_loader, device)), wall)
         if mode in sharding.RESUMABLE:
-            sharding.save_sharded(folder, model, optimizer, scheduler, epoch)  # every rank writes its shards
+            sharding.save_sharded(folder, model, optimizer, scheduler, epoch, run)  # every rank: its shards
         whole = sharding.full_state(model)  # gathered from the shards, on rank 0
         if ctx.is_main:
             sharding.save_full(checkpoint.path_for(run), whole, epoch, run)

@@ -36,8 +36,8 @@ BREAKAGES = {
         "test_cpu_script.py::test_resume_runs_only_the_missing_epochs_and_ends_like_a_straight_run"),
     "non-atomic save": (
         "trainup/checkpoint.py",
-        "                   tmp)\n        os.replace(tmp, path)\n    return path\n",
-        "                   path)\n    return path\n",
+        '                    "args": plain(args)}, tmp)\n        os.replace(tmp, path)\n    return path\n',
+        '                    "args": plain(args)}, path)\n    return path\n',
         "test_metrics.py::test_a_checkpoint_being_written_never_replaces_the_last_good_one_until_it_is_whole"),
     "every rank writes the checkpoint": (
         "_trainup_ddp.py",

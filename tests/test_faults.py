@@ -23,6 +23,8 @@ FAULTS = [
     ("a checkpoint read while being written", "test_metrics.py", "test_a_checkpoint_being_written_never"),
     ("damaged or foreign checkpoints and logs", "test_cpu_script.py", "test_bad_files_are_one_sentence"),
     ("a resume with changed flags", "test_preemption.py", "test_a_resume_with_changed_flags"),
+    ("a sharded (DCP) checkpoint resumed with changed flags", "test_faults.py",
+     "test_a_sharded_checkpoint_resumed_with_other_flags"),
     ("a resume inside an epoch with another world size", "test_preemption.py",
      "test_resuming_inside_an_epoch_with_another_world_size"),
     ("a stop during evaluation", "test_preemption.py", "test_a_stop_during_evaluation_keeps"),
@@ -129,6 +131,20 @@ def test_a_sharded_checkpoint_on_a_full_disk_is_one_sentence_and_leaves_no_tempo
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "store") == ["r.dcp"]
     monkeypatch.undo()
     assert sharding.load_sharded(folder, *_trained()) == 2  # epoch 1's checkpoint, whole
+
+
+def test_a_sharded_checkpoint_resumed_with_other_flags_is_one_sentence(one_rank_group, tmp_path):
+    """The DCP folder keeps the saving run's flags: another batch size (or model, precision, ...) is
+    refused naming the flag; the same flags (and another world size, which DCP reshards) resume."""
+    import argparse
+    saved = argparse.Namespace(lesson="fsdp", model="cnn", dataset="digits", train_size=2000,
+                               batch_size=32, precision="32", run_name="r")
+    folder = tmp_path / "r.dcp"
+    sharding.save_sharded(folder, *_trained(), 1, saved)
+    other = argparse.Namespace(**{**vars(saved), "batch_size": 16})
+    with pytest.raises(UserError, match=r"saved by a run with --batch-size 32, and this run has 16"):
+        sharding.load_sharded(folder, *_trained(), other)
+    assert sharding.load_sharded(folder, *_trained(), saved) == 2
 
 
 @pytest.mark.parametrize("damage", [".metadata", "shard"])

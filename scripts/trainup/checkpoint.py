@@ -52,9 +52,7 @@ def save(path, model, optimizer, scheduler, epoch, args, scaler=None, position=N
                     # fp16's loss scale, learned over the run: without it a resumed run starts again at 65536
                     "scaler": scaler.state_dict() if scaler is not None else {},
                     "position": position,
-                    "args": {k: v for k, v in vars(args).items()
-                             if isinstance(v, (int, float, str, bool, type(None)))}},
-                   tmp)
+                    "args": plain(args)}, tmp)
         os.replace(tmp, path)
     return path
 
@@ -87,7 +85,7 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     except (RuntimeError, OSError, EOFError, KeyError, TypeError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
         raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}): it is damaged or not a trainup "
                         f"checkpoint; delete it, or run without --resume") from None
-    _same_run(path, state.get("args") or {}, _ARGS.get(str(path)))
+    same_run(path, state.get("args") or {}, _ARGS.get(str(path)))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError:
@@ -101,7 +99,14 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     return epoch
 
 
-def _same_run(path, saved, args):
+def plain(args):
+    """The run's flags that a checkpoint keeps: the plain values (what same_run compares on resume)."""
+    return {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+
+
+def same_run(path, saved, args):
+    """Refuses, in one sentence naming the flag, a resume whose flags would train another model or other
+    samples than the run that saved path (SAME_ON_RESUME)."""
     if args is None:
         return
     for key in SAME_ON_RESUME:

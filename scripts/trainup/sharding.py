@@ -6,6 +6,7 @@ rank holds, the collectives a step runs, and sharded checkpoints that reshard on
     --shard gradients   ZeRO-2: gradients reduce-scattered too, each rank keeps its shard (GradientShards)
     --shard parameters  ZeRO-3: parameters too: FSDP2 fully_shard per block, then on the whole model
 """
+import json
 import math
 import os
 import shutil
@@ -204,20 +205,20 @@ def save_full(path, state, epoch, args):
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with checkpoint.whole(path, tmp):
-        torch.save({"model": state, "epoch": epoch,
-                    "args": {k: v for k, v in vars(args).items()
-                             if isinstance(v, (int, float, str, bool, type(None)))}},
-                   tmp)
+        torch.save({"model": state, "epoch": epoch, "args": checkpoint.plain(args)}, tmp)
         os.replace(tmp, path)
 
 
 RESUMABLE = ("none", "parameters")  # get_state_dict knows DDP and FSDP2, not ZeroRedundancyOptimizer nor GradientShards
 
 
-def save_sharded(folder, model, optimizer, scheduler, epoch):
+ARGS_FILE = "trainup_args.json"  # beside DCP's files: the flags of the run that saved, for a resume to check
+
+
+def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
     """A torch.distributed.checkpoint (DCP) folder: every rank writes its own shards, with metadata that
-    lets a job of any size load it. Written to a temporary folder, then renamed by rank 0: a reader sees
-    the old checkpoint or the new one."""
+    lets a job of any size load it, and rank 0 the run's flags (ARGS_FILE). Written to a temporary
+    folder, then renamed by rank 0: a reader sees the old checkpoint or the new one."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -235,6 +236,9 @@ def save_sharded(folder, model, optimizer, scheduler, epoch):
             shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"checkpoint {folder} could not be written ({_why(e)}); the last whole checkpoint is "
                         f"kept, nothing half-written is left") from None
+    if dist.get_rank() == 0 and args is not None:
+        with checkpoint.whole(folder, tmp):
+            (tmp / ARGS_FILE).write_text(json.dumps(checkpoint.plain(args)))
     dist.barrier()
     if dist.get_rank() == 0:
         old = folder.with_name(f".{folder.name}.old")
@@ -253,13 +257,20 @@ def _why(e):
     return f"{type(first).__name__}: {getattr(first, 'strerror', None) or str(first).splitlines()[0][:120]}"
 
 
-def load_sharded(folder, model, optimizer, scheduler):
-    """Restore a DCP checkpoint into this job, whatever its size; the epoch to start from (1 if none)."""
+def load_sharded(folder, model, optimizer, scheduler, args=None):
+    """Restore a DCP checkpoint into this job, whatever its size; the epoch to start from (1 if none).
+    args: this run's flags, checked against those the saving run wrote (checkpoint.SAME_ON_RESUME)."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     if not Path(folder).exists():
         return 1
+    saved = Path(folder) / ARGS_FILE
+    if args is not None and saved.exists():
+        try:
+            checkpoint.same_run(folder, json.loads(saved.read_text()), args)
+        except ValueError:  # torn or foreign: DCP's own load below says whether the rest is whole
+            pass
     model_state, optim_state = get_state_dict(model, optimizer)  # this job's layout: DCP fills it from the files
     state = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": 0}
     try:
