@@ -4,12 +4,14 @@ disk is a write that fails with ENOSPC part-way; a damaged checkpoint is bytes o
 that need real jobs live beside their lesson's tests, named in FAULTS.
 """
 import errno
+import subprocess
 import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import assert_clean_error, run_script
 from trainup import UserError, checkpoint, cli, sharding
 
 # The fault list: each trial of the issue's round two, and the test that covers it (a test's name, or the
@@ -19,6 +21,8 @@ FAULTS = [
     ("a full disk while a log line is written", "test_faults.py", "test_a_full_disk_while_logging"),
     ("a full disk while a sharded checkpoint is written", "test_faults.py",
      "test_a_sharded_checkpoint_on_a_full_disk"),
+    ("a real full disk under a checkpoint, a log, a DCP folder", "test_faults.py",
+     "test_a_real_full_disk"),
     ("a damaged sharded (DCP) checkpoint resumed", "test_faults.py", "test_a_damaged_sharded_checkpoint"),
     ("a checkpoint read while being written", "test_metrics.py", "test_a_checkpoint_being_written_never"),
     ("damaged or foreign checkpoints and logs", "test_cpu_script.py", "test_bad_files_are_one_sentence"),
@@ -125,7 +129,7 @@ def test_a_sharded_checkpoint_on_a_full_disk_is_one_sentence_and_leaves_no_tempo
         real(*a, **k)
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(filesystem, "_write_item", full)
-    with pytest.raises(UserError, match=r"could not be written \(OSError: No space left on device\); the last "
+    with pytest.raises(UserError, match=r"could not be written \(the disk is full\); the last "
                                         r"whole checkpoint is kept"):
         sharding.save_sharded(folder, model, opt, sched, 2)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "store") == ["r.dcp"]
@@ -164,3 +168,42 @@ def test_a_damaged_sharded_checkpoint_is_one_sentence(damage, one_rank_group, tm
         pytest.fail("a damaged DCP checkpoint escaped as:\n" + traceback.format_exc())
     else:
         pytest.fail("a damaged DCP checkpoint loaded")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(size): a real file system of that size (tmpfs), full once that much is written; as it
+    would be under a learner's quota. Mounting needs root (CI has it); elsewhere the test is skipped."""
+    mounted = []
+
+    def make(size):
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"a real full disk needs a small tmpfs, and mount refused: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+# (script, flags, which folder is on the small disk, its size): torch.save's zip writer, DCP's writer
+# and the log's stream each meet the full disk in their own way (RuntimeError, a gathered exception, OSError)
+REAL_FULL = {"checkpoint": ("_trainup_cpu.py", (), "checkpoint_dir", "1m"),
+             "dcp": ("_trainup_fsdp.py", ("--shard", "none"), "checkpoint_dir", "1m"),
+             "log": ("_trainup_cpu.py", (), "log_dir", "8k")}
+
+
+@pytest.mark.parametrize("what", REAL_FULL)
+def test_a_real_full_disk_is_one_sentence_and_leaves_nothing_half_written(what, small_disk, tmp_path):
+    script, flags, folder, size = REAL_FULL[what]
+    disk = small_disk(size)
+    where = {"log_dir": tmp_path / "logs", "checkpoint_dir": tmp_path / "checkpoints", folder: disk}
+    proc = run_script(script, *flags, "--epochs", 1, "--train-size", 256, "--run-name", "r", check=False, **where)
+    assert_clean_error(proc, "the disk is full" if folder == "checkpoint_dir" else "no space left")
+    assert proc.returncode == 2 and "Exception ignored" not in proc.stderr
+    left = sorted(p.name for p in disk.iterdir())
+    assert not [n for n in left if ".tmp" in n or n.endswith((".pt", ".dcp"))], left  # nothing half-written

@@ -63,14 +63,29 @@ def whole(path, tmp):
     last whole checkpoint in place, and one sentence."""
     try:
         yield
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not any(m in str(e) for m in TORN):
+            raise
+        full = getattr(e, "errno", None) in FULL or no_room(Path(path).parent)  # before tmp's bytes are freed
         shutil.rmtree(tmp, ignore_errors=True) if Path(tmp).is_dir() else Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"checkpoint {path} could not be written ({e.strerror or e}); "
-                        + ("the disk is full: " if e.errno in FULL else "")
+        why = (e.strerror if isinstance(e, OSError) and e.strerror else
+               os.strerror(errno.ENOSPC) if full else str(e).splitlines()[0][:80])
+        raise UserError(f"checkpoint {path} could not be written ({why}); "
+                        + ("the disk is full: " if full else "")
                         + "the last whole checkpoint is kept, nothing half-written is left") from None
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, or over the quota
+# torch.save's zip writer turns a write that fell short (a full disk) into a RuntimeError, not an OSError
+TORN = ("unexpected pos", "PytorchStreamWriter failed writing")
+
+
+def no_room(folder, least=1 << 20):
+    """Less than a MiB free where the file was going: what a full disk (or quota) looks like from here."""
+    try:
+        return shutil.disk_usage(folder).free < least
+    except OSError:
+        return False
 
 
 def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):

@@ -189,18 +189,25 @@ def progress(iterable, desc, enabled=True):
 
 
 class _Tee:
+    """The terminal and logs/<run>.stdout as one stream. A stream that fails (a full disk) is dropped after
+    its error is raised once: the error's sentence and Python's last flush at exit still reach the terminal."""
     def __init__(self, *streams):
-        self.streams = streams
+        self.streams = list(streams)
+
+    def _each(self, do):
+        for s in list(self.streams):
+            try:
+                do(s)
+            except OSError:
+                self.streams.remove(s)
+                raise
 
     def write(self, text):
-        for s in self.streams:
-            s.write(text)
-            s.flush()
+        self._each(lambda s: (s.write(text), s.flush()))
         return len(text)
 
     def flush(self):
-        for s in self.streams:
-            s.flush()
+        self._each(lambda s: s.flush())
 
     def isatty(self):
         return False

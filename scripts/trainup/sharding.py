@@ -231,10 +231,15 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
     try:
         dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": epoch},
                  checkpoint_id=str(tmp))
-    except (OSError, CheckpointException) as e:  # every rank's failure, gathered: every rank gets it
+    except (OSError, RuntimeError, CheckpointException) as e:  # every rank's failure, gathered: every rank gets it
+        if isinstance(e, RuntimeError) and not any(m in str(e) for m in checkpoint.TORN):
+            raise  # not a write that fell short: a defect, shown whole
+        why = _why(e)
+        full = checkpoint.no_room(folder.parent) or any(m in why for m in (*checkpoint.TORN, "No space"))
         if dist.get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"checkpoint {folder} could not be written ({_why(e)}); the last whole checkpoint is "
+        raise UserError(f"checkpoint {folder} could not be written ("
+                        + ("the disk is full" if full else why) + "); the last whole checkpoint is "
                         f"kept, nothing half-written is left") from None
     if dist.get_rank() == 0 and args is not None:
         with checkpoint.whole(folder, tmp):
