@@ -17,6 +17,32 @@ SCRIPTS = Path(os.environ.get("TRAINUP_SCRIPTS_DIR", ROOT / "scripts"))
 sys.path.insert(0, str(SCRIPTS))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "jobs(*names): the jobs of its module's fixture that the test reads "
+                                       "(the fixture starts only those its selected tests read: wanted_jobs)")
+
+
+def wanted_jobs(request):
+    """The jobs that the selected tests using this fixture read (their jobs marks), so that a test run alone
+    (tests/test_breakages.py runs its targets so) starts only its own; None where one has no mark: all."""
+    want = set()
+    for item in request.session.items:
+        if getattr(item, "module", None) is request.module and request.fixturename in getattr(item, "fixturenames", ()):
+            mark = item.get_closest_marker("jobs")
+            if mark is None:
+                return None
+            want.update(mark.args)
+    return want
+
+
+def start_wanted(request, starters):
+    """starters: name -> a function that starts that job (a Popen); the wanted ones started, side by side,
+    then each finished (finish_job): name -> its CompletedProcess, or None where no selected test reads it."""
+    want = wanted_jobs(request)
+    procs = {name: start() for name, start in starters.items() if want is None or name in want}
+    return {name: finish_job(procs[name]) if name in procs else None for name in starters}
+
+
 # How each test of this session did on the unbroken course, by node id: tests/test_breakages.py reads it
 # (its targets must pass without a breakage) instead of running them all again.
 OUTCOMES = {}
@@ -139,3 +165,28 @@ def rename_watch(folder):
 @pytest.fixture
 def log_dir(tmp_path):
     return tmp_path / "logs"
+
+
+@pytest.fixture(scope="module")
+def local_slurm(tmp_path_factory):
+    """A real SLURM for the module that asks (apt-get installs it the first time); every daemon stopped by
+    pid. Where it cannot start: skipped, or failed under TRAINUP_REQUIRE_SLURM=1 (CI sets it)."""
+    from lessons import slurm
+    state = tmp_path_factory.mktemp("slurm")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINUP_SLURM_DIR", str(state))
+        started, why = slurm.start(owner=os.getpid())  # the owner: a watchdog stops it if this test run dies
+        if started == "cannot" and os.environ.get("TRAINUP_REQUIRE_SLURM") != "1":
+            pytest.skip(f"the real-SLURM tests need root and Debian's slurm-wlm and munge: {why}")
+        if started == "cannot":
+            pytest.fail(f"TRAINUP_REQUIRE_SLURM=1 (CI) and the local SLURM cannot start: {why}", pytrace=False)
+        if started != "running":
+            pytest.fail(f"the local SLURM did not start: {why}", pytrace=False)
+        pids = {f.name: int(f.read_text()) for f in (state / "run").glob("*.pid")}
+        try:
+            yield state
+        finally:
+            slurm.stop()
+            alive = [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()
+                     and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+            assert not alive, f"still running after stop: {alive}"

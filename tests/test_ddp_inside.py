@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_clean_error, in_process
+from conftest import SCRIPTS, assert_clean_error, in_process, start_wanted
 from lessons import checks, collectives, launch, report
 from test_ddp import finish, ok, start
 
@@ -20,33 +20,34 @@ def torchrun(script, *args, nproc=2):
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """Every job of this file, started together (the machine has 2 cores; most of each job is waiting)."""
+def jobs(tmp_path_factory, request):
+    """Every job of this file that the selected tests read (their jobs marks), started together (the
+    machine has 2 cores; most of each job is waiting)."""
     log_dir = tmp_path_factory.mktemp("inside") / "logs"
-    out = dict(log_dir=log_dir)
     common = ["--log-dir", log_dir]
     train = [*TINY, *checks.PROOF, "--batch-size", 64, *common, "--checkpoint-dir", log_dir / "checkpoints"]
-    procs = dict(
-        shows=torchrun(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
-                       "--run-name", "shows", *common),
+    out = start_wanted(request, dict(
+        shows=lambda: torchrun(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
+                               "--run-name", "shows", *common),
         # 3 processes: the ring factor 2(N-1)/N is 4/3 (with 2 it is 1, and a missing factor hides)
-        bw3=torchrun(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common, nproc=3),
-        acc1=torchrun(DDP_SCRIPT, *train, "--accumulate", 1, "--run-name", "acc1"),
-        acc4=torchrun(DDP_SCRIPT, *train, "--accumulate", 4, "--run-name", "acc4"),
-        mismatch=start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [COLLECTIVES, "--show", "mismatch"],
-                       {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
-        hang=torchrun(COLLECTIVES, "--show", "hang", "--timeout", 3))
-    for name, proc in procs.items():
-        out[name] = finish(proc)
+        bw3=lambda: torchrun(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common,
+                             nproc=3),
+        acc1=lambda: torchrun(DDP_SCRIPT, *train, "--accumulate", 1, "--run-name", "acc1"),
+        acc4=lambda: torchrun(DDP_SCRIPT, *train, "--accumulate", 4, "--run-name", "acc4"),
+        mismatch=lambda: start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [COLLECTIVES, "--show", "mismatch"],
+                               {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+        hang=lambda: torchrun(COLLECTIVES, "--show", "hang", "--timeout", 3)))
     for name in ("shows", "bw3", "acc1", "acc4"):
-        ok(out[name])
-    return out
+        if out[name] is not None:
+            ok(out[name])
+    return dict(out, log_dir=log_dir)
 
 
 def extra(jobs, name, kind):
     return [r for r in report.read_run(jobs["log_dir"] / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
+@pytest.mark.jobs("shows")
 def test_each_collective_gives_every_rank_what_it_defines(jobs):
     got = {r["op"]: r for r in extra(jobs, "shows", "collective")}
     assert got["broadcast"]["before"] == [[1, 1], [2, 2]] and got["broadcast"]["after"] == [[1, 1], [1, 1]]
@@ -65,6 +66,7 @@ def test_the_collectives_check_catches_a_wrong_result():
     assert collectives.expected("broadcast", before, 2) != before
 
 
+@pytest.mark.jobs("shows", "bw3")
 def test_bus_bandwidth_is_algbw_times_the_ring_factor(jobs):
     assert collectives.ring_factor(2) == 1.0 and collectives.ring_factor(8) == 1.75
     assert collectives.bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75e9)
@@ -77,6 +79,7 @@ def test_bus_bandwidth_is_algbw_times_the_ring_factor(jobs):
     assert three["busbw_gbps"].tolist() == pytest.approx((three["algbw_gbps"] * 4 / 3).tolist(), rel=1e-12)
 
 
+@pytest.mark.jobs("shows")
 def test_ddp_broadcasts_rank_0s_state_and_buckets_gradients_during_backward(jobs):
     log_dir = jobs["log_dir"]
     b = extra(jobs, "shows", "ddp_broadcast")[0]
@@ -93,6 +96,7 @@ def test_ddp_broadcasts_rank_0s_state_and_buckets_gradients_during_backward(jobs
     collectives.about_broadcast("shows", log_dir), collectives.about_buckets(collectives.buckets_table("shows", log_dir))
 
 
+@pytest.mark.jobs("shows")
 def test_batchnorm_statistics_differ_per_rank_unless_summed_over_ranks(jobs):
     r = extra(jobs, "shows", "bn_stats")[0]
     assert r["running_mean_rank_diff"] > 1e-6
@@ -101,6 +105,7 @@ def test_batchnorm_statistics_differ_per_rank_unless_summed_over_ranks(jobs):
     assert "SyncBatchNorm" in collectives.about_bn_stats("shows", jobs["log_dir"])
 
 
+@pytest.mark.jobs("acc1", "acc4")
 def test_no_sync_accumulation_equals_the_big_batch_with_fewer_allreduces(jobs):
     ck = jobs["log_dir"] / "checkpoints"
     one, four = (torch.load(ck / f"{n}.pt", weights_only=True)["model"] for n in ("acc1", "acc4"))
@@ -116,6 +121,7 @@ def test_no_sync_accumulation_equals_the_big_batch_with_fewer_allreduces(jobs):
     assert [e["loss"] for e in e4] == pytest.approx([e["loss"] for e in e1], abs=checks.FLOAT64_ATOL)
 
 
+@pytest.mark.jobs("mismatch", "hang")
 def test_a_shape_mismatch_and_a_skipped_collective_say_what_went_wrong(jobs):
     mismatch, hang = jobs["mismatch"], jobs["hang"]
     assert mismatch.returncode != 0 and hang.returncode != 0

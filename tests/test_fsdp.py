@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import checks, launch, sharding as lesson
+from lessons import checks, launch, zero_stages as lesson
 from trainup import models
 from trainup.sharding import MODES, RESUMABLE
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, start_job
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, start_job, start_wanted
 from lessons import checks, horovod, report, slurm
 from trainup import distributed, models
 
@@ -77,25 +77,27 @@ if os.environ.get("HOROVOD_RANK") == "1":
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
+def jobs(tmp_path_factory, request):
     """Started together (each is mostly start-up and waiting): one process with the whole batch
-    (_trainup_gpu.py on the CPU), 2 Horovod ranks with half each, and two Horovod jobs with a rank that fails."""
+    (_trainup_gpu.py on the CPU), 2 Horovod ranks with half each, 2 ranks that start apart, and two Horovod
+    jobs with a rank that fails; those the selected tests read (their jobs marks) only."""
     require_horovod()
     log_dir = tmp_path_factory.mktemp("horovod") / "logs"
     faults = log_dir.parent / "faults"
-    hvd2 = horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF)
     site = log_dir.parent / "apart"
     site.mkdir()
     (site / "sitecustomize.py").write_text(APART)
-    apart = horovodrun(log_dir, "apart", "--batch-size", 64, *checks.PROOF,
-                       env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-                            "TRAINUP_APART_MARK": str(site / "rank1_started_apart")})
-    one = start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size", "64",
-                 "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")])
-    died = horovodrun(faults, "died", env={distributed.FAULT_ENV: "1:3:exit"})  # os._exit(1) before step 3
-    raised = horovodrun(faults, "raised", env={distributed.FAULT_ENV: "1:3"})   # an exception at step 3
-    return SimpleNamespace(log_dir=log_dir, one=finish(one), hvd2=finish(hvd2), faults=faults, died=finish(died),
-                           raised=finish(raised), apart=finish(apart), mark=site / "rank1_started_apart")
+    done = start_wanted(request, dict(
+        hvd2=lambda: horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF),
+        apart=lambda: horovodrun(log_dir, "apart", "--batch-size", 64, *checks.PROOF,
+                                 env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+                                      "TRAINUP_APART_MARK": str(site / "rank1_started_apart")}),
+        one=lambda: start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size",
+                           "64", "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir",
+                           str(log_dir / "checkpoints")]),
+        died=lambda: horovodrun(faults, "died", env={distributed.FAULT_ENV: "1:3:exit"}),  # os._exit(1) at step 3
+        raised=lambda: horovodrun(faults, "raised", env={distributed.FAULT_ENV: "1:3"})))  # an exception at step 3
+    return SimpleNamespace(log_dir=log_dir, faults=faults, mark=site / "rank1_started_apart", **done)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +106,7 @@ def runs(jobs):
     return jobs.log_dir
 
 
+@pytest.mark.jobs("one", "hvd2")
 def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it(runs):
     one, two = params(runs, "one"), params(runs, "hvd2")
     init = models.build(SimpleNamespace(model="cnn", seed=1, dropout=0.0),
@@ -118,17 +121,19 @@ def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_
         assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
 
 
-def test_ranks_that_start_apart_end_like_one_process_after_rank_0s_broadcast(jobs, runs):
+@pytest.mark.jobs("one", "apart")
+def test_ranks_that_start_apart_end_like_one_process_after_rank_0s_broadcast(jobs):
     """Rank 1 starts from other weights (APART): hvd.broadcast_parameters gives it rank 0's before the first
     step, so the job ends as one process does (float64). Without the broadcast the two ranks average
     gradients of different models and end about 1e-2 apart from it."""
-    ok(jobs.apart)
+    ok(jobs.one), ok(jobs.apart)
     assert jobs.mark.exists(), "rank 1 did not start apart: the test would prove nothing"
-    one, apart = params(runs, "one"), params(runs, "apart")
+    one, apart = params(jobs.log_dir, "one"), params(jobs.log_dir, "apart")
     for k in one:
         torch.testing.assert_close(apart[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)
 
 
+@pytest.mark.jobs("one", "hvd2")
 def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):
     job = records(runs, "hvd2", "ddp")[0]
     assert job["launcher"] == "horovodrun" and job["world_size"] == 2 and job["per_rank_batch"] == 32
@@ -143,6 +148,7 @@ def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):
     assert not list((runs / "checkpoints").glob(".*.tmp"))
 
 
+@pytest.mark.jobs("one", "hvd2")
 def test_the_learning_rate_is_not_scaled_by_horovod(runs):
     """Horovod's DistributedOptimizer averages gradients and leaves the rate alone: after 2 epochs of StepLR
     (gamma 0.7) both jobs hold lr 1.0 * 0.7**2, not 2 x that."""
@@ -151,6 +157,7 @@ def test_the_learning_rate_is_not_scaled_by_horovod(runs):
         assert lr == pytest.approx(1.0 * 0.7 ** 2), name
 
 
+@pytest.mark.jobs("died", "raised")
 def test_a_rank_that_dies_ends_the_job_with_a_nonzero_exit(jobs):
     log_dir, died, raised = jobs.faults, jobs.died, jobs.raised
     assert died.returncode != 0, died.stdout[-2000:] + died.stderr[-2000:]
@@ -194,23 +201,6 @@ def test_the_build_can_be_skipped_and_names_what_it_needs():
 
 
 # --- SLURM: srun horovodrun in a one-task job, on a real local SLURM ------------------------------
-
-@pytest.fixture(scope="module")
-def local_slurm(tmp_path_factory):
-    """A real SLURM for this module (as tests/test_slurm.py starts it); every daemon stopped by pid."""
-    state = tmp_path_factory.mktemp("slurm")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRAINUP_SLURM_DIR", str(state))
-        started, why = slurm.start(owner=os.getpid())
-        if started == "cannot":
-            pytest.skip(f"the real-SLURM tests need root and Debian's slurm-wlm and munge: {why}")
-        if started != "running":
-            pytest.fail(f"the local SLURM did not start: {why}", pytrace=False)
-        try:
-            yield state
-        finally:
-            slurm.stop()
-
 
 def test_the_slurm_template_is_well_formed():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0

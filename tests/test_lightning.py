@@ -159,23 +159,6 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, 
 
 # --- SLURM: srun, one task per process, nodes from SLURM's variables ------------------------------------
 
-@pytest.fixture(scope="module")
-def local_slurm(tmp_path_factory):
-    """A real SLURM for this module (as tests/test_slurm.py starts it); every daemon stopped by pid."""
-    state = tmp_path_factory.mktemp("slurm")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRAINUP_SLURM_DIR", str(state))
-        started, why = slurm.start(owner=os.getpid())
-        if started == "cannot" and os.environ.get("TRAINUP_REQUIRE_SLURM") != "1":
-            pytest.skip(f"the real-SLURM tests need root and Debian's slurm-wlm and munge: {why}")
-        if started != "running":
-            pytest.fail(f"the local SLURM did not start: {why}", pytrace=False)
-        try:
-            yield state
-        finally:
-            slurm.stop()
-
-
 def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(local_slurm, runs, tmp_path):
     log_dir, _ = runs
     template = ROOT / "slurm" / "lightning" / "cpu.sbatch"

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import checks, launch, pipeline as lesson, report
+from conftest import SCRIPTS, assert_clean_error, finish_job, in_process, start_job, start_wanted
+from lessons import checks, launch, report, schedules as lesson
 from trainup import pipeline
 
 SCRIPT = str(SCRIPTS / "_trainup_pipeline.py")
@@ -39,18 +39,21 @@ def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, request):
     """Started together: the one-process baseline, ONE 2-stage job that runs every schedule in turn (runs
-    s_<schedule>: one start-up instead of eight), one of 2 pipelines x 2 stages, and the manual halves."""
+    s_<schedule>: one start-up instead of eight), one of 2 pipelines x 2 stages, and the manual halves;
+    those the selected tests read (their jobs marks) only."""
     log_dir = tmp_path_factory.mktemp("pipeline") / "logs"
-    procs = [job(log_dir, "one", "--stages", 1, nproc=0),
-             job(log_dir, "s", "--schedule", ",".join(SCHEDULES)),
-             job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2, nproc=4),
-             job(log_dir, "manual", "--steps", 4, script=MANUAL,
-                 tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress",
-                       *checks.PROOF])]
-    for proc in [finish(p) for p in procs]:
-        ok(proc)
+    done = start_wanted(request, dict(
+        one=lambda: job(log_dir, "one", "--stages", 1, nproc=0),
+        s=lambda: job(log_dir, "s", "--schedule", ",".join(SCHEDULES)),
+        pp2xdp2=lambda: job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2, nproc=4),
+        manual=lambda: job(log_dir, "manual", "--steps", 4, script=MANUAL,
+                           tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress",
+                                 *checks.PROOF])))
+    for proc in done.values():
+        if proc is not None:
+            ok(proc)
     return log_dir
 
 
@@ -114,6 +117,7 @@ def test_pipelines_side_by_side_split_the_batch_and_place_ranks(runs):
     assert [(p["pipeline"], p["position"]) for p in rec["placement"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+@pytest.mark.jobs("manual")
 def test_the_manual_halves_wait_for_each_other(runs):
     log_dir = runs
     steps = lesson.steps("manual", log_dir=log_dir, first=True)
@@ -128,6 +132,7 @@ def test_the_manual_halves_wait_for_each_other(runs):
     assert summary["status"] == "finished"
 
 
+@pytest.mark.jobs("manual")
 def test_the_manual_halves_learn_step_by_step_what_the_whole_model_learns_in_one_process(runs):
     """Rank 1's loss at every step equals the loss of the same step of the whole model trained in this
     process (same seed, batches and Adadelta), in float64: within FLOAT64_ATOL, where a first half that

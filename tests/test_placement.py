@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from lessons import gpu, horovod, launch, pipeline, placement, report, sharding
+from lessons import gpu, horovod, launch, placement, report, schedules, zero_stages
 
 
 @pytest.mark.parametrize("gpus", [0, 1, 2, 3, 4, 8])
@@ -66,8 +66,8 @@ LAUNCHES = {
     "launch.run": lambda: launch.run("_trainup_ddp.py", name="placement_probe", nproc=2),
     "launch.Job": lambda: launch.side_by_side(launch.Job("_trainup_ddp.py", name="placement_probe", nproc=2)),
     "launch.two_nodes": lambda: launch.two_nodes("_trainup_ddp.py", name="placement_probe", nproc_per_node=2),
-    "sharding.run": lambda: sharding.run(2, "p"),
-    "pipeline.run": lambda: pipeline.run("_trainup_pipeline.py", "--device", "auto", name="placement_probe"),
+    "sharding.run": lambda: zero_stages.run(2, "p"),
+    "pipeline.run": lambda: schedules.run("_trainup_pipeline.py", "--device", "auto", name="placement_probe"),
     "horovod.run": lambda: horovod.run(name="placement_probe", np=2),
     "report.run": lambda: report.run("_trainup_lightning.py", "--devices", 2, name="placement_probe"),
 }
@@ -93,15 +93,15 @@ def test_lesson_06_runs_its_stages_on_gpus_only_where_there_are_two(gpus, monkey
     monkeypatch.setattr(placement, "gpu_count", lambda: gpus)
     monkeypatch.setattr("subprocess.run", start)
     if gpus < 2:
-        committed = {p.parent.name for p in gpu.references(f"{pipeline.GPU_SWEEP}_gpipe")}
-        assert set(pipeline.sweep_on_gpus(64, ["--width", 8])) == committed
+        committed = {p.parent.name for p in gpu.references(f"{schedules.GPU_SWEEP}_gpipe")}
+        assert set(schedules.sweep_on_gpus(64, ["--width", 8])) == committed
         assert not started
         out = capsys.readouterr().out
         assert f"This machine has {gpus} GPU(s), and one stage per GPU needs 2" in out
         assert "pp_sweep_gpu_gpipe" in out and "Traceback" not in out
     else:
         with pytest.raises(Started):
-            pipeline.sweep_on_gpus(64, ["--width", 8])
+            schedules.sweep_on_gpus(64, ["--width", 8])
         cmd = " ".join(started[0])
         assert "--nproc-per-node 2" in cmd and "--device cuda --sweep" in cmd, cmd
         assert "--device cpu" not in cmd
@@ -140,7 +140,7 @@ def test_the_gpu_reference_runs_cover_every_gpu_path_the_notebooks_read():
         assert f"--run-name {name} " in dry.stdout, name
     assert "--nproc-per-node 2 scripts/_trainup_ddp.py --device cuda --backend nccl" in dry.stdout
     assert "--nproc-per-node 2 scripts/_trainup_pipeline.py --device cuda" in dry.stdout
-    assert f"--run-name {pipeline.GPU_SWEEP} " in dry.stdout
+    assert f"--run-name {schedules.GPU_SWEEP} " in dry.stdout
     read = "".join((ROOT / "notebooks" / n).read_text() for n in ("02_single_gpu.ipynb", "04_ddp.ipynb"))
     assert 'reference/*/ddp_n*' in read and 'gpu.references(\\"gpu_sweep_resident' in read
 

@@ -337,8 +337,6 @@ def test_resuming_inside_an_epoch_with_another_world_size_is_one_sentence(tmp_pa
 
 # --- A real SLURM: the requeue template, stopped midway, comes back and finishes -------------------------------
 
-from test_slurm import local_slurm  # noqa: E402,F401  (the same local SLURM fixture, started for this module)
-
 REQUEUE = ROOT / "slurm" / "requeue" / "cpu.sbatch"
 
 
@@ -354,7 +352,7 @@ def test_the_requeue_template_is_well_formed():
 
 
 @pytest.fixture(scope="module")
-def requeued(local_slurm, tmp_path_factory):  # noqa: F811
+def requeued(local_slurm, tmp_path_factory):
     """The same job twice, side by side: one never stopped; one given its notice once it trains (requeued)."""
     from lessons import slurm
     tmp = tmp_path_factory.mktemp("requeue")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import launch, profiling, report
+from lessons import launch, report, traces
 
 # 320 samples: 5 steps an epoch (batch 64, or 32 a rank); the first 2 are not recorded, the next 2 are
 TINY = ["--quick", "--train-size", "320", "--test-size", "64", "--epochs", "1", "--profile", "2", "--no-progress"]
@@ -32,19 +32,19 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("run, ranks", [("cpu", [0]), ("ddp", [0, 1])])
 def test_a_readable_trace_per_rank_with_the_recorded_steps(runs, run, ranks):
-    found = profiling.traces(run, runs)
+    found = traces.traces(run, runs)
     assert sorted(found) == ranks
     for path in found.values():
         trace = json.loads(path.read_text())  # chrome-trace JSON, as Perfetto and TensorBoard read it
-        assert len(profiling.steps(trace)) == STEPS
+        assert len(traces.steps(trace)) == STEPS
         assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])
 
 
 @pytest.mark.parametrize("run", ["cpu", "ddp"])
 def test_the_split_is_shares_that_sum_to_one(runs, run):
-    table = profiling.split_table(run, runs)
+    table = traces.split_table(run, runs)
     for _, r in table.iterrows():
-        parts = [r[p] for p in profiling.PARTS]
+        parts = [r[p] for p in traces.PARTS]
         assert all(0 <= p <= 1 for p in parts) and sum(parts) == pytest.approx(1, abs=1e-9)
         assert r["communication"] == pytest.approx(r["overlap"] + r["communication only"], abs=1e-9)
         assert r["computation"] == pytest.approx(r["overlap"] + r["computation only"], abs=1e-9)
@@ -53,14 +53,14 @@ def test_the_split_is_shares_that_sum_to_one(runs, run):
         assert (table["communication"] == 0).all()  # one process: no collective at all
     else:  # DDP all-reduces gradients every step, mostly while backward still runs
         assert (table["communication"] > 0).all() and (table["comm_in_backward"] > 0).all()
-        assert len(profiling.about_split(table)) == 2
+        assert len(traces.about_split(table)) == 2
 
 
 def test_a_ddp_step_runs_ddp_s_collectives_alone(runs):
     """Every collective of a recorded step is launched inside its backward: DDP's buckets. The stop check
     (trainup/preempt.py) runs no collective in a step: the profile measures DDP, not the course."""
-    for rank, path in profiling.traces("ddp", runs).items():
-        counts = profiling.launches(json.loads(path.read_text()))
+    for rank, path in traces.traces("ddp", runs).items():
+        counts = traces.launches(json.loads(path.read_text()))
         assert len(counts) == STEPS, (rank, counts)
         for inside, elsewhere in counts:
             assert inside >= 1 and elsewhere == 0, (rank, counts)
@@ -68,7 +68,7 @@ def test_a_ddp_step_runs_ddp_s_collectives_alone(runs):
 
 
 def test_top_operators_are_the_model_s_own(runs):
-    cpu, ddp = profiling.top_operators("cpu", log_dir=runs), profiling.top_operators("ddp", rank=1, log_dir=runs)
+    cpu, ddp = traces.top_operators("cpu", log_dir=runs), traces.top_operators("ddp", rank=1, log_dir=runs)
     assert "aten::convolution_backward" in set(cpu["operator"]) and "gloo:all_reduce" in set(ddp["operator"])
     for t in (cpu, ddp):
         assert t["self_ms_per_step"].is_monotonic_decreasing and (t["self_ms_per_step"] <= t["total_ms_per_step"]).all()
@@ -91,28 +91,28 @@ HAND_MADE = {"traceEvents": [
 
 
 def test_the_split_of_a_hand_made_trace_is_exact():
-    s = profiling.split(HAND_MADE)
+    s = traces.split(HAND_MADE)
     # computing: 0-60, 62-80, 100-150, 170-200 (158 us: the hand-off is communication); communicating:
     # 60-90, 140-180 (70 us; 300-350 is outside the steps); both: 62-80, 140-150, 170-180 (38 us);
     # neither: 90-100 (10 us); of 200 us
     assert s["steps"] == 2 and s["step_ms"] == pytest.approx(0.1)
-    assert {p: round(s[p], 6) for p in profiling.PARTS} == {
+    assert {p: round(s[p], 6) for p in traces.PARTS} == {
         "computation only": 0.6, "overlap": 0.19, "communication only": 0.16, "idle": 0.05}
     assert s["comm_in_backward"] == pytest.approx(20 / 70)  # 60-80 of the collectives ran during backward
-    ops = {e["name"]: t for e, t in profiling.self_times(HAND_MADE["traceEvents"][1:6])}
+    ops = {e["name"]: t for e, t in traces.self_times(HAND_MADE["traceEvents"][1:6])}
     assert ops["autograd::engine::evaluate_function: ConvolutionBackward0"] == 10  # 40 less its 30 inside
-    assert "no GPU kernels" in profiling.engine_sentence(HAND_MADE)
+    assert "no GPU kernels" in traces.engine_sentence(HAND_MADE)
 
 
 def test_logs_round_trip_through_tensorboard(runs, tmp_path):
-    profiling.to_tensorboard(["cpu", "ddp"], tmp_path / "tb", log_dir=runs)
-    table = profiling.scalars(tmp_path / "tb")
+    traces.to_tensorboard(["cpu", "ddp"], tmp_path / "tb", log_dir=runs)
+    table = traces.scalars(tmp_path / "tb")
     assert set(table["run"]) == {"cpu", "ddp"}
     loss = table[(table["run"] == "ddp") & (table["tag"] == "train/loss")]
     epoch = report.read_run(runs / "ddp.jsonl")["epochs"][0]
     # TensorBoard keeps float32: 6e-8 relative
     assert loss["step"].tolist() == [1] and loss["value"].iloc[0] == pytest.approx(epoch["loss"], rel=1e-6)
-    assert "no GPU" in profiling.gpu_note(runs, tmp_path / "no_reference") or profiling.gpu_runs(runs)
+    assert "no GPU" in traces.gpu_note(runs, tmp_path / "no_reference") or traces.gpu_runs(runs)
 
 
 def test_bad_profile_flags_are_one_sentence(capsys, tmp_path):
@@ -135,8 +135,8 @@ def test_the_exercise_solutions(runs, tmp_path):
     spec.loader.exec_module(s)
     assert s.communication_share(HAND_MADE) == pytest.approx(70 / 200)
     assert s.exposed_communication(HAND_MADE) == pytest.approx(0.16)
-    real = profiling.split(profiling.load(profiling.traces("ddp", runs)[0]))  # the same on a real trace
-    trace = profiling.load(profiling.traces("ddp", runs)[0])
+    real = traces.split(traces.load(traces.traces("ddp", runs)[0]))  # the same on a real trace
+    trace = traces.load(traces.traces("ddp", runs)[0])
     assert s.communication_share(trace) == pytest.approx(real["communication"], abs=1e-9)
     assert s.exposed_communication(trace) == pytest.approx(real["communication only"], abs=1e-9)
     back = s.ranks_to_tensorboard("ddp", tmp_path / "tb", runs)

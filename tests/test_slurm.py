@@ -127,29 +127,6 @@ def test_preflight_stops_torchrun_with_several_tasks_per_node():
 
 # --- A real SLURM ------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def local_slurm(tmp_path_factory):
-    """Start a real SLURM for this module (apt-get installs it the first time); stop every daemon by pid."""
-    state = tmp_path_factory.mktemp("slurm")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRAINUP_SLURM_DIR", str(state))
-        started, why = slurm.start(owner=os.getpid())  # the owner: a watchdog stops it if this test run dies
-        if started == "cannot" and os.environ.get("TRAINUP_REQUIRE_SLURM") != "1":
-            pytest.skip(f"the real-SLURM tests need root and Debian's slurm-wlm and munge: {why}")
-        if started == "cannot":
-            pytest.fail(f"TRAINUP_REQUIRE_SLURM=1 (CI) and the local SLURM cannot start: {why}", pytrace=False)
-        if started != "running":
-            pytest.fail(f"the local SLURM did not start: {why}", pytrace=False)
-        pids = {f.name: int(f.read_text()) for f in (state / "run").glob("*.pid")}
-        try:
-            yield state
-        finally:
-            slurm.stop()
-            alive = [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()
-                     and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
-            assert not alive, f"still running after stop: {alive}"
-
-
 def _cpu_args(tmp, name):
     return ["--quick", *checks.PROOF, "--run-name", name, "--log-dir", tmp,
             "--checkpoint-dir", Path(tmp) / "checkpoints"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import checks, launch, report, tensor_parallel as lesson
+from lessons import checks, launch, report, tp_runs as lesson
 from trainup import models
 
 SCRIPT = str(SCRIPTS / "_trainup_tp.py")

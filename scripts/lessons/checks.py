@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR
 
-from .report import read_run
+from .log_reader import read_run
 
 # The proofs of equal models run in float64 (--precision 64). Sums in another order (other ranks, threads,
 # SIMD widths, oneDNN or not) then move the course's parameters by about 1e-16 (8e-17 measured, DDP on 2

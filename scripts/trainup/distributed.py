@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from . import UserError, devices, metrics
+from . import UserError, devices
+from .meter import Meter
 
 BACKENDS = ("auto", "gloo", "nccl")
 FAULT_ENV = "TRAINUP_FAIL_AT"  # test-only: RANK:STEP[:raise|exit|hang], see faults()
@@ -211,7 +212,7 @@ def reduce(meter):
     """A Meter summed over every rank: loss, accuracy and samples of the whole job, not of one process."""
     t = meter.as_tensor().to(_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return metrics.Meter.from_tensor(t.cpu())
+    return Meter.from_tensor(t.cpu())
 
 
 def per_rank(epoch, meter, sampler, first=8):
@@ -221,7 +222,7 @@ def per_rank(epoch, meter, sampler, first=8):
     t = t.to(_comm_device())
     parts = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, t)
-    parts = [metrics.Meter.from_tensor(p.cpu()) for p in parts], [p[3:].long().tolist() for p in parts]
+    parts = [Meter.from_tensor(p.cpu()) for p in parts], [p[3:].long().tolist() for p in parts]
     return dict(epoch=epoch, rank=list(range(len(parts[0]))), loss=[m.mean_loss for m in parts[0]],
                 accuracy=[m.accuracy for m in parts[0]], samples=[m.samples for m in parts[0]],
                 first_indices=parts[1])

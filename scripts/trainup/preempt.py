@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from . import UserError, checkpoint, metrics
+from . import UserError, checkpoint
+from .meter import Meter
 
 STOPPED_EXIT = 75  # sysexits.h's EX_TEMPFAIL, "try again later": stopped, resumable (the SLURM template requeues)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)  # what --stop-signal may name
@@ -310,7 +311,7 @@ class Stopper:
         """Between epochs: a stop asked for during evaluation (or in Hogwild, whose workers train a whole epoch
         at a time) exits here, saved as any stop is: with the random states, at step 0 of the next epoch."""
         if self.check():
-            self._exit(*self._save(epoch + 1, 0, metrics.Meter(), 0.0), f"stopped after epoch {epoch}")
+            self._exit(*self._save(epoch + 1, 0, Meter(), 0.0), f"stopped after epoch {epoch}")
 
     def stop(self, epoch, step, meter, wall_s):
         """Save where the run is, log it, leave the job together, and exit STOPPED_EXIT."""
@@ -371,9 +372,9 @@ class Steps:
         self.stopper, self.loader, self.epoch, self.every = stopper, loader, epoch, every
         self.skip = position["step"] if position else 0
         self.rank_state = position["ranks"][stopper.comm.rank] if position else None
-        self.meter, self.wall_before = metrics.Meter(), 0.0
+        self.meter, self.wall_before = Meter(), 0.0
         if position:  # the epoch's sums and seconds so far, so that its log line covers the whole epoch
-            self.meter = metrics.Meter.from_tensor(torch.tensor(self.rank_state["meter"], dtype=torch.float64))
+            self.meter = Meter.from_tensor(torch.tensor(self.rank_state["meter"], dtype=torch.float64))
             self.wall_before = WALL_BEFORE[epoch] = position.get("wall_s", 0.0)
 
     def __len__(self):
@@ -410,4 +411,4 @@ def meter(loader):
     """The Meter a training epoch adds its steps to: a stopped run's sums so far when it resumes mid-epoch."""
     while not isinstance(loader, Steps) and hasattr(loader, "loader"):
         loader = loader.loader  # through wrappers such as distributed.faults
-    return loader.meter if isinstance(loader, Steps) else metrics.Meter()
+    return loader.meter if isinstance(loader, Steps) else Meter()

@@ -240,7 +240,7 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
             shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"checkpoint {folder} could not be written ("
                         + ("the disk is full" if full else why) + "); the last whole checkpoint is "
-                        f"kept, nothing half-written is left") from None
+                        "kept, nothing half-written is left") from None
     if dist.get_rank() == 0 and args is not None:
         with checkpoint.whole(folder, tmp):
             (tmp / ARGS_FILE).write_text(json.dumps(checkpoint.plain(args)))

@@ -2,7 +2,7 @@
 against Megatron-LM's count, and throughput, read from the 'tp' and 'tp_comm' records of _trainup_tp.py
 (logs/README.md).
 
-    from lessons import tensor_parallel as tpl
+    from lessons import tp_runs as tpl
     tpl.memory_table(["tp_one", "tp_2", "tp_2x2"])  # bytes per rank, measured beside replicated + sharded/tp
     tpl.comm_table("tp_2")                           # one step's collectives, beside the theory
 """

@@ -1,7 +1,7 @@
 """Lesson 09 (sharding: ZeRO and FSDP): run _trainup_fsdp.py with several --shard modes, and read its
 'sharding', 'shard_memory' and 'shard_comm' records (logs/README.md) into tables beside the ZeRO formulas.
 
-    from lessons import sharding
+    from lessons import zero_stages
     names = sharding.run(2, "fsdp_n2")                  # one torchrun job, every mode: fsdp_n2_none, ...
     table = sharding.memory_table(["fsdp_n2"])          # bytes each rank holds, beside 4Ψ/4Ψ/8Ψ (÷N where sharded)
     sharding.check_memory(table)                        # every state within 10 % of its formula

@@ -2,11 +2,11 @@
 step is computation, communication and both at once), TensorBoard scalars written and read back, and the
 GPU samples of the course's logs beside the training statistics.
 
-    from lessons import profiling
-    profiling.top_operators("prof_cpu")       # the operators that took the most time, per step
-    profiling.split_table("prof_ddp")         # one row per rank: computation, communication, overlap, idle
-    profiling.to_tensorboard(["prof_ddp"])    # the course's logs as TensorBoard scalars
-    profiling.scalars(profiling.TB_DIR)       # read back with tensorboard's EventAccumulator
+    from lessons import traces
+    traces.top_operators("prof_cpu")       # the operators that took the most time, per step
+    traces.split_table("prof_ddp")         # one row per rank: computation, communication, overlap, idle
+    traces.to_tensorboard(["prof_ddp"])    # the course's logs as TensorBoard scalars
+    traces.scalars(profiling.TB_DIR)       # read back with tensorboard's EventAccumulator
 
 The traces are chrome-trace JSON written by `--profile STEPS` (trainup/profiling.py). HolisticTraceAnalysis
 computes the same split from GPU kernels; on a CPU trace there are none, so the split is computed here from

@@ -2,8 +2,8 @@
 activation memory against the number of micro-batches, read from the 'pipeline' and 'pipe_step'
 records of _trainup_pipeline.py and _trainup_pipeline_manual.py (logs/README.md).
 
-    from lessons import pipeline
-    pipeline.gantt("pp_gpipe_m4", "gantt_gpipe")     # the schedule as it ran, stages x time
+    from lessons import schedules
+    schedules.gantt("pp_gpipe_m4", "gantt_gpipe")     # the schedule as it ran, stages x time
     table = pipeline.bubble_table(["pp_sweep_gpipe"]) # measured bubble beside (p-1)/(m+p-1), and why they differ
 """
 from pathlib import Path

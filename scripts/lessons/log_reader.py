@@ -1,0 +1,35 @@
+"""One log read back: its records by kind and what breaks the schema. On its own, so that the checks and
+the report (which runs jobs and then checks them) both read logs without importing each other."""
+import json
+from pathlib import Path
+
+from trainup.schema import check_record
+
+
+def read_run(path):
+    """One log as a dict: config, env, epochs (list), summary (None if the run did not finish), problems.
+
+    A resumed run appends to its log: the last config/env win and a repeated epoch keeps its last record.
+    """
+    run = dict(path=Path(path), config=None, env=None, epochs={}, summary=None, problems=[], extra=[])
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            run["problems"].append(f"line {n} is not JSON")
+            continue
+        run["problems"] += check_record(record)
+        kind = record.get("type")
+        if kind in ("config", "env", "summary"):
+            run[kind] = record
+        elif kind == "epoch":
+            run["epochs"][record.get("epoch")] = record
+        else:
+            run["extra"].append(record)  # lesson-specific records (GPU samples, sweeps...)
+    # a broken log may have an epoch that is not a number: keep it (its problem is listed), sorted last
+    order = sorted(run["epochs"], key=lambda k: (0, k, "") if isinstance(k, int) else (1, 0, str(k)))
+    run["epochs"] = [run["epochs"][k] for k in order]
+    for kind in ("config", "env", "summary"):
+        if run[kind] is None:
+            run["problems"].append(f"no {kind!r} record")
+    return run

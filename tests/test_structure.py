@@ -1,0 +1,91 @@
+"""The house's shape: three floors (scripts -> trainup -> nothing of the course; lessons, for notebooks and
+tests, -> trainup), no import cycle inside a package, and module names that say which package they are
+in (no name in both). Read from the source (ast), so it costs no import of torch."""
+import ast
+
+from conftest import SCRIPTS
+
+
+def _imports(path, package):
+    """The course's modules that path imports: ('trainup', 'checkpoint'), ('lessons', 'report'), ..."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package if node.level else (node.module or "").split(".")[0]
+            rest = (node.module or "").split(".")[0 if node.level else 1:] if node.module else []
+            if base not in ("trainup", "lessons"):
+                continue
+            if rest and rest[0]:
+                out.add((base, rest[0]))
+            else:
+                out.update((base, a.name) for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] in ("trainup", "lessons"):
+                    out.add((parts[0], parts[1] if len(parts) > 1 else "__init__"))
+    return {(p, m) for p, m in out if (SCRIPTS / p / f"{m}.py").exists() or m == "__init__"}
+
+
+def graph():
+    return {(package, path.stem): _imports(path, package)
+            for package in ("trainup", "lessons") for path in sorted((SCRIPTS / package).glob("*.py"))}
+
+
+def cycle(edges):
+    """One import cycle as a list of modules, or None."""
+    state = {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if nxt == node:
+                continue
+            if state.get(nxt) == "open":
+                return trail[trail.index(nxt):] + [nxt] if nxt in trail else [node, nxt]
+            if nxt not in state:
+                found = visit(nxt, trail + [nxt])
+                if found:
+                    return found
+        state[node] = "done"
+        return None
+    for start in sorted(edges):
+        if start not in state:
+            found = visit(start, [start])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_inside_a_package():
+    g = graph()
+    for package in ("trainup", "lessons"):
+        inside = {m: {n for n in deps if n[0] == package and n[1] != "__init__"}
+                  for m, deps in g.items() if m[0] == package}
+        assert cycle(inside) is None, f"an import cycle in {package}/: {cycle(inside)}"
+
+
+def test_the_floors_trainup_needs_nothing_above_it_and_scripts_only_trainup():
+    for (package, module), deps in graph().items():
+        if package == "trainup":
+            assert not [d for d in deps if d[0] == "lessons"], f"trainup/{module}.py imports lessons: {deps}"
+    for script in sorted(SCRIPTS.glob("_trainup_*.py")):
+        above = [d for d in _imports(script, None) if d[0] == "lessons"]
+        assert not above, f"{script.name} imports the notebooks' lessons package: {above}"
+
+
+def test_the_check_finds_a_cycle():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_module_names_say_their_package():
+    names = {p: {f.stem for f in (SCRIPTS / p).glob("*.py")} - {"__init__"} for p in ("trainup", "lessons")}
+    assert not names["trainup"] & names["lessons"], (
+        f"in both trainup/ and lessons/: {sorted(names['trainup'] & names['lessons'])}")
+
+
+def test_one_local_slurm_fixture_for_every_module():
+    from conftest import ROOT
+    defining = [f.name for f in sorted((ROOT / "tests").glob("*.py")) if "def local_slurm" + "(" in f.read_text()]
+    assert defining == ["conftest.py"], defining
