@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, metrics, models, preempt, profiling
+from trainup import (UserError, checkpoint, cli, data, evaluation, metrics, models, preempt,
+                     profiling)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress):
@@ -30,16 +31,6 @@ def train_epoch(model, loader, optimizer, epoch, show_progress):
         loss.backward()
         optimizer.step()
         meter.add(loss, logits, y)
-    return meter
-
-
-@torch.no_grad()
-def evaluate(model, loader):
-    model.eval()
-    meter = metrics.Meter()
-    for x, y in loader:
-        logits = model(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
     return meter
 
 
@@ -121,7 +112,6 @@ def parse_args(argv=None):
     if args.batch_size < args.num_processes:
         p.error(f"--batch-size {args.batch_size} cannot be split across {args.num_processes} processes")
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.num_processes)
-    args.show_progress = not args.no_progress
     return args
 
 
@@ -158,7 +148,7 @@ def main(argv=None):
             yield from hogwild_epochs(args, model, train_set, start_epoch)
 
     for epoch, train, wall in epochs():
-        log.epoch(epoch, train, evaluate(model, test_loader), wall)
+        log.epoch(epoch, train, evaluation.evaluate(model, test_loader), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
         stop.after_epoch(epoch)  # a stop asked for during evaluation, or in Hogwild: from this epoch's end
     profiler.stop()

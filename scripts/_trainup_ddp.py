@@ -14,7 +14,6 @@ process takes batch/world); metrics summed over the processes before logging; lo
 from rank 0 only; a torchrun restart resumes from the checkpoint; leaving the group together.
 """
 import contextlib
-import itertools
 import time
 
 import torch
@@ -24,7 +23,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models, preempt, profiling
+from trainup import (UserError, checkpoint, cli, data, devices, distributed, evaluation, gpumon,
+                     metrics, models, preempt, profiling, sweeps)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler, accumulate=1, warmup=None):
@@ -60,65 +60,17 @@ def count_allreduces(model):
     return calls
 
 
-@torch.no_grad()
-def evaluate(model, loader, device, precision):
-    model.eval()
-    meter = metrics.Meter()
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with devices.autocast(device, precision):
-            logits = model(x)
-        meter.add(F.cross_entropy(logits.float(), y), logits, y)  # the loss in fp32, as autocast computes it
-    return meter
-
-
 def optimizer_for(model, args):
     optimizer = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) if args.optimizer == "sgd"
                  else torch.optim.Adadelta(model.parameters(), lr=args.lr))
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
-def sweep(args, model, train_set, device, log, ctx):
-    """Train --sweep-steps steps at each (global) batch size and log throughput: where does the job saturate?"""
-    for batch_size in args.sweep:
-        if batch_size > len(train_set):
-            if ctx.is_main:
-                print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
-            continue
-        optimizer, _ = optimizer_for(model, args)
-        scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
-        sampler = data.ShuffleSampler(len(train_set), args.seed, ctx.rank, ctx.world_size)
-        per_rank = batch_size // ctx.world_size
-        batches = data.full_batches(data.loader(train_set, per_rank, sampler, args, device), per_rank)
-        steps = args.sweep_steps
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
-        # No out-of-memory catch here: one rank stopping alone would leave the others waiting.
-        train_epoch(model, itertools.islice(batches, 2), optimizer, 0, False, device, args.precision, scaler)
-        devices.synchronize(device)
-        tick = time.perf_counter()  # batches load while the GPU computes, as in training
-        train_epoch(model, itertools.islice(batches, steps), optimizer, 0, False, device, args.precision, scaler)
-        devices.synchronize(device)
-        seconds = time.perf_counter() - tick
-        line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
-                         samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
-        if ctx.is_main:
-            print(f"batch size {batch_size}: {line['samples_per_s']:.0f} samples/s")
-
-
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="ddp", precisions=tuple(devices.PRECISIONS))
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
-    p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
-    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
-    p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
-    p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
-    p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
-    p.add_argument("--timeout", type=cli.positive(float), default=300,
-                   help="seconds a process waits for the others before the whole job fails")
-    p.add_argument("--no-set-epoch", action="store_true",
-                   help="forget sampler.set_epoch(), to see every epoch repeat the same order")
+    cli.add_loading(p)
+    cli.add_sweep(p)
+    cli.add_group(p)
     p.add_argument("--accumulate", type=cli.positive(int), default=None,
                    help="split each rank's batch into K micro-batches, all-reduced once (no_sync), and count all-reduces")
     p.add_argument("--optimizer", default="adadelta", choices=("adadelta", "sgd"),
@@ -128,22 +80,11 @@ def parse_args(argv=None):
     p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over the whole global batch (GPUs)")
     profiling.add_flag(p)
     args = cli.parse(p, argv)
-    if args.workers is not None and args.workers < 0:
-        p.error(f"--workers must be 0 or more, got {args.workers}")
-    if args.resident and args.dataset == "synthetic":
-        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made on the fly")
-    if args.sweep:
-        try:
-            args.sweep = [int(b) for b in args.sweep.split(",")]
-            assert min(args.sweep) > 0
-        except (ValueError, AssertionError):
-            p.error(f"--sweep takes batch sizes like 32,64,128, got {args.sweep!r}")
     per_rank = args.batch_size // max(distributed.from_env().world_size, 1)
     if args.accumulate and per_rank % args.accumulate:
         p.error(f"--accumulate {args.accumulate} must divide each process's batch ({per_rank} samples)")
     if args.accumulate and args.sweep:
         p.error("--accumulate and --sweep do not go together: a sweep times whole steps")
-    args.show_progress = not args.no_progress
     return args
 
 
@@ -188,7 +129,7 @@ def main(argv=None):
     if ctx.restart_count and ctx.is_main:
         print(f"torchrun restart {ctx.restart_count}: resuming at epoch {start_epoch} from {ckpt}")
     if args.sweep:
-        sweep(args, model, train_set, device, log, ctx)
+        sweeps.run(args, model, train_set, device, log, train_epoch, optimizer_for, ctx.rank, ctx.world_size)
         monitor.stop()
         log.summary()
         distributed.cleanup(ctx)
@@ -203,7 +144,7 @@ def main(argv=None):
         tick = time.perf_counter()
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
-        train = train_epoch(model, profiler.steps(distributed.faults(stop.batches(train_loader, epoch), ctx, epoch)),
+        train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)),
                             optimizer, epoch, args.show_progress and ctx.is_main, device, args.precision, scaler,
                             accumulate, warmup)
         scheduler.step()
@@ -215,7 +156,7 @@ def main(argv=None):
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.write("ranks", **distributed.per_rank(epoch, train, sampler))  # what each rank alone saw
         log.epoch(epoch, distributed.reduce(train),
-                  distributed.reduce(evaluate(model.module, test_loader, device, args.precision)), wall)
+                  distributed.reduce(evaluation.evaluate(model.module, test_loader, device, args.precision)), wall)
         if ctx.is_main:  # one writer; the others would race for the same file
             checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args, scaler)
     profiler.stop()

@@ -7,14 +7,14 @@
 Compared with _trainup_gpu.py: --gpus instead of --device, and the model wrapped in nn.DataParallel,
 which splits each global batch across the GPUs in one process (trainup/dataparallel.py says how).
 """
-import itertools
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainup import UserError, checkpoint, cli, data, dataparallel, devices, gpumon, metrics, models, preempt
+from trainup import (UserError, checkpoint, cli, data, dataparallel, devices, evaluation, gpumon,
+                     metrics, models, preempt, sweeps)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
@@ -33,72 +33,18 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, precisio
     return meter
 
 
-@torch.no_grad()
-def evaluate(model, loader, device, precision):
-    model.eval()
-    meter = metrics.Meter()
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with devices.autocast(device, precision):
-            logits = model(x)
-        meter.add(F.cross_entropy(logits.float(), y), logits, y)  # the loss in fp32, as autocast computes it
-    return meter
-
-
 def optimizer_for(model, args):
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
-
-
-def sweep(args, model, train_set, device, log):
-    """Train --sweep-steps steps at each batch size and log throughput: where does the GPU saturate?"""
-    for batch_size in args.sweep:
-        if batch_size > len(train_set):
-            print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
-            continue
-        optimizer, _ = optimizer_for(model, args)
-        scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
-        sampler = data.ShuffleSampler(len(train_set), args.seed)
-        batches = data.full_batches(data.loader(train_set, batch_size, sampler, args, device), batch_size)
-        steps = args.sweep_steps
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
-        try:  # warm-up steps first: kernels chosen, memory allocated, loader workers started
-            train_epoch(model, itertools.islice(batches, 2), optimizer, 0, False, device, args.precision, scaler)
-            devices.synchronize(device)
-            tick = time.perf_counter()  # batches load while the GPU computes, as in training
-            train_epoch(model, itertools.islice(batches, steps), optimizer, 0, False, device, args.precision, scaler)
-            devices.synchronize(device)
-        except torch.cuda.OutOfMemoryError:
-            print(f"batch size {batch_size}: out of GPU memory, so the sweep stops here")
-            break
-        seconds = time.perf_counter() - tick
-        line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
-                         samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
-        print(f"batch size {batch_size}: {line['samples_per_s']:.0f} samples/s")
 
 
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="dp", precisions=tuple(devices.PRECISIONS))
     p.add_argument("--gpus", type=cli.positive(int), default=None, help="how many GPUs (default: every visible one)")
     p.add_argument("--phases", action="store_true", help="after training, time each phase of a step (2+ GPUs)")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
-    p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
-    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
-    p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
-    p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
+    cli.add_loading(p, device=None)  # DataParallel: the GPUs, or the CPU where there are none
+    cli.add_sweep(p)
     args = cli.parse(p, argv)
-    if args.workers is not None and args.workers < 0:
-        p.error(f"--workers must be 0 or more, got {args.workers}")
-    if args.resident and args.dataset == "synthetic":
-        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made on the fly")
-    if args.sweep:
-        try:
-            args.sweep = [int(b) for b in args.sweep.split(",")]
-            assert min(args.sweep) > 0
-        except (ValueError, AssertionError):
-            p.error(f"--sweep takes batch sizes like 32,64,128, got {args.sweep!r}")
-    args.show_progress = not args.no_progress
     return args
 
 
@@ -127,7 +73,7 @@ def main(argv=None):
     monitor = gpumon.start(log.write, device, ids)  # every GPU's utilisation and memory; nothing on CPU
     print(sentence)
     if args.sweep:
-        sweep(args, model, train_set, device, log)
+        sweeps.run(args, model, train_set, device, log, train_epoch, optimizer_for)
         monitor.stop()
         log.summary()
         return
@@ -142,7 +88,7 @@ def main(argv=None):
         scheduler.step()
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
-        log.epoch(epoch, train, evaluate(model, test_loader, device, args.precision), wall)
+        log.epoch(epoch, train, evaluation.evaluate(model, test_loader, device, args.precision), wall)
         checkpoint.save(ckpt, net, optimizer, scheduler, epoch, args, scaler)  # the model, not its wrappers
     if args.phases:  # one more batch, with each phase of a DataParallel step timed apart
         x, y = (t.to(device) for t in next(iter(train_loader)))

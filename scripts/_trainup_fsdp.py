@@ -23,7 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainup import UserError, checkpoint, cli, data, distributed, metrics, models, sharding
+from trainup import (UserError, checkpoint, cli, data, distributed, evaluation, metrics, models,
+                     sharding)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, measure=None):
@@ -42,17 +43,6 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, measure=
             measure(sharding.held(model, optimizer), collectives.record())  # gradients still held
         optimizer.zero_grad()
         meter.add(loss, logits, y)
-    return meter
-
-
-@torch.no_grad()
-def evaluate(model, loader, device):
-    model.eval()
-    meter = metrics.Meter()
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        logits = model(x)  # FSDP: every rank runs the same number of forwards (they all-gather together)
-        meter.add(F.cross_entropy(logits.float(), y), logits, y)
     return meter
 
 
@@ -77,9 +67,7 @@ def parse_args(argv=None):
                    help="start from the sharded checkpoint of run RUN (saved by a job of any size)")
     p.add_argument("--mesh", type=cli.positive(int), default=None, help="processes in the device mesh (the job's size)")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
-    p.add_argument("--timeout", type=cli.positive(float), default=300,
-                   help="seconds a process waits for the others before the whole job fails")
+    cli.add_group(p, set_epoch=False)
     args = cli.parse(p, argv)
     args.shard = args.shard.split(",")
     unknown = [m for m in args.shard if m not in sharding.MODES]
@@ -93,7 +81,6 @@ def parse_args(argv=None):
                 f"stack (fully_shard per block), and --model {args.model} has no blocks; use --model blocks")
     if args.precision == "bf16" and args.shard != ["parameters"]:
         p.error("--precision bf16 is FSDP's MixedPrecisionPolicy here: use it with --shard parameters alone")
-    args.show_progress = not args.no_progress
     return args
 
 
@@ -143,7 +130,9 @@ def train(args, ctx, mode, name, train_set, test_set):
                                   measure if epoch == start_epoch else None)
         scheduler.step()
         wall = time.perf_counter() - tick
-        log.epoch(epoch, distributed.reduce(train_meter), distributed.reduce(evaluate(model, test_loader, device)), wall)
+        # FSDP: every rank runs the same number of forwards (they all-gather the parameters together)
+        test_meter = evaluation.evaluate(model, test_loader, device)
+        log.epoch(epoch, distributed.reduce(train_meter), distributed.reduce(test_meter), wall)
         if mode in sharding.RESUMABLE:
             sharding.save_sharded(folder, model, optimizer, scheduler, epoch, run)  # every rank: its shards
         whole = sharding.full_state(model)  # gathered from the shards, on rank 0

@@ -15,7 +15,6 @@ keeps --batch-size GLOBAL and so keeps --lr as it is. No restarts: horovodrun is
 
 Horovod is built from source for this course (tools/build_horovod.sh, part of tools/setup_env.sh).
 """
-import itertools
 import time
 
 import os
@@ -26,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, gpumon, metrics, models, preempt
+from trainup import (UserError, checkpoint, cli, data, devices, distributed, evaluation, gpumon,
+                     metrics, models, preempt, sweeps)
 
 try:
     import horovod.torch as hvd
@@ -53,18 +53,6 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, precisio
     return meter
 
 
-@torch.no_grad()
-def evaluate(model, loader, device, precision):
-    model.eval()
-    meter = metrics.Meter()
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with devices.autocast(device, precision):
-            logits = model(x)
-        meter.add(F.cross_entropy(logits.float(), y), logits, y)  # the loss in fp32, as autocast computes it
-    return meter
-
-
 def optimizer_for(model, args):
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
@@ -72,34 +60,6 @@ def optimizer_for(model, args):
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression, op=hvd.Average)
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
-
-
-def sweep(args, model, optimizer, train_set, device, log, ctx):
-    """Train --sweep-steps steps at each (global) batch size and log throughput: where does the job saturate?"""
-    for batch_size in args.sweep:
-        if batch_size > len(train_set):
-            if ctx.is_main:
-                print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
-            continue
-        # one DistributedOptimizer for every batch size: each hooks every gradient, a second would all-reduce twice
-        scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
-        sampler = data.ShuffleSampler(len(train_set), args.seed, ctx.rank, ctx.world_size)
-        per_rank = batch_size // ctx.world_size
-        batches = data.full_batches(data.loader(train_set, per_rank, sampler, args, device), per_rank)
-        steps = args.sweep_steps
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
-        # No out-of-memory catch here: one rank stopping alone would leave the others waiting.
-        train_epoch(model, itertools.islice(batches, 2), optimizer, 0, False, device, args.precision, scaler)
-        devices.synchronize(device)
-        tick = time.perf_counter()  # batches load while the GPU computes, as in training
-        train_epoch(model, itertools.islice(batches, steps), optimizer, 0, False, device, args.precision, scaler)
-        devices.synchronize(device)
-        seconds = time.perf_counter() - tick
-        line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
-                         samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
-        if ctx.is_main:
-            print(f"batch size {batch_size}: {line['samples_per_s']:.0f} samples/s")
 
 
 def setup(args):
@@ -164,29 +124,11 @@ def per_rank(epoch, meter, sampler, first=8):
 
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="horovod", precisions=tuple(devices.PRECISIONS))
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
-    p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
-    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
-    p.add_argument("--sweep", default=None, help="comma-separated batch sizes: measure throughput only")
-    p.add_argument("--sweep-steps", type=cli.positive(int), default=20, help="timed steps per batch size")
+    cli.add_loading(p)
+    cli.add_sweep(p)
     p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for the all-reduce")
-    p.add_argument("--timeout", type=cli.positive(float), default=300,
-                   help="seconds a process waits for the others before the whole job fails")
-    p.add_argument("--no-set-epoch", action="store_true",
-                   help="forget sampler.set_epoch(), to see every epoch repeat the same order")
+    cli.add_group(p, backend=False)  # Horovod picks its own (gloo, MPI or NCCL)
     args = cli.parse(p, argv)
-    if args.workers is not None and args.workers < 0:
-        p.error(f"--workers must be 0 or more, got {args.workers}")
-    if args.resident and args.dataset == "synthetic":
-        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made on the fly")
-    if args.sweep:
-        try:
-            args.sweep = [int(b) for b in args.sweep.split(",")]
-            assert min(args.sweep) > 0
-        except (ValueError, AssertionError):
-            p.error(f"--sweep takes batch sizes like 32,64,128, got {args.sweep!r}")
-    args.show_progress = not args.no_progress
     return args
 
 
@@ -216,7 +158,8 @@ def main(argv=None):
     stop.watch(ckpt, log, model, optimizer, scheduler, scaler)  # what a stop saves, rank 0 writes
     monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
     if args.sweep:
-        sweep(args, model, optimizer, train_set, device, log, ctx)
+        sweeps.run(args, model, train_set, device, log, train_epoch, lambda *_: (optimizer, None), ctx.rank,
+                   ctx.world_size)  # one DistributedOptimizer: a second would hook every gradient again
         monitor.stop()
         log.summary()
         hvd.shutdown()
@@ -229,13 +172,13 @@ def main(argv=None):
         tick = time.perf_counter()
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
-        train = train_epoch(model, distributed.faults(stop.batches(train_loader, epoch), ctx, epoch), optimizer, epoch,
+        train = train_epoch(model, stop.batches(train_loader, epoch), optimizer, epoch,
                             args.show_progress and ctx.is_main, device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.write("ranks", **per_rank(epoch, train, sampler))  # what each rank alone saw
-        log.epoch(epoch, reduce(train), reduce(evaluate(model, test_loader, device, args.precision)), wall)
+        log.epoch(epoch, reduce(train), reduce(evaluation.evaluate(model, test_loader, device, args.precision)), wall)
         if ctx.is_main:  # one writer; the others would race for the same file
             checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args, scaler)
     monitor.stop()

@@ -221,25 +221,15 @@ def parse_args(argv=None):
     p.add_argument("--data-parallel", type=cli.positive(int), default=1, help="pipelines side by side")
     p.add_argument("--blocks", type=cli.positive(int), default=8, help="identical blocks in the model")
     p.add_argument("--width", type=cli.positive(int), default=256, help="features of each block")
-    p.add_argument("--sweep", default=None, help="comma-separated micro-batch counts: measure the schedule only")
-    p.add_argument("--sweep-steps", type=cli.positive(int), default=3, help="measured steps per micro-batch count")
+    cli.add_sweep(p, steps=3, what="micro-batch counts", example="1,2,4,8")  # measure the schedule only
     p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
-    p.add_argument("--timeout", type=cli.positive(float), default=300,
-                   help="seconds a process waits for the others before the whole job fails")
+    cli.add_group(p, set_epoch=False)
     args = cli.parse(p, argv)
     args.schedule = args.schedules[0]
     if len(args.schedules) > 1 and args.stages == 1:
         p.error("several schedules need a pipeline (--stages 2 or more); --stages 1 is the one-process baseline")
-    if args.sweep:
-        try:
-            args.sweep = [int(m) for m in args.sweep.split(",")]
-            assert min(args.sweep) > 0
-        except (ValueError, AssertionError):
-            p.error(f"--sweep takes micro-batch counts like 1,2,4,8, got {args.sweep!r}")
     if args.resume:
         p.error("--resume: the pipeline lesson's checkpoints hold the model only, not each stage's optimizer")
-    args.show_progress = not args.no_progress
     return args
 
 

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, devices, distributed, metrics, models
+from trainup import (UserError, checkpoint, cli, data, devices, distributed, evaluation, metrics,
+                     models)
 from trainup import tensor_parallel as tpar
 
 
@@ -51,17 +52,6 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, counter=
     return meter
 
 
-@torch.no_grad()
-def evaluate(model, loader, device):
-    model.eval()
-    meter = metrics.Meter()
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
-    return meter
-
-
 def optimizer_for(model, args):
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
@@ -82,13 +72,10 @@ def parse_args(argv=None):
     p.add_argument("--width", type=cli.positive(int), default=64, help="features between blocks")
     p.add_argument("--hidden", type=cli.positive(int), default=256, help="hidden features of each block (cut over tp)")
     p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--backend", default="auto", choices=distributed.BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
-    p.add_argument("--timeout", type=cli.positive(float), default=300,
-                   help="seconds a process waits for the others before the whole job fails")
+    cli.add_group(p, set_epoch=False)
     args = cli.parse(p, argv)
     if args.resume:
         p.error("--resume: the tensor-parallel lesson's checkpoints hold the model only, not its sharded optimizer")
-    args.show_progress = not args.no_progress
     return args
 
 
@@ -136,7 +123,7 @@ def main(argv=None):
         if epoch == 1:  # the collectives of one training step, every rank's
             log.write("tp_comm", epoch=epoch, step=1, per_replica_batch=per_replica, step_s=counter.step_s,
                       collectives=tpar.gathered(counter.rows()))
-        test = evaluate(model, test_loader, device)
+        test = evaluation.evaluate(model, test_loader, device)
         log.epoch(epoch, distributed.reduce(one_per_replica(train, tp_index)),
                   distributed.reduce(one_per_replica(test, tp_index)), wall)
         whole = tpar.full_state(model)  # every rank takes part in gathering the slices

@@ -190,3 +190,41 @@ def local_slurm(tmp_path_factory):
             alive = [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()
                      and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
             assert not alive, f"still running after stop: {alive}"
+
+
+# Faults injected from outside the scripts (which hold no switch for them): put first on PYTHONPATH as
+# sitecustomize.py, with TRAINUP_FAIL_AT=RANK:STEP[:raise|exit|hang] that rank raises (the default), dies
+# at once or hangs just before its optimizer's STEP-th step (counted over the whole run), on the first
+# attempt only: a restarted worker (torchrun --max-restarts, a requeued SLURM step) runs clean.
+FAULT_ENV = "TRAINUP_FAIL_AT"
+_FAULTS = '''import os
+_spec = os.environ.get("TRAINUP_FAIL_AT", "").split(":")
+_rank = next((os.environ[k] for k in ("RANK", "HOROVOD_RANK", "SLURM_PROCID") if k in os.environ), "0")
+_first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+if len(_spec) >= 2 and _spec[0] == _rank and _first:
+    import time
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    _at, _mode, _steps = int(_spec[1]), (_spec[2] if len(_spec) > 2 else "raise"), [0]
+
+    def _fault(optimizer, args, kwargs):
+        _steps[0] += 1
+        if _steps[0] == _at:
+            if _mode == "exit":
+                os._exit(1)
+            if _mode == "hang":
+                time.sleep(3600)
+            raise RuntimeError(f"injected fault (TRAINUP_FAIL_AT) at step {_at}")
+    register_optimizer_step_pre_hook(_fault)
+'''
+
+
+@pytest.fixture(scope="session")
+def inject(tmp_path_factory):
+    """inject(spec, env=None): env (a job's extra variables) plus the fault spec and its sitecustomize."""
+    site = tmp_path_factory.mktemp("faultsite")
+    (site / "sitecustomize.py").write_text(_FAULTS)
+
+    def env_with(spec, env=None):
+        path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+        return {**(env or {}), FAULT_ENV: spec, "PYTHONPATH": path}
+    return env_with

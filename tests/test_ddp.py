@@ -134,22 +134,21 @@ def test_a_sweep_of_the_ddp_script(log_dir):
 
 
 @pytest.fixture(scope="module")
-def faults(tmp_path_factory):
+def faults(tmp_path_factory, inject):
     """The jobs with an injected fault, started together (each is mostly start-up and waiting): a rank that
     dies and is restarted, one that raises, one that hangs, and srun-style ranks (one raises)."""
     log_dir = tmp_path_factory.mktemp("faults") / "logs"
     port = distributed.free_port()
     srun = [start([sys.executable, SCRIPT, *TINY, "--run-name", "srun", "--log-dir", str(log_dir),
                    "--checkpoint-dir", str(log_dir / "checkpoints")],
-                  dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NNODES="1",
-                       SLURM_NODEID="0", SLURM_JOB_ID="1", SLURM_STEP_ID="0", MASTER_PORT=str(port),
-                       **{distributed.FAULT_ENV: "1:3"}))
+                  inject("1:3", dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NNODES="1",
+                       SLURM_NODEID="0", SLURM_JOB_ID="1", SLURM_STEP_ID="0", MASTER_PORT=str(port))))
             for r in (0, 1)]
     # rank 1 dies (os._exit) at step 12, in epoch 2 (8 steps an epoch); torchrun restarts both once
     restart = torchrun(log_dir / "restart", "ddp2", "--batch-size", 64, *checks.PROOF, max_restarts=1,
-                       env={distributed.FAULT_ENV: "1:12:exit"})
-    boom = torchrun(log_dir, "boom", env={distributed.FAULT_ENV: "1:3"})
-    stuck = torchrun(log_dir, "stuck", "--timeout", 5, env={distributed.FAULT_ENV: "1:3:hang"})
+                       env=inject("1:12:exit"))
+    boom = torchrun(log_dir, "boom", env=inject("1:3"))
+    stuck = torchrun(log_dir, "stuck", "--timeout", 5, env=inject("1:3:hang"))
     return SimpleNamespace(log_dir=log_dir, port=port, srun=[finish(p) for p in srun], restart=finish(restart),
                            boom=finish(boom), stuck=finish(stuck))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_clean_error, finish_script, in_process, run_script, start_script
+from conftest import SCRIPTS, assert_clean_error, finish_script, in_process, run_script, start_script
 from lessons import checks, gpu, report
 from trainup import UserError, dataparallel, devices
 
@@ -231,21 +231,34 @@ def test_fp16_with_its_grad_scaler_trains_on_the_cpu_and_resumes_with_its_loss_s
     assert run["epochs"][-1]["test_accuracy"] > 0.3  # learned, in half precision; chance is 0.1
 
 
-@pytest.mark.parametrize("script", ["_trainup_gpu", "_trainup_dp", "_trainup_ddp"])
-def test_the_test_loss_is_computed_in_fp32_from_half_precision_logits(script):
+def test_the_test_loss_is_computed_in_fp32_from_half_precision_logits():
     """Autocast's own cross-entropy runs in fp32; a loss taken outside it from bf16/fp16 logits would be
-    rounded to 3 significant digits."""
-    import importlib
-    module = importlib.import_module(script)
+    rounded to 3 significant digits. Float64 logits keep their precision (the proofs)."""
+    from trainup import evaluation
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 10))
     x, y = torch.randn(64, 4, 4), torch.randint(0, 10, (64,))
-    meter = module.evaluate(net, [(x, y)], torch.device("cpu"), "bf16")
+    meter = evaluation.evaluate(net, [(x, y)], torch.device("cpu"), "bf16")
     with devices.autocast("cpu", "bf16"), torch.no_grad():
         logits = net(x)
     assert logits.dtype == torch.bfloat16
     # the same float32 losses, summed per sample and divided again: a few float32 roundings (6e-8 each)
     assert meter.mean_loss == pytest.approx(F.cross_entropy(logits.float(), y).item(), rel=1e-6)
+    net64, x64 = net.double(), x.double()
+    exact = F.cross_entropy(net64(x64), y).item()
+    assert evaluation.evaluate(net64, [(x64, y)], "cpu", "64").mean_loss == pytest.approx(exact, rel=1e-15, abs=0)
+
+
+@pytest.mark.parametrize("script", ["_trainup_cpu", "_trainup_gpu", "_trainup_dp", "_trainup_ddp",
+                                    "_trainup_horovod", "_trainup_fsdp", "_trainup_tp"])
+def test_every_script_evaluates_with_the_one_shared_copy(script):
+    """One evaluate for every script (copies drifted before: Horovod's lost the fp32 cast)."""
+    import importlib
+    from trainup import evaluation
+    text = (SCRIPTS / f"{script}.py").read_text()
+    assert "def evaluate(" not in text and "evaluation.evaluate(" in text, script
+    if script != "_trainup_horovod":  # importing it needs Horovod: the text is the check there
+        assert importlib.import_module(script).evaluation is evaluation
 
 
 def test_a_sweep_of_the_data_parallel_script(cpu_runs):

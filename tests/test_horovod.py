@@ -77,7 +77,7 @@ if os.environ.get("HOROVOD_RANK") == "1":
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory, request):
+def jobs(tmp_path_factory, request, inject):
     """Started together (each is mostly start-up and waiting): one process with the whole batch
     (_trainup_gpu.py on the CPU), 2 Horovod ranks with half each, 2 ranks that start apart, and two Horovod
     jobs with a rank that fails; those the selected tests read (their jobs marks) only."""
@@ -95,8 +95,8 @@ def jobs(tmp_path_factory, request):
         one=lambda: start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size",
                            "64", "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir",
                            str(log_dir / "checkpoints")]),
-        died=lambda: horovodrun(faults, "died", env={distributed.FAULT_ENV: "1:3:exit"}),  # os._exit(1) at step 3
-        raised=lambda: horovodrun(faults, "raised", env={distributed.FAULT_ENV: "1:3"})))  # an exception at step 3
+        died=lambda: horovodrun(faults, "died", env=inject("1:3:exit")),  # os._exit(1) at step 3
+        raised=lambda: horovodrun(faults, "raised", env=inject("1:3"))))  # an exception at step 3
     return SimpleNamespace(log_dir=log_dir, faults=faults, mark=site / "rank1_started_apart", **done)
 
 

@@ -7,7 +7,7 @@
 - metrics:    the JSON-lines run log (schema in logs/README.md), timing, stdout tee
 - checkpoint: atomic save and resume
 - gpumon:     GPU utilisation and memory sampled in the background during a run (nvitop)
-- dataparallel, distributed: the plumbing of nn.DataParallel and of DDP (ranks, backends, ports, faults)
+- dataparallel, distributed: the plumbing of nn.DataParallel and of DDP (ranks, backends, ports, failures)
 
 What only the notebooks use (running lessons, tables, plots, one module per lesson) is the package
 beside this one, `lessons`.

@@ -82,6 +82,52 @@ def parser(doc, lesson, precisions=("32", "64")):
     return p
 
 
+# Flags by concern, each added by one function and checked in parse(): a script adds the concerns its
+# lesson has reached, so its --help and its diff against the previous script show only what is new.
+
+def add_loading(p, device="auto"):
+    """Lesson 02 on: the device (device=None: the script picks it) and how batches reach it."""
+    if device:
+        p.add_argument("--device", default=device, choices=("auto", "cuda", "cpu"))
+    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
+    p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
+    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
+
+
+def add_sweep(p, steps=20, what="batch sizes", example="32,64,128"):
+    """--sweep: measure throughput only, at each of several sizes (parsed into a list of ints in parse())."""
+    p.add_argument("--sweep", default=None, help=f"comma-separated {what}: measure throughput only")
+    p.add_argument("--sweep-steps", type=positive(int), default=steps, help="timed steps per size")
+    p.set_defaults(sweep_what=what, sweep_example=example)
+
+
+def add_group(p, backend=True, set_epoch=True):
+    """Lesson 04 on: joining a job of several processes (trainup/distributed.py)."""
+    if backend:
+        from .distributed import BACKENDS
+        p.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
+    p.add_argument("--timeout", type=positive(float), default=300,
+                   help="seconds a process waits for the others before the whole job fails")
+    if set_epoch:
+        p.add_argument("--no-set-epoch", action="store_true",
+                       help="forget sampler.set_epoch(), to see every epoch repeat the same order")
+
+
+def _check_concerns(p, args):
+    if getattr(args, "workers", None) is not None and args.workers < 0:
+        p.error(f"--workers must be 0 or more, got {args.workers}")
+    if getattr(args, "resident", False) and args.dataset == "synthetic":
+        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made "
+                "on the fly")
+    if getattr(args, "sweep", None):
+        try:
+            args.sweep = [int(b) for b in args.sweep.split(",")]
+            assert min(args.sweep) > 0
+        except (ValueError, AssertionError):
+            p.error(f"--sweep takes {args.sweep_what} like {args.sweep_example}, got {args.sweep!r}")
+    args.show_progress = not args.no_progress
+
+
 def parse(p, argv=None):
     """Parse, apply --quick, and check what argparse alone cannot."""
     args = p.parse_args(argv)
@@ -99,6 +145,7 @@ def parse(p, argv=None):
         p.error(f"--image-shape must look like 3x224x224, got {args.image_shape!r}")
     if args.precision in ("64", "64-true", "double"):  # Lightning's spellings too
         torch.set_default_dtype(torch.float64)  # the model, the data (data.load) and every buffer
+    _check_concerns(p, args)
     return named(p, args)
 
 

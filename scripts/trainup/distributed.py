@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -25,7 +24,6 @@ from . import UserError, devices
 from .meter import Meter
 
 BACKENDS = ("auto", "gloo", "nccl")
-FAULT_ENV = "TRAINUP_FAIL_AT"  # test-only: RANK:STEP[:raise|exit|hang], see faults()
 
 
 @dataclass
@@ -260,29 +258,3 @@ def release():
             for held in (o for o in gc.get_objects() if isinstance(o, mesh.DeviceMesh)):
                 held._pg_registry.clear()
         _LEFT.clear()
-
-
-class faults:
-    """Test-only fault injection, hidden from --help: with TRAINUP_FAIL_AT=RANK:STEP[:MODE], that rank
-    raises (MODE raise, the default), dies at once (exit) or hangs (hang) just before training step
-    STEP (counted from 1 over the whole run). Only on the first attempt: a torchrun restart runs clean."""
-
-    def __init__(self, loader, ctx, epoch):
-        self.loader, self.first_step = loader, (epoch - 1) * len(loader) + 1
-        spec = os.environ.get(FAULT_ENV, "").split(":")
-        self.at = None
-        if len(spec) >= 2 and int(spec[0]) == ctx.rank and ctx.restart_count == 0:
-            self.at, self.mode = int(spec[1]), (spec[2] if len(spec) > 2 else "raise")
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __iter__(self):
-        for step, batch in enumerate(self.loader, self.first_step):
-            if step == self.at:
-                if self.mode == "exit":
-                    os._exit(1)
-                if self.mode == "hang":
-                    time.sleep(3600)
-                raise RuntimeError(f"injected fault ({FAULT_ENV}) at step {step}")
-            yield batch

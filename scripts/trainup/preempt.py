@@ -410,5 +410,5 @@ def _skipped(loader, skip):
 def meter(loader):
     """The Meter a training epoch adds its steps to: a stopped run's sums so far when it resumes mid-epoch."""
     while not isinstance(loader, Steps) and hasattr(loader, "loader"):
-        loader = loader.loader  # through wrappers such as distributed.faults
+        loader = loader.loader  # through wrappers such as the profiler's steps
     return loader.meter if isinstance(loader, Steps) else Meter()
