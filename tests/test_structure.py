@@ -89,3 +89,25 @@ def test_one_local_slurm_fixture_for_every_module():
     from conftest import ROOT
     defining = [f.name for f in sorted((ROOT / "tests").glob("*.py")) if "def local_slurm" + "(" in f.read_text()]
     assert defining == ["conftest.py"], defining
+
+
+def test_each_step_of_the_ladder_stays_within_its_budget():
+    from lessons import launch
+    over = {f"{a} -> {b}": (launch.changed_lines(a, b), budget) for a, b, budget in launch.LADDER
+            if launch.changed_lines(a, b) > budget}
+    assert not over, f"diffs above their budget (changed lines, budget): {over}"
+    assert launch.changed_lines("_trainup_gpu.py", "_trainup_gpu.py") == 0
+
+
+def test_each_lesson_notebook_prints_its_scripts_diff():
+    """The lesson's notebook prints the diff of its script against its parent (launch.lesson_diff)."""
+    import json
+    from conftest import ROOT
+    from lessons import launch
+    shown = set()
+    for path in (ROOT / "notebooks").glob("*.ipynb"):
+        for cell in json.loads(path.read_text())["cells"]:
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "code" and "launch.lesson_diff(" in text:
+                shown.update(s for _, s, _ in launch.LADDER if f'lesson_diff("{s}")' in text)
+    assert shown == {s for _, s, _ in launch.LADDER}, sorted({s for _, s, _ in launch.LADDER} - shown)

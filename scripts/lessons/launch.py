@@ -147,6 +147,30 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
     return name
 
 
+# The ladder: each lesson's script, the script it grows from, and the most changed lines (diff's < and >
+# lines) its diff may have, so that diff teaches the lesson. Measured after the shared plumbing moved to
+# trainup/ (flags by concern, one evaluate, one sweep); gpu -> dp shows the size every step aims at (about
+# 60). tests/test_structure.py holds every step to its budget; a step that grows needs its budget raised
+# here, in review, where the reason shows.
+LADDER = (("_trainup_cpu.py", "_trainup_gpu.py", 175), ("_trainup_gpu.py", "_trainup_dp.py", 65),
+          ("_trainup_gpu.py", "_trainup_ddp.py", 150), ("_trainup_ddp.py", "_trainup_horovod.py", 225),
+          ("_trainup_ddp.py", "_trainup_pipeline.py", 410), ("_trainup_ddp.py", "_trainup_lightning.py", 340),
+          ("_trainup_ddp.py", "_trainup_fsdp.py", 260), ("_trainup_ddp.py", "_trainup_tp.py", 225))
+
+
+def changed_lines(old, new):
+    """`diff scripts/<old> scripts/<new> | grep -c '^[<>]'`: the lines one step removes and adds."""
+    a, b = ((ROOT / "scripts" / f).read_text().splitlines() for f in (old, new))
+    return sum(1 for line in difflib.unified_diff(a, b, n=0, lineterm="")
+               if line[:1] in "+-" and not line.startswith(("+++", "---")))
+
+
+def lesson_diff(script):
+    """The diff of a lesson's script against the one it grows from (LADDER)."""
+    parent = next(p for p, s, _ in LADDER if s == script)
+    return script_diff(parent, script)
+
+
 def script_diff(old, new):
     """`diff -u scripts/<old> scripts/<new>`: what one lesson adds to the previous script."""
     a, b = ((ROOT / "scripts" / f).read_text().splitlines(keepends=True) for f in (old, new))
