@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainup import LOG_DIR, UserError, cli, distributed, metrics, models, preempt
+from trainup import LOG_DIR, UserError, cli, distributed, metrics, models, runlock
 
 SHOWS = ("collectives", "bandwidth", "ddp", "mismatch", "hang")
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -225,7 +225,7 @@ def parse_args(argv=None):
         args.sizes = [s for s in args.sizes if s <= 4 * 2**20] or args.sizes[:1]
     args.lesson, args.resume = "ddp", False
     # a plain name inside --log-dir (never ../ or an absolute path); by default with host and pid (rank 0 logs)
-    args.run_name = args.run_name or preempt.default_name("collectives")
+    args.run_name = args.run_name or runlock.default_name("collectives")
     return cli.named(p, args)
 
 

@@ -31,7 +31,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
 from trainup import (UserError, cli, data, distributed, lightning_ckpt, lightning_compat, lightning_gpustats,
-                     metrics, models, preempt)
+                     metrics, models, runlock)
 
 # Lightning's banners ("GPU available: ...", "Initializing distributed ...", "`Trainer.fit` stopped") are INFO
 # messages of these loggers: the course's own lines say what ran, so only warnings and errors pass.
@@ -176,7 +176,7 @@ def main(argv=None):
     module = LitNet(args, train_set.shape, train_set.num_classes)
     if rank_zero_only.rank == 0 and not args.resume:  # a fresh run starts a fresh TensorBoard folder...
         Path(args.log_dir).mkdir(parents=True, exist_ok=True)  # ...once it holds the run's lock (RunLog's own):
-        preempt.Lock(Path(args.log_dir) / f"{args.run_name}.lock", f"run {args.run_name!r}")  # a live run's stays
+        runlock.Lock(Path(args.log_dir) / f"{args.run_name}.lock", f"run {args.run_name!r}")  # a live run's stays
         shutil.rmtree(Path(args.log_dir) / "tensorboard" / args.run_name, ignore_errors=True)
     from trainup.lightning_log import CourseLog
     accelerator = "cuda" if args.accelerator in ("gpu", "cuda") or (

@@ -228,3 +228,18 @@ def inject(tmp_path_factory):
         path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
         return {**(env or {}), FAULT_ENV: spec, "PYTHONPATH": path}
     return env_with
+
+
+def hold_lock(path):
+    """Another live writer of a run: a process holding path's lock as trainup.runlock.Lock holds it (flock,
+    its host and pid inside) until killed. Returned once it holds it."""
+    code = ("import fcntl, os, socket, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "os.write(fd, f'{socket.gethostname()} {os.getpid()}'.encode())\n"
+            "print('held', flush=True)\n"
+            "time.sleep(300)\n")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held", "the holder did not take the lock"
+    return proc

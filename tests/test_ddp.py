@@ -51,7 +51,8 @@ def ok(proc):
 def runs(tmp_path_factory):
     """One process with the whole batch (_trainup_gpu.py on the CPU), and 2 DDP ranks with half each.
 
-    The DDP run also sees SLURM_PROCID=0 as every worker does under `srun torchrun`: torchrun's RANK must win.
+    The DDP run also sees SLURM_PROCID=0, as every worker of the first node does under `srun torchrun` (one
+    task per node: a node's workers share their task's SLURM_PROCID): torchrun's RANK must win.
     """
     log_dir = tmp_path_factory.mktemp("ddp") / "logs"
     watch, renames = rename_watch(log_dir.parent / "watch")  # every os.replace of the job, with its pid

@@ -161,4 +161,5 @@ def test_09_solutions_agree_with_the_lesson():
     assert [fits[m] / 1e9 for m in MODES] == pytest.approx([table[lesson.LABELS[m]] for m in MODES])
     assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(8 * 24e9 / 16)
     assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)
+    assert s.ring_bytes("optimizer", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)  # + broadcasts
     assert s.largest_tp_that_fits(4096, 16384, 48, 16e9) == 8  # the tensor-parallel exercise, spliced in

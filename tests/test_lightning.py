@@ -225,20 +225,24 @@ def test_the_course_callback_keeps_its_log_when_lightning_sets_callback_log(tmp_
 
 
 def test_a_run_refused_for_a_live_writer_leaves_the_live_runs_tensorboard_alone(tmp_path):
-    """Another process writes run 'live' (its lock names a live pid: this test's): a second run of that name
-    is refused in one sentence, and the live run's TensorBoard folder is still there."""
-    import socket
+    """Another process writes run 'live' (it holds the run's lock): a second run of that name is refused in
+    one sentence, and the live run's TensorBoard folder is still there."""
     import subprocess
     import sys
-    from trainup import preempt
+    from conftest import hold_lock
     log_dir = tmp_path / "logs"
     board = log_dir / "tensorboard" / "live"
     board.mkdir(parents=True)
     (board / "events.out").write_text("the live run's")
-    (log_dir / "live.lock").write_text(f"{socket.gethostname()} {os.getpid()} {preempt._start_time(os.getpid())}")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "_trainup_lightning.py"), "--quick", "--accelerator",
-                           "cpu", "--run-name", "live", "--log-dir", str(log_dir), "--checkpoint-dir",
-                           str(tmp_path / "ckpt"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    holder = hold_lock(log_dir / "live.lock")
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "_trainup_lightning.py"), "--quick",
+                               "--accelerator", "cpu", "--run-name", "live", "--log-dir", str(log_dir),
+                               "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress"],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
     assert_clean_error(proc, "is being written by another run")
     assert (board / "events.out").read_text() == "the live run's"
 

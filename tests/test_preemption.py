@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, hold_lock, in_process, start_job
 from lessons import launch, report
 from trainup import distributed, metrics, preempt
 
@@ -100,10 +100,10 @@ def ok(proc, code=0):
 
 
 def dead_lock(path):
-    """A lock file left by a writer that died: this host, a pid that is no process (above the kernel's max)."""
-    import socket
+    """A lock file left by a writer that died (its flock went with it): on another host, which a check of
+    this machine's processes could never tell dead from alive."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{socket.gethostname()} 99999999 1")
+    path.write_text("a-node-that-died 4242")
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +197,8 @@ def keep_signals():
 
 def test_a_second_live_writer_is_refused_in_one_sentence(tmp_path, capsys, keep_signals):
     """A lock held by a live process (a sleeping child here) on the same run name: refused, nothing written."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = hold_lock(tmp_path / "logs" / "busy.lock")
     try:
-        start = preempt._start_time(holder.pid)
-        import socket
-        (tmp_path / "logs").mkdir()
-        (tmp_path / "logs" / "busy.lock").write_text(f"{socket.gethostname()} {holder.pid} {start}")
         proc = in_process(_main(), ["--quick", "--train-size", "64", "--epochs", "1", "--run-name", "busy",
                                     "--log-dir", tmp_path / "logs", "--checkpoint-dir", tmp_path / "ck",
                                     "--no-progress"], capsys)

@@ -103,7 +103,7 @@ def test_notebook_06s_stored_sweep_shows_the_bubble_shrinking_or_says_why_not():
     interleaved 1F1B among them."""
     cells = json.loads((ROOT / "notebooks" / "06_pipeline_parallel.ipynb").read_text())["cells"]
     out = next("".join("".join(o.get("text", "")) for o in c["outputs"]) for c in cells
-               if "pipeline.bubble_table(" in "".join(c["source"]))
+               if "schedules.bubble_table(" in "".join(c["source"]))
     rows = {(m[1], int(m[2])): float(m[3])
             for m in re.finditer(r"^\s*(gpipe|1f1b|interleaved1f1b)\s+(\d+)\s+([\d.]+)\s", out, flags=re.M)}
     assert rows[("gpipe", 8)] < rows[("gpipe", 1)], rows

@@ -17,11 +17,12 @@ def largest_model(memory_gb, n, per_param=MIXED_ADAM):
 
 def ring_bytes(mode, psi, n, bytes_per_value=4):
     """Exercise 2: bytes one rank sends in a step with ring collectives: an all-reduce 2Ψ(N-1)/N, an all-gather
-    or reduce-scatter Ψ(N-1)/N each. DDP, ZeRO-1 (all-reduce + broadcast of the updated shards, ~ an all-gather)
-    and ZeRO-2 (reduce-scatter + all-gather) send 2Ψ(N-1)/N; ZeRO-3 gathers twice (forward, backward) and
-    reduce-scatters once: 3Ψ(N-1)/N, 1.5× DDP."""
+    or reduce-scatter or the broadcasts of every tensor Ψ(N-1)/N each. DDP and ZeRO-2 (reduce-scatter +
+    all-gather) send 2Ψ(N-1)/N; ZeRO-1 as PyTorch's ZeroRedundancyOptimizer does it keeps DDP's all-reduce and
+    then broadcasts each updated tensor from its owner: 3Ψ(N-1)/N (the paper's ZeRO-1 would send 2); ZeRO-3
+    gathers twice (forward, backward) and reduce-scatters once: 3Ψ(N-1)/N. Both 1.5× DDP."""
     share = psi * bytes_per_value * (n - 1) / n
-    return {"none": 2, "optimizer": 2, "gradients": 2, "parameters": 3}[mode] * share
+    return {"none": 2, "optimizer": 3, "gradients": 2, "parameters": 3}[mode] * share
 
 
 def zero1_imbalance(log_dir, name="ex09_z1", nproc=4, blocks=8, width=512):

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError, preempt
+from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError, preempt, runlock
 from .data import DATASETS
 from .models import MODELS
 
@@ -154,7 +154,7 @@ def named(p, args):
     work: a plain file name, and a folder that can be made and written (nothing is made yet)."""
     args.run_name_default = args.run_name is None  # then rank 0's name wins in a job of many (preempt.Stopper)
     if args.run_name is None:
-        args.run_name = preempt.default_name(args.lesson)
+        args.run_name = runlock.default_name(args.lesson)
     elif not args.run_name or "/" in args.run_name or args.run_name.startswith(".") or len(args.run_name) > 200:
         p.error(f"--run-name must be a plain file name of at most 200 characters, got {args.run_name[:80]!r}")
     probe = Path(args.log_dir).absolute()

@@ -3,7 +3,9 @@
 The processes can be started three ways; the first that applies wins:
 
 - torchrun (or anything that sets the env:// variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-  MASTER_PORT). Under `srun torchrun` every worker also sees SLURM_PROCID=0, so these win over SLURM's.
+  MASTER_PORT). Under `srun torchrun` (one task per node) every worker also sees its node's task's
+  SLURM_PROCID (0 on the first node, 1 on the second...), the same for every worker of a node and not
+  its rank, so these win over SLURM's.
 - SLURM's `srun python ...`, one task per process: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
   SLURM_NNODES, SLURM_NODEID. MASTER_ADDR defaults to the job's first node, MASTER_PORT to a port
   derived from the job id (the same in every task, without talking to each other).

@@ -90,12 +90,12 @@ class RunLog:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        from . import preempt  # one live writer per run name: a second is refused in one sentence
+        from . import runlock  # one live writer per run name: a second is refused in one sentence
         folder = getattr(args, "checkpoint_dir", None)
         checkpoint = Path(folder) / f"{args.run_name}.pt" if folder else None
-        self._locks = [preempt.Lock(self.path.with_suffix(".lock"), f"run {args.run_name!r}")]
+        self._locks = [runlock.Lock(self.path.with_suffix(".lock"), f"run {args.run_name!r}")]
         if checkpoint and checkpoint.parent.is_dir():
-            self._locks.append(preempt.Lock(checkpoint.with_name(f".{checkpoint.name}.lock"), f"run {args.run_name!r}"))
+            self._locks.append(runlock.Lock(checkpoint.with_name(f".{checkpoint.name}.lock"), f"run {args.run_name!r}"))
         mode = "a" if getattr(args, "resume", False) else "w"
         replaced = [p.name for p in (self.path, checkpoint) if p and p.exists()] if mode == "w" else []
         self._file = open(self.path, mode)

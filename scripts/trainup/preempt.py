@@ -22,7 +22,6 @@ import random
 import signal
 import socket
 import time
-from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
@@ -36,83 +35,6 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)  # wha
 STOP_CHECK = {"cpu": ("store", 1), "cuda": ("all_reduce", 20)}
 STOP_KEY = "trainup/stop_after"  # "<epoch>:<step>", posted once by the first rank asked to stop
 WALL_BEFORE = {}  # epoch -> its training seconds before a stop, added to the resumed epoch's wall_s by RunLog.epoch
-
-
-def default_name(lesson):
-    """<lesson>_<time>_<host>-<pid>: two runs started in the same second, here or on another machine, differ.
-    In a job of many processes rank 0's name wins (Stopper), so that every rank writes the same run."""
-    host = socket.gethostname().split(".")[0] or "host"
-    return f"{lesson}_{time.strftime('%Y%m%d-%H%M%S')}_{host}-{os.getpid()}"
-
-
-# --- One writer per run: a lock file beside the log and the checkpoint --------------------------------------
-
-def _start_time(pid):
-    """When the process pid started (clock ticks since boot): tells a live writer from a new process that
-    got a dead writer's pid. None when there is no such process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _alive(owner):
-    host, pid, started = (owner.split() + ["", "", ""])[:3]
-    if host != socket.gethostname():
-        return True  # another machine's process: we cannot tell, so it counts as alive
-    if not pid.isdigit():
-        return False
-    if not Path("/proc").is_dir():  # no /proc (macOS): ask the kernel whether the pid exists
-        try:
-            os.kill(int(pid), 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-    return _start_time(pid) == started
-
-
-class Lock:
-    """path created with O_EXCL, holding '<host> <pid> <start time>' of the writer. A second live writer is
-    refused in one sentence; the lock of a writer that died (a crash, a kill) is taken over."""
-
-    def __init__(self, path, what):
-        self.path = Path(path)
-        me = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())}"
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    owner = self.path.read_text()
-                except FileNotFoundError:
-                    continue  # released meanwhile
-                if owner.split()[:2] == me.split()[:2]:
-                    return  # ours already (the log and the checkpoint folder may be one folder)
-                if _alive(owner):
-                    host, pid = (owner.split() + ["?", "?"])[:2]
-                    raise UserError(f"{what} is being written by another run (process {pid} on {host}, "
-                                    f"{self.path.name}); choose another --run-name, wait for it to end, or delete {self.path} "
-                                    f"if that run is dead") from None
-                stale = self.path.with_name(f"{self.path.name}.stale.{os.getpid()}")
-                try:  # a rename, so that of two runs taking over the same dead lock only one wins
-                    os.replace(self.path, stale)
-                    stale.unlink()
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(me)
-            return
-        raise UserError(f"{what}: its lock {self.path} keeps changing hands; choose another --run-name")
-
-    def release(self):
-        try:
-            if self.path.read_text().split()[:2] == [socket.gethostname(), str(os.getpid())]:
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
 
 
 # --- Talking to the other ranks (torch.distributed, or Horovod) -------------------------------------------
