@@ -56,9 +56,9 @@ def scheduler_for(optimizer, args):
 
 
 def parse_args(argv=None):
-    p = cli.parser(__doc__, lesson="fsdp", precisions=("32", "64", "bf16"))
+    # the block stack of lesson 06 beside the course's models
+    p = cli.parser(__doc__, lesson="fsdp", precisions=("32", "64", "bf16"), models=("blocks",) + models.MODELS)
     p.set_defaults(lr=1e-3, model="blocks")  # Adam's usual step
-    p._option_string_actions["--model"].choices = ("blocks",) + models.MODELS  # the block stack of lesson 06
     p.add_argument("--shard", default="parameters",
                    help="what is split over the ranks, or several comma-separated: " + ", ".join(sharding.MODES))
     p.add_argument("--blocks", type=cli.positive(int), default=8, help="identical blocks in the model")

