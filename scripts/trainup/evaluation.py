@@ -1,5 +1,5 @@
-"""The test-set pass every script makes after each epoch: loss and accuracy summed in a Meter (the
-caller all-reduces it across ranks). One copy for every script: only the model changes per lesson."""
+"""The test-set pass every script makes after each epoch: loss and accuracy summed in a Meter
+(the caller all-reduces it across ranks). One copy for every script: only the model changes."""
 import torch
 import torch.nn.functional as F
 
@@ -15,7 +15,7 @@ def evaluate(model, loader, device="cpu", precision="32"):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with devices.autocast(device, precision):
             logits = model(x)
-        # the loss in fp32 where autocast computed in half precision, as autocast computes it; float64 kept
+        # the loss in fp32 from half-precision logits, as autocast computes it; float64 kept
         full = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         meter.add(F.cross_entropy(full, y), logits, y)
     return meter

@@ -1,8 +1,9 @@
-"""A run's identity: its default name, and one writer per run (a lock file beside its log and checkpoint).
+"""A run's identity: its default name, and one writer per run (a lock file beside its log and
+checkpoint).
 
-The lock is the kernel's (fcntl.flock), not a pid written down and checked: the kernel lets it go when its
-process ends, however it ends (a crash, SIGKILL, a node gone: on a shared file system when the host's lease
-lapses), so a dead writer's lock is simply taken, on this machine or another.
+The lock is the kernel's (fcntl.flock), not a pid written down and checked: the kernel lets it go
+when its process ends, however it ends (a crash, SIGKILL, a node gone: on a shared file system when
+the host's lease lapses), so a dead writer's lock is simply taken, on this machine or another.
 """
 import errno
 import fcntl
@@ -15,15 +16,15 @@ from . import UserError
 
 
 def default_name(lesson):
-    """<lesson>_<time>_<host>-<pid>: two runs started in the same second, here or on another machine, differ.
-    In a job of many processes rank 0's name wins (preempt.Stopper), so that every rank writes the same run."""
+    """<lesson>_<time>_<host>-<pid>: two runs started in the same second, anywhere, differ.
+    In a job of many processes rank 0's name wins (preempt.Stopper): every rank writes one run."""
     host = socket.gethostname().split(".")[0] or "host"
     return f"{lesson}_{time.strftime('%Y%m%d-%H%M%S')}_{host}-{os.getpid()}"
 
 
 class Lock:
-    """path, flock'ed by the writer and holding '<host> <pid>' for the sentence that refuses a second live
-    writer. Released (and the file removed) by release(), or by the kernel when the process ends."""
+    """path, flock'ed by the writer and holding '<host> <pid>' for the sentence that refuses a
+    second live writer. Released (and the file removed) by release(), or by the kernel at exit."""
 
     def __init__(self, path, what):
         self.path, self.fd, self.ours = Path(path), None, False
@@ -38,12 +39,13 @@ class Lock:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise
                 if owner.split()[:2] == me.split():
-                    self.ours = True  # ours already (the log and the checkpoint folder may be one folder)
+                    self.ours = True  # ours already (log and checkpoint may share a folder)
                     return
                 host, pid = (owner.split() + ["?", "?"])[:2]
-                raise UserError(f"{what} is being written by another run (process {pid} on {host}, "
-                                f"{self.path.name}); choose another --run-name, or wait for it to end") from None
-            try:  # a writer that released between our open and our flock removed the file: take the new one
+                raise UserError(f"{what} is being written by another run (process {pid} on "
+                                f"{host}, {self.path.name}); choose another --run-name, or wait "
+                                f"for it to end") from None
+            try:  # a writer released (and removed the file) between our open and our flock
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
                 same = False
@@ -54,14 +56,16 @@ class Lock:
             os.write(fd, me.encode())
             self.fd = fd
             return
-        raise UserError(f"{what}: its lock {self.path} keeps changing hands; choose another --run-name")
+        raise UserError(f"{what}: its lock {self.path} keeps changing hands; choose another "
+                        f"--run-name")
 
     def release(self):
-        """Removes the file while still holding it (a waiting writer sees it gone), then lets go."""
+        """Removes the file while holding it (a waiting writer sees it gone), then lets go."""
         if self.fd is None and not self.ours:
             return
         try:
-            if self.fd is not None or self.path.read_text().split()[:2] == [socket.gethostname(), str(os.getpid())]:
+            owner = self.path.read_text().split()[:2]
+            if self.fd is not None or owner == [socket.gethostname(), str(os.getpid())]:
                 self.path.unlink()
         except FileNotFoundError:
             pass

@@ -1,5 +1,5 @@
-"""--sweep: a few timed steps at each batch size, logged as 'sweep' records: where the device (or the job)
-saturates. One loop for every script; the script hands over its own train_epoch and optimizer."""
+"""--sweep: a few timed steps at each batch size, logged as 'sweep' records: where the device
+(or the job) saturates. One loop for every script; each gives its train_epoch and optimizer."""
 import itertools
 import time
 
@@ -9,35 +9,41 @@ from . import data, devices, metrics
 
 
 def run(args, model, train_set, device, log, train_epoch, optimizer_for, rank=0, world_size=1):
-    """Each --sweep batch size (global: each of world_size ranks takes its share) trained for 2 warm-up
-    steps, then --sweep-steps timed ones. optimizer_for(model, args) gives each batch size a fresh optimizer
-    (Horovod passes one that returns its single DistributedOptimizer)."""
+    """Each --sweep batch size (global: each of world_size ranks takes its share) trained for 2
+    warm-up steps, then --sweep-steps timed ones. optimizer_for(model, args) gives each batch size
+    a fresh optimizer (Horovod passes one that returns its single DistributedOptimizer)."""
     for batch_size in args.sweep:
         if batch_size > len(train_set):
             if rank == 0:
-                print(f"batch size {batch_size}: skipped, the data set holds only {len(train_set)} samples")
+                print(f"batch size {batch_size}: skipped, the data set holds only "
+                      f"{len(train_set)} samples")
             continue
         optimizer, _ = optimizer_for(model, args)
         scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
         sampler = data.ShuffleSampler(len(train_set), args.seed, rank, world_size)
         per_rank = batch_size // world_size
-        batches = data.full_batches(data.loader(train_set, per_rank, sampler, args, device), per_rank)
+        loader = data.loader(train_set, per_rank, sampler, args, device)
+        batches = data.full_batches(loader, per_rank)
         steps = args.sweep_steps
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the peak of this batch size alone
+
+        def train(n):
+            train_epoch(model, itertools.islice(batches, n), optimizer, 0, False, device,
+                        args.precision, scaler)
+            devices.synchronize(device)
         try:  # warm-up steps first: kernels chosen, memory allocated, loader workers started
-            train_epoch(model, itertools.islice(batches, 2), optimizer, 0, False, device, args.precision, scaler)
-            devices.synchronize(device)
+            train(2)
             tick = time.perf_counter()  # batches load while the GPU computes, as in training
-            train_epoch(model, itertools.islice(batches, steps), optimizer, 0, False, device, args.precision, scaler)
-            devices.synchronize(device)
+            train(steps)
         except torch.cuda.OutOfMemoryError:
             if world_size > 1:
-                raise  # one rank stopping alone would leave the others waiting: the whole job fails
+                raise  # one rank stopping alone would leave the others waiting: the job fails
             print(f"batch size {batch_size}: out of GPU memory, so the sweep stops here")
             break
         seconds = time.perf_counter() - tick
         line = log.write("sweep", batch_size=batch_size, steps=steps, step_s=seconds / steps,
-                         samples_per_s=steps * batch_size / seconds, peak_mem_mb=metrics.peak_memory_mb(device))
+                         samples_per_s=steps * batch_size / seconds,
+                         peak_mem_mb=metrics.peak_memory_mb(device))
         if rank == 0:
             print(f"batch size {batch_size}: {line['samples_per_s']:.0f} samples/s")
