@@ -6,10 +6,17 @@ from pathlib import Path
 from trainup.schema import check_record
 
 
-def read_run(path):
-    """One log as a dict: config, env, epochs (list), summary (None if the run did not finish), problems.
+REQUIRED = ("config", "env", "summary")
 
-    A resumed run appends to its log: the last config/env win and a repeated epoch keeps its last record.
+
+def read_run(path, checked=None, required=REQUIRED):
+    """One log as a dict: config, env, epochs (list), summary (None if the run did not finish), extra
+    (the lesson records), problems.
+
+    checked: the record types checked against the schema (None: every one). A reader of older and
+    newer logs (the scaling report) checks only the core ones and keeps the rest unchecked in extra.
+    required: the record types whose absence is a problem. A resumed run appends to its log: the last
+    config/env win and a repeated epoch keeps its last record.
     """
     run = dict(path=Path(path), config=None, env=None, epochs={}, summary=None, problems=[], extra=[])
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
@@ -18,8 +25,10 @@ def read_run(path):
         except json.JSONDecodeError:
             run["problems"].append(f"line {n} is not JSON")
             continue
-        run["problems"] += check_record(record)
-        kind = record.get("type")
+        kind = record.get("type") if isinstance(record, dict) else None
+        if checked is None or kind in checked:
+            run["problems"] += (check_record(record) if isinstance(record, dict)
+                                else [f"line {n} is not a JSON object"])
         if kind in ("config", "env", "summary"):
             run[kind] = record
         elif kind == "epoch":
@@ -29,7 +38,7 @@ def read_run(path):
     # a broken log may have an epoch that is not a number: keep it (its problem is listed), sorted last
     order = sorted(run["epochs"], key=lambda k: (0, k, "") if isinstance(k, int) else (1, 0, str(k)))
     run["epochs"] = [run["epochs"][k] for k in order]
-    for kind in ("config", "env", "summary"):
+    for kind in required:
         if run[kind] is None:
             run["problems"].append(f"no {kind!r} record")
     return run

@@ -25,20 +25,20 @@ been version 1 all along, but what a version-1 log holds grew; what this reader 
 - A resumed run appends a config and env, then its epochs: the last of each is kept.
 """
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
-from trainup.metrics import SCHEMA_VERSION, check_record
+from trainup.schema import SCHEMA_VERSION
 
 from . import checks
 from . import equivalence as eq
 # the proof's parts, under the report's names of old (sr.equivalence_row, sr.missing_need, ...)
 from .equivalence import (SAME_TRAINING, checkpoint_of, equivalence_row, fits,  # noqa: F401
                           latest, missing_need, parameter_difference, same)
+from .log_reader import read_run
 from .report import measured_on, save
 
 CORE = ("config", "env", "epoch", "summary")
@@ -134,27 +134,9 @@ STRATEGIES = [
 # ----------------------------------------------------------------------------------------------- reading
 
 def read_log(path):
-    """One log: its core records checked against the schema, the lesson records kept aside unchecked."""
-    run = dict(path=Path(path), config=None, env=None, epochs={}, summary=None, problems=[], extra=[])
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            run["problems"].append(f"line {n} is not JSON")
-            continue
-        kind = record.get("type") if isinstance(record, dict) else None
-        if kind not in CORE:
-            run["extra"].append(record)
-            continue
-        run["problems"] += check_record(record)
-        if kind == "epoch":
-            run["epochs"][record.get("epoch")] = record
-        else:
-            run[kind] = record
-    # a broken log may hold an epoch that is not a number: its problem is listed, and it sorts last
-    order = sorted(run["epochs"], key=lambda k: (0, k) if isinstance(k, int) else (1, 0))
-    run["epochs"] = [run["epochs"][k] for k in order]
-    return run
+    """One log: its core records checked against the schema, the lesson records kept aside unchecked
+    (a newer course's are read by their core records); a missing record is said by load()."""
+    return read_run(path, checked=CORE, required=())
 
 
 def log_paths(log_dir=LOG_DIR):
