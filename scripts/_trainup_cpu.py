@@ -1,24 +1,18 @@
 """Lesson 01, the CPU baseline: pytorch/examples' MNIST CNN, trained on the CPU.
 
     python scripts/_trainup_cpu.py --quick
-    python scripts/_trainup_cpu.py --threads 1                      # one core
-    python scripts/_trainup_cpu.py --num-processes 2 --threads 1    # Hogwild: 2 processes, 1 shared model
+    python scripts/_trainup_cpu.py --threads 1      # one core
 
-With --num-processes N, N worker processes train one model in shared memory, each on its share of
-the data, without locks (Hogwild, as in pytorch/examples' mnist_hogwild).
+Several processes training one shared model (Hogwild) are the next script: _trainup_hogwild.py.
 """
-import atexit
 import os
-import queue
 import time
 
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import (UserError, checkpoint, cli, data, evaluation, metrics, models, preempt,
-                     profiling)
+from trainup import checkpoint, cli, data, evaluation, metrics, models, preempt, profiling
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress):
@@ -39,79 +33,11 @@ def optimizer_for(model, args):
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
-def hogwild_worker(rank, args, model, train_set, start_epoch, results, go, parent):
-    """One of N processes: trains the shared model on every N-th sample, then waits for the next epoch."""
-    preempt.leave_to_main(args)  # a stop signal is for the main process: it ends the workers between epochs
-    torch.set_num_threads(args.threads)
-    sampler = data.ShuffleSampler(len(train_set), args.seed, rank, args.num_processes)
-    loader = DataLoader(train_set, batch_size=args.batch_size // args.num_processes, sampler=sampler)
-    optimizer, scheduler = optimizer_for(model, args)
-    for _ in range(1, start_epoch):
-        scheduler.step()
-    results.put((rank, None))  # ready: the epoch's clock starts once every worker is
-    for epoch in range(start_epoch, args.epochs + 1):
-        if preempt.next_epoch(go, parent) is None:  # the main process evaluates and logs between epochs
-            return
-        sampler.set_epoch(epoch)
-        results.put((rank, train_epoch(model, loader, optimizer, epoch, rank == 0 and args.show_progress)))
-        scheduler.step()
-
-
-def hogwild_epochs(args, model, train_set, start_epoch):
-    """Start the workers; yield (epoch, combined train Meter, seconds) as all workers finish an epoch."""
-    model.share_memory()
-    ctx = mp.get_context("spawn")  # fork is unsafe once torch has started its thread pools
-    results, go = ctx.Queue(), ctx.Queue()
-    workers = [ctx.Process(target=hogwild_worker, daemon=True,
-                           args=(rank, args, model, train_set, start_epoch, results, go, os.getpid()))
-               for rank in range(args.num_processes)]
-    for w in workers:
-        w.start()
-
-    def gather():
-        meters = []
-        while len(meters) < len(workers):  # wait, but notice a worker that died instead of hanging
-            try:
-                meters.append(results.get(timeout=1)[1])
-            except queue.Empty:
-                dead = [w for w in workers if w.exitcode not in (None, 0)]
-                if dead:
-                    raise UserError(f"a worker process exited with status {dead[0].exitcode}")
-        return meters
-
-    def end():  # the workers ignore SIGTERM (a stop is the main process's), so they are told to end
-        if not any(w.is_alive() for w in workers):
-            return
-        for w in workers:
-            go.put(None)
-        for w in workers:
-            w.join(timeout=10)
-            if w.is_alive():
-                w.kill()
-    # also at exit after a stop: before multiprocessing's own exit handler, which would wait for them
-    atexit.register(end)
-    try:
-        gather()  # every worker has started
-        for epoch in range(start_epoch, args.epochs + 1):
-            tick = time.perf_counter()
-            for _ in workers:
-                go.put(epoch)
-            total = sum(m.as_tensor() for m in gather())
-            yield epoch, metrics.Meter.from_tensor(total), time.perf_counter() - tick
-    finally:
-        atexit.unregister(end)
-        end()
-
-
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="cpu")
-    p.add_argument("--num-processes", type=cli.positive(int), default=1,
-                   help="worker processes training one shared model (Hogwild)")
     profiling.add_flag(p)
     args = cli.parse(p, argv)
-    if args.batch_size < args.num_processes:
-        p.error(f"--batch-size {args.batch_size} cannot be split across {args.num_processes} processes")
-    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.num_processes)
+    args.threads = args.threads or os.cpu_count() or 1
     return args
 
 
@@ -127,30 +53,21 @@ def main(argv=None):
     optimizer, scheduler = optimizer_for(model, args)
     ckpt = checkpoint.path_for(args)
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler) if args.resume else 1
-    log = metrics.RunLog(args, __file__, "cpu", world_size=args.num_processes,
-                         backend="hogwild" if args.num_processes > 1 else "none")
+    log = metrics.RunLog(args, __file__, "cpu")
     stop.watch(ckpt, log, model, optimizer, scheduler)  # what a stop saves; on --resume, the step to go on from
+    sampler = data.ShuffleSampler(len(train_set), args.seed)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
-    if args.num_processes == 1:
-        sampler = data.ShuffleSampler(len(train_set), args.seed)
-        train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
-
-        def epochs():
-            for epoch in range(start_epoch, args.epochs + 1):
-                tick = time.perf_counter()
-                sampler.set_epoch(epoch)
-                train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)), optimizer, epoch,
-                                    args.show_progress)
-                scheduler.step()
-                yield epoch, train, time.perf_counter() - tick
-    else:
-        def epochs():  # each worker steps its own optimizer and learning-rate schedule
-            yield from hogwild_epochs(args, model, train_set, start_epoch)
-
-    for epoch, train, wall in epochs():
+    for epoch in range(start_epoch, args.epochs + 1):
+        tick = time.perf_counter()
+        sampler.set_epoch(epoch)
+        train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)), optimizer, epoch,
+                            args.show_progress)
+        scheduler.step()
+        wall = time.perf_counter() - tick
         log.epoch(epoch, train, evaluation.evaluate(model, test_loader), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
-        stop.after_epoch(epoch)  # a stop asked for during evaluation, or in Hogwild: from this epoch's end
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     profiler.stop()
     log.summary(checkpoint=ckpt)
 

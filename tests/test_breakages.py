@@ -50,7 +50,7 @@ BREAKAGES = {
         "x, y = x[order], y[order]",
         "test_data.py::test_digits_are_normalised_with_mnists_mean_and_std"),
     "Hogwild workers on private copies": (
-        "_trainup_cpu.py",
+        "_trainup_hogwild.py",
         "    torch.set_num_threads(args.threads)\n    sampler = data.ShuffleSampler(len(train_set), args.seed, rank,",
         "    torch.set_num_threads(args.threads)\n    model = __import__(\"copy\").deepcopy(model)\n"
         "    sampler = data.ShuffleSampler(len(train_set), args.seed, rank,",

@@ -65,8 +65,8 @@ def hogwild(tmp_path_factory):
     """Two Hogwild processes: one epoch, then --resume for the second."""
     log_dir = tmp_path_factory.mktemp("hogwild") / "logs"
     flags = [*QUICK, "--num-processes", "2", "--threads", "1", "--run-name", "h"]
-    run_script("_trainup_cpu.py", *flags, "--epochs", "1", log_dir=log_dir)
-    run_script("_trainup_cpu.py", *flags, "--epochs", "2", "--resume", log_dir=log_dir)
+    run_script("_trainup_hogwild.py", *flags, "--epochs", "1", log_dir=log_dir)
+    run_script("_trainup_hogwild.py", *flags, "--epochs", "2", "--resume", log_dir=log_dir)
     return log_dir
 
 
@@ -109,7 +109,6 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, tmp_path, capsys)
     for flags, words in [(["--batch-size", "0"], ["--batch-size", "greater than 0"]),
                          (["--dataset", "imagenet"], ["--dataset", "invalid choice"]),
                          (["--dataset", "mnist", "--data-dir", tmp_path / "missing"], ["does not exist"]),
-                         (["--num-processes", "4", "--batch-size", "2"], ["cannot be split"]),
                          (["--lr", "nan"], ["--lr", "finite"]), (["--gamma", "inf"], ["--gamma", "finite"]),
                          (["--run-name", "r" * 300], ["--run-name", "at most 200"]),
                          (["--log-dir", tmp_path / "file" / "sub"], ["--log-dir", "is not a folder"])]:
@@ -118,6 +117,18 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, tmp_path, capsys)
         assert proc.returncode == 2
         assert_clean_error(proc, *words)
     assert not log_dir.exists()  # nothing half-written
+
+
+def test_hogwild_refuses_a_batch_it_cannot_split_and_the_cpu_script_has_no_workers(log_dir, capsys):
+    import _trainup_cpu
+    import _trainup_hogwild
+    proc = in_process(_trainup_hogwild.main, ["--quick", "--log-dir", log_dir, "--num-processes", "4",
+                                              "--batch-size", "2", "--no-progress"], capsys)
+    assert proc.returncode == 2
+    assert_clean_error(proc, "cannot be split")
+    proc = in_process(_trainup_cpu.main, ["--quick", "--log-dir", log_dir, "--num-processes", "2"], capsys)
+    assert_clean_error(proc, "unrecognized arguments", "--num-processes")
+    assert not log_dir.exists()
 
 
 def test_a_loss_that_becomes_nan_ends_the_run_non_zero_saying_where(log_dir, capsys):

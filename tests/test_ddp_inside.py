@@ -11,7 +11,7 @@ from lessons import checks, collectives, launch, report
 from test_ddp import finish, ok, start
 
 COLLECTIVES = str(SCRIPTS / "_trainup_collectives.py")
-DDP_SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
+TUNED = str(SCRIPTS / "_trainup_ddp_tuned.py")  # lesson 04's second script: --accumulate, --sync-bn
 TINY = ["--quick", "--dropout", "0", "--no-progress"]
 
 
@@ -32,8 +32,8 @@ def jobs(tmp_path_factory, request):
         # 3 processes: the ring factor 2(N-1)/N is 4/3 (with 2 it is 1, and a missing factor hides)
         bw3=lambda: torchrun(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common,
                              nproc=3),
-        acc1=lambda: torchrun(DDP_SCRIPT, *train, "--accumulate", 1, "--run-name", "acc1"),
-        acc4=lambda: torchrun(DDP_SCRIPT, *train, "--accumulate", 4, "--run-name", "acc4"),
+        acc1=lambda: torchrun(TUNED, *train, "--accumulate", 1, "--run-name", "acc1"),
+        acc4=lambda: torchrun(TUNED, *train, "--accumulate", 4, "--run-name", "acc4"),
         mismatch=lambda: start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [COLLECTIVES, "--show", "mismatch"],
                                {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
         hang=lambda: torchrun(COLLECTIVES, "--show", "hang", "--timeout", 3)))
@@ -135,14 +135,18 @@ def test_bad_flags_are_one_sentence_and_a_nonzero_exit(tmp_path, monkeypatch, ca
     each); the --sync-bn ones are refused after the script joined its group of one, so in a process of their own."""
     import _trainup_collectives
     import _trainup_ddp
+    import _trainup_ddp_tuned
     for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_")) or k in ("RANK", "WORLD_SIZE")]:
         monkeypatch.delenv(k)
     py = [sys.executable]
-    alone = [(py + [DDP_SCRIPT, "--quick", "--sync-bn"], ["BatchNorm", "cnn_bn"]),
-             (py + [DDP_SCRIPT, "--quick", "--model", "cnn_bn", "--sync-bn", "--device", "cpu"], ["--sync-bn needs GPUs"])]
+    alone = [(py + [TUNED, "--quick", "--sync-bn"], ["BatchNorm", "cnn_bn"]),
+             (py + [TUNED, "--quick", "--model", "cnn_bn", "--sync-bn", "--device", "cpu"],
+              ["--sync-bn needs GPUs"])]
     procs = [start([*map(str, cmd), "--log-dir", str(tmp_path)]) for cmd, _ in alone]
-    here = [(_trainup_ddp.main, ["--quick", "--batch-size", 64, "--accumulate", 5], ["--accumulate 5", "divide"]),
-            (_trainup_ddp.main, ["--quick", "--accumulate", 2, "--sweep", 32], ["--sweep"]),
+    here = [(_trainup_ddp_tuned.main, ["--quick", "--batch-size", 64, "--accumulate", 5],
+             ["--accumulate 5", "divide"]),
+            (_trainup_ddp_tuned.main, ["--quick", "--accumulate", 2, "--sweep", 32], ["--sweep"]),
+            (_trainup_ddp.main, ["--quick", "--accumulate", 2], ["unrecognized arguments", "--accumulate"]),
             (_trainup_collectives.main, ["--show", "ddp"], ["2 or more processes"]),
             (_trainup_collectives.main, ["--show", "bandwidth", "--sizes", "1Q"], ["--sizes"]),
             (_trainup_collectives.main, ["--show", "hang,ddp"], ["alone"])]

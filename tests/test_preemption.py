@@ -270,7 +270,7 @@ def group(tmp_path_factory):
     hit = {**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
     jobs = {"straight": python("_trainup_gpu.py", *workers, "--run-name", "straight", log_dir=log_dir, env=env),
             "stopped": python("_trainup_gpu.py", *workers, "--run-name", "stopped", log_dir=log_dir, env=hit),
-            "hogwild": python("_trainup_cpu.py", *TINY, "--num-processes", 2, "--threads", 1, "--run-name", "hogwild",
+            "hogwild": python("_trainup_hogwild.py", *TINY, "--num-processes", 2, "--threads", 1, "--run-name", "hogwild",
                               log_dir=log_dir, env={**hit, "TRAINUP_TEST_SIGTERM_AT": "0:2"})}
     done = {k: finish_job(p) for k, p in jobs.items()}
     done["at_stop"] = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)

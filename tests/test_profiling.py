@@ -120,8 +120,9 @@ def test_bad_profile_flags_are_one_sentence(capsys, tmp_path):
     from _trainup_cpu import main
     common = ["--quick", "--log-dir", tmp_path / "logs", "--checkpoint-dir", tmp_path / "ck", "--no-progress"]
     assert_clean_error(in_process(main, ["--profile", "0", *common], capsys), "--profile", "greater than 0")
-    assert_clean_error(in_process(main, ["--profile", "2", "--num-processes", "2", *common], capsys),
-                       "--profile", "--num-processes")
+    from _trainup_hogwild import main as hogwild
+    assert_clean_error(in_process(hogwild, ["--profile", "2", *common], capsys), "--profile", "Hogwild",
+                       "_trainup_cpu.py")
     assert not (tmp_path / "logs").exists()  # nothing half-written
     # 64 samples at batch 64: 2 steps in all, both before recording starts
     short = in_process(main, ["--profile", "3", "--train-size", "64", *common], capsys)

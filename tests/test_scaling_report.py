@@ -190,10 +190,11 @@ def _as_run(where, world=2):
     """(script, world size, flags) of a run that the registry puts under this `where`."""
     flags = {k: _value(v) for k, v in where.items() if k not in ("script", "world_size", "devices")}
     world = _value(where.get("world_size", where.get("devices", world)))
-    if where["script"] in ("_trainup_dp.py", "_trainup_cpu.py"):
-        flags["num_processes" if where["script"] == "_trainup_cpu.py" else "gpus"] = world
+    script = _value(where["script"])  # a tuple: one of the scripts
+    if script in ("_trainup_dp.py", "_trainup_hogwild.py"):
+        flags["num_processes" if script == "_trainup_hogwild.py" else "gpus"] = world
         world = 1
-    return where["script"], world, flags
+    return script, world, flags
 
 
 @pytest.mark.parametrize("strategy", EQUIVALENCE_ROWS, ids=lambda s: s.name)
@@ -284,10 +285,11 @@ def test_noise_floor_from_a_noise_pair(tmp_path):
     assert ddp2["result"] == "holds" and "noise" not in ddp2["reason"] and "two~one " in ddp2["pairs"]
     # the same run with its batch cut in two micro-batches (--accumulate 2) is a noise pair too; a run
     # that differs in both threads and micro-batches is not (it could not tell which moved it)
-    write_run(tmp_path, "d1", "_trainup_ddp.py", state=STATE)
-    write_run(tmp_path, "d1_other", "_trainup_ddp.py", state=shifted(1e-6), threads=2, extra_args={"accumulate": 2})
+    write_run(tmp_path, "d1", "_trainup_ddp_tuned.py", state=STATE)
+    write_run(tmp_path, "d1_other", "_trainup_ddp_tuned.py", state=shifted(1e-6), threads=2,
+              extra_args={"accumulate": 2})
     assert len(eq.noise_pairs(sr.load(tmp_path)[0], checkpoint_dir=ckpt)) == 1
-    write_run(tmp_path, "d1_other", "_trainup_ddp.py", state=shifted(5e-13), extra_args={"accumulate": 2})
+    write_run(tmp_path, "d1_other", "_trainup_ddp_tuned.py", state=shifted(5e-13), extra_args={"accumulate": 2})
     runs = sr.load(tmp_path)[0]
     pairs = {(a["name"], b["name"]) for a, b in eq.noise_pairs(runs, checkpoint_dir=ckpt)}
     assert pairs == {("one", "one_t2"), ("d1", "d1_other")}
@@ -448,9 +450,12 @@ def test_the_lessons_pair_is_made_again_unless_float64(tmp_path):
     (name, _, _, flags), (acc_name, _, _, acc_flags) = sr.PAIR[0], sr.NOISE_PAIR[1]
     assert list(sr.PAIR_FLAGS[-2:]) == list(checks.PROOF) and list(acc_flags) == ["--accumulate", 2]
     write_run(tmp_path, name, "_trainup_gpu.py", state=STATE, checkpoint_dir=ckpt)
-    write_run(tmp_path, acc_name, "_trainup_ddp.py", state=STATE, checkpoint_dir=ckpt, extra_args={"accumulate": 2})
+    write_run(tmp_path, acc_name, "_trainup_ddp_tuned.py", state=STATE, checkpoint_dir=ckpt,
+              extra_args={"accumulate": 2})
     assert sr._made(name, flags, tmp_path, ckpt) and sr._made(acc_name, acc_flags, tmp_path, ckpt)
     assert not sr._made(acc_name, flags, tmp_path, ckpt)  # the whole batch was asked for
+    assert sr._made(acc_name, acc_flags, tmp_path, ckpt, "_trainup_ddp_tuned.py")
+    assert not sr._made(acc_name, acc_flags, tmp_path, ckpt, "_trainup_ddp.py")  # made by another script
     write_run(tmp_path, name, "_trainup_gpu.py", state=FLOAT32, checkpoint_dir=ckpt, extra_args={"precision": "32"})
     assert not sr._made(name, flags, tmp_path, ckpt)
 

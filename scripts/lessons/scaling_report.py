@@ -83,11 +83,13 @@ PIPELINES = ("naive", "gpipe", "1f1b", "interleaved1f1b", "looped_bfs", "interle
 
 
 def _ddp(n):
-    return Strategy(f"DDP, {n} rank{'s' * (n > 1)}", "DDP", dict(script="_trainup_ddp.py", world_size=n,
+    return Strategy(f"DDP, {n} rank{'s' * (n > 1)}", "DDP", dict(script=DDP_SCRIPTS, world_size=n,
                     accumulate=(None, 1)), ONE_DEVICE,
                     made_by="notebooks/04_ddp.ipynb (or this notebook)", dropout_off="always")
 
 
+# lesson 04's two scripts: the tuned one without --accumulate trains as plain DDP does
+DDP_SCRIPTS = ("_trainup_ddp.py", "_trainup_ddp_tuned.py")
 ONE_SHARDING = dict(script="_trainup_fsdp.py", shard="none", devices=1)
 ONE_TP = dict(script="_trainup_tp.py", devices=1)
 
@@ -100,12 +102,13 @@ def _zero(stage, shard):
 
 STRATEGIES = [
     Strategy("one process (CPU script)", "CPU", dict(script="_trainup_cpu.py", devices=1)),
-    Strategy("Hogwild (CPU processes, one shared model)", "Hogwild", dict(script="_trainup_cpu.py", devices=ABOVE_1)),
+    Strategy("Hogwild (CPU processes, one shared model)", "Hogwild", dict(script="_trainup_hogwild.py")),
     Strategy("one device", "one device", ONE_DEVICE),
     Strategy("DataParallel", "DataParallel", dict(script="_trainup_dp.py"), ONE_DEVICE,
              made_by="notebooks/03_data_parallel.ipynb", dropout_off="several devices"),
     _ddp(1), _ddp(2), _ddp(4),
-    Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp.py", accumulate=ABOVE_1),
+    Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp_tuned.py",
+                                                              accumulate=ABOVE_1),
              ONE_DEVICE, made_by="notebooks/04_ddp.ipynb", dropout_off="always"),
     Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE,
              (("module", "horovod"),), "notebooks/05_horovod.ipynb", dropout_off="always"),
@@ -617,21 +620,23 @@ def _counted(mem, where, model):
 # Each: (name, script, processes, flags).
 PAIR_FLAGS = ["--device", "cpu", "--batch-size", 64, "--dropout", 0, "--threads", 1, *checks.PROOF]
 PAIR = (("report_one", "_trainup_gpu.py", 1, ()), ("report_ddp_n2", "_trainup_ddp.py", 2, ()))
-NOISE_PAIR = (("report_ddp_n1", "_trainup_ddp.py", 1, ()),
-              ("report_ddp_n1_acc2", "_trainup_ddp.py", 1, ("--accumulate", 2)))
+NOISE_PAIR = (("report_ddp_n1", "_trainup_ddp_tuned.py", 1, ()),
+              ("report_ddp_n1_acc2", "_trainup_ddp_tuned.py", 1, ("--accumulate", 2)))
 # WEAK: 2 DDP ranks with 64 samples each, the batch report_one did alone: weak scaling beside the pair's strong.
 WEAK = (("report_ddp_n2_b128", "_trainup_ddp.py", 2, ("--batch-size", 128)),)
 
 
-def _made(name, flags, log_dir, checkpoint_dir):
-    """Finished, in the schema, with its checkpoint, and made as asked: float64, its accumulation
-    (a float32 run of an older course's is made again)."""
+def _made(name, flags, log_dir, checkpoint_dir, script=None):
+    """Finished, in the schema, with its checkpoint, and made as asked: by that script, float64, its
+    accumulation (a float32 run of an older course's, or one by another script, is made again)."""
     path = Path(log_dir) / f"{name}.jsonl"
     if not path.exists():
         return False
     r = read_log(path)
     args = (r["config"] or {}).get("args") or {}
     accumulate = dict(zip(flags[::2], flags[1::2])).get("--accumulate")
+    if script and (r["config"] or {}).get("script") != script:
+        return False
     return not r["problems"] and (r["summary"] or {}).get("status") == "finished" and \
         str(args.get("precision")) in eq.FLOAT64 and args.get("accumulate") == accumulate and \
         (Path(checkpoint_dir) / f"{name}.pt").exists()
@@ -644,13 +649,13 @@ def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
     import io
     from . import launch, report
     for name, script, nproc, flags in (*PAIR, *NOISE_PAIR, *WEAK):
-        if not _made(name, flags, log_dir, checkpoint_dir):
+        if not _made(name, flags, log_dir, checkpoint_dir, script):
             with contextlib.redirect_stdout(io.StringIO()):
                 if nproc == 1:
                     report.run(script, *PAIR_FLAGS, *flags, name=name)
                 else:
                     launch.run(script, *PAIR_FLAGS, *flags, name=name, nproc=nproc)
-        if not _made(name, flags, log_dir, checkpoint_dir):
+        if not _made(name, flags, log_dir, checkpoint_dir, script):
             raise AssertionError(f"{name}: no finished float64 log (in the schema) and checkpoint")
     return (f"{PAIR[0][0]} (one process, batch 64) and {PAIR[1][0]} (2 DDP ranks, 32 samples "
             f"each); the noise pair {NOISE_PAIR[0][0]} and {NOISE_PAIR[1][0]} (one DDP process, "

@@ -86,6 +86,7 @@ def start(args, rank=0, device="cpu"):
     """A profiler for this process, or one that does nothing without --profile."""
     if not getattr(args, "profile", None):
         return _Off()
-    if getattr(args, "num_processes", 1) > 1:
-        raise UserError("--profile traces the training loop of one process: leave out --num-processes")
+    if hasattr(args, "num_processes"):  # Hogwild trains in worker processes, not in this one
+        raise UserError("--profile traces the training loop of one process: Hogwild's workers train in "
+                        "others, so profile _trainup_cpu.py instead")
     return _On(args, rank, device)
