@@ -119,7 +119,7 @@ def test_report_run_raises_when_the_log_is_broken(tmp_path, monkeypatch):
 
     class Exited0:
         returncode = 0
-    monkeypatch.setattr(report.subprocess, "run", lambda *a, **k: Exited0())
+    monkeypatch.setattr(report.jobs, "run", lambda *a, **k: Exited0())
     monkeypatch.setattr(report, "check", lambda name, log_dir: "(printed sentence)")
     with pytest.raises(AssertionError, match="no log"):
         report.run("_trainup_cpu.py", name="silent")

@@ -92,6 +92,7 @@ def test_lesson_06_runs_its_stages_on_gpus_only_where_there_are_two(gpus, monkey
 
     monkeypatch.setattr(placement, "gpu_count", lambda: gpus)
     monkeypatch.setattr("subprocess.run", start)
+    monkeypatch.setattr("subprocess.Popen", start)  # lessons.jobs starts every job
     if gpus < 2:
         committed = {p.parent.name for p in gpu.references(f"{schedules.GPU_SWEEP}_gpipe")}
         assert set(schedules.sweep_on_gpus(64, ["--width", 8])) == committed

@@ -9,12 +9,11 @@ tables, plots and sentences worked out from them, each checked: a wrong result r
     collectives.key_line(collectives.fail("hang", "--timeout", 3))   # the error line of a failed job
 """
 import re
-import subprocess
 from pathlib import Path
 
-from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
+from trainup import CHECKPOINT_DIR, LOG_DIR
 
-from . import launch
+from . import jobs, launch
 from .report import QUICK, failed, forget, read_run, save
 
 SCRIPT = "_trainup_collectives.py"
@@ -48,8 +47,7 @@ def run(show, *args, name, nproc=2, timeout=600, env=None):
     flags, part = _command(show, args, name, nproc)
     forget(name)  # from nothing, however often the cell runs
     print(launch.shown(flags, part))
-    proc = subprocess.run(launch.TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=launch.environment(env))
+    proc = jobs.run(launch.TORCHRUN + flags + part, timeout=timeout, env=launch.environment(env))
     if proc.returncode != 0:
         raise failed("torchrun", proc.stderr, proc.returncode)
     print("\n".join(line for line in proc.stdout.splitlines() if not line.startswith("finished:")))
@@ -62,8 +60,7 @@ def fail(show, *args, nproc=2, timeout=300, env=None):
     flags, part = _command(show, args, None, nproc)
     shown = " ".join(f"{k}={v}" for k, v in (env or {}).items())
     print(launch.shown(flags, part).replace("$ ", f"$ {shown} " if shown else "$ ", 1))
-    proc = subprocess.run(launch.TORCHRUN + flags + part, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=launch.environment(env))
+    proc = jobs.run(launch.TORCHRUN + flags + part, timeout=timeout, env=launch.environment(env))
     assert proc.returncode != 0, f"the {show} job was meant to fail and exited with status 0"
     print(f"exit status {proc.returncode} (the job failed, as it should)")
     return proc.stdout + proc.stderr
@@ -260,7 +257,7 @@ def error_sentence(script, *args, env=None, timeout=300):
     import sys
     cmd = [sys.executable, f"scripts/{script}", *map(str, args)]
     print("$ python", " ".join(cmd[1:]))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=launch.environment(env))
+    proc = jobs.run(cmd, timeout=timeout, env=launch.environment(env))
     err = proc.stderr.strip()
     assert proc.returncode != 0 and len(err.splitlines()) == 1 and "Traceback" not in err, \
         f"expected one sentence and a non-zero exit, got status {proc.returncode}:\n{err[-2000:]}"
@@ -279,8 +276,7 @@ def nccl_debug_lines(gpus, first=12, timeout=300):
     argv, printed = launch.command("_trainup_ddp.py", ["--device", "cuda", "--backend", "nccl", "--epochs", 1],
                                    "inside_nccl_debug", nproc, quick=True)
     print(printed.replace("$ ", "$ NCCL_DEBUG=INFO ", 1))
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=launch.environment({"NCCL_DEBUG": "INFO"}))
+    proc = jobs.run(argv, timeout=timeout, env=launch.environment({"NCCL_DEBUG": "INFO"}))
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in (proc.stdout + proc.stderr).splitlines()
              if "NCCL INFO" in line and NCCL_TOPOLOGY.search(line)]

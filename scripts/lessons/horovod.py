@@ -15,8 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainup import LOG_DIR, ROOT
+from trainup import LOG_DIR
 
+from . import jobs
 from .placement import placed
 from .report import QUICK, check, failed, load_runs, read_run, save
 
@@ -62,8 +63,7 @@ def run(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_ms=N
     flags, part = command(*args, name=name, np=np, quick=quick, timeline=timeline, fusion_mb=fusion_mb,
                           cycle_ms=cycle_ms)
     print("$ OMP_NUM_THREADS=1 " + shlex.join(["horovodrun", *flags, "python", *part]))
-    proc = subprocess.run(HOROVODRUN + flags + [sys.executable] + part, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=environment(env))
+    proc = jobs.run(HOROVODRUN + flags + [sys.executable] + part, timeout=timeout, env=environment(env))
     if proc.returncode != 0:
         raise failed("horovodrun", proc.stdout + proc.stderr, proc.returncode)
     print(check(name))

@@ -17,7 +17,7 @@ import sys
 from trainup import ROOT
 from trainup.distributed import free_port
 from trainup.metrics import machine_load
-from . import checks
+from . import checks, jobs
 from .placement import placed
 from .report import QUICK, check, failed
 
@@ -70,8 +70,7 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, env=None, **flags
     """One torchrun job on this machine; prints the command and one checked sentence (report.check)."""
     argv, printed = command(script, args, name, nproc, quick, **flags)
     print(printed)
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=environment(env))
+    proc = jobs.run(argv, timeout=timeout, env=environment(env))
     if proc.returncode != 0:
         raise failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
     print(check(name))

@@ -9,11 +9,11 @@
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
+from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT  # noqa: F401  report.ROOT
+from . import jobs
 from .log_reader import read_run  # noqa: F401  notebooks say report.read_run
 from .placement import placed  # the device of every job, decided in one place
 
@@ -98,8 +98,7 @@ def run(script, *args, name, quick=None, timeout=900, env=None):
         forget(name)  # a cell's run starts from nothing, the first time the cell runs as the tenth
     cmd = [sys.executable, f"scripts/{script}", *placed(script, args), "--run-name", name] + ["--quick"] * quick
     print("$ python", shlex.join(cmd[1:]))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = jobs.run(cmd, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if proc.returncode != 0:
         raise failed(script, proc.stderr, proc.returncode)
     print(check(name, LOG_DIR))

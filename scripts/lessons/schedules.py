@@ -359,15 +359,13 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
 
     With schedules=[...], ONE job runs each in turn (--schedule a,b,...: one start-up, not one per schedule),
     each its own run <name>_<schedule>; a sentence for each, and their names are returned."""
-    import subprocess
-    from trainup import ROOT
+    from . import jobs
     from .launch import command, environment
     if schedules:
         args = ("--schedule", ",".join(schedules), *args)
     argv, printed = command(script, args, name, nproc, quick)
     print(printed)
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=environment())
+    proc = jobs.run(argv, timeout=timeout, env=environment())
     if proc.returncode != 0:
         raise failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
     names = [f"{name}_{s}" for s in schedules] if schedules else [name]

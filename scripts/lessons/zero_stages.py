@@ -6,13 +6,12 @@
     table = sharding.memory_table(["fsdp_n2"])          # bytes each rank holds, beside 4Ψ/4Ψ/8Ψ (÷N where sharded)
     sharding.check_memory(table)                        # every state within 10 % of its formula
 """
-import subprocess
 from pathlib import Path
 
-from trainup import LOG_DIR, ROOT
+from trainup import LOG_DIR
 from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, SHARDED, ZERO_STAGE, expected
 
-from . import checks, launch
+from . import checks, jobs, launch
 from .report import QUICK, check, failed, read_run, save
 
 TOLERANCE = 0.10  # measured within 10 % of the formula
@@ -28,8 +27,7 @@ def run(nproc, name, *args, modes=MODES, epochs=None):
                                    nproc, QUICK)
     argv, printed = (argv + ["--epochs", str(epochs)], f"{printed} --epochs {epochs}") if epochs else (argv, printed)
     print(printed)
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env=launch.environment())
+    proc = jobs.run(argv, timeout=900, env=launch.environment())
     if proc.returncode != 0:
         raise failed("torchrun", proc.stderr, proc.returncode)
     names = [name if len(modes) == 1 else f"{name}_{m}" for m in modes]
