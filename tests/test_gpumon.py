@@ -32,11 +32,11 @@ def wait_for(condition, timeout=30):
         time.sleep(0.01)
 
 
-def test_the_thread_samples_until_stopped_and_then_writes_every_sample():
+def test_the_thread_writes_every_sample_as_it_comes_until_stopped():
     written, source = [], FakeGPUs()
     monitor = gpumon.start(lambda kind, **f: written.append((kind, f)), "cuda", source=source, interval=0.01)
     wait_for(lambda: source.calls >= 3)
-    assert written == []  # the thread never writes the log: the main thread does, in stop()
+    assert len(written) >= 4  # written as read, not held until stop(): a crash keeps them
     samples = monitor.stop()
     assert not monitor._thread.is_alive()
     calls = source.calls

@@ -105,6 +105,32 @@ def test_setup_env_says_step_by_step_what_it_would_do(course_copy, tmp_path):
     assert cpu.returncode == 0 and "CPU-only build" in cpu.stdout and "download.pytorch.org/whl/cpu" in cpu.stdout
 
 
+def test_setup_env_uses_the_active_conda_environment_when_asked(course_copy, tmp_path):
+    """--conda: .venv becomes a link to $CONDA_PREFIX (here a stand-in whose python is this one, which holds
+    the pinned packages), pip only checks the pins, and the two commands then reuse it without asking."""
+    copy = tmp_path / "course"
+    shutil.copytree(course_copy, copy)
+    none = setup_env(copy, "--conda", env={"CONDA_PREFIX": ""})
+    assert none.returncode == 2 and "conda env create -f environment.yml" in none.stderr
+    assert len(none.stderr.strip().splitlines()) == 1 and not (copy / ".venv").exists()
+    prefix = tmp_path / "envs" / "trainup"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (prefix / "bin" / "python").chmod(0o755)
+    conda = {"CONDA_PREFIX": str(prefix), "TRAINUP_SKIP_HOROVOD": "1"}
+    dry = setup_env(copy, "--conda", "--dry-run", env=conda)
+    assert dry.returncode == 0 and f"ln -s {prefix} .venv" in dry.stdout and not (copy / ".venv").exists()
+    (copy / ".venv").mkdir()
+    taken = setup_env(copy, "--conda", env=conda)
+    assert taken.returncode == 2 and "mv .venv .venv.pip" in taken.stderr and (copy / ".venv").is_dir()
+    (copy / ".venv").rmdir()
+    done = setup_env(copy, "--conda", env=conda)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (copy / ".venv").resolve() == prefix.resolve() and (prefix / ".requirements.sha256").exists()
+    again = setup_env(copy, env={"TRAINUP_SKIP_HOROVOD": "1"})  # what run_tests.sh and run_course.sh run
+    assert again.returncode == 0 and "step 1/4" not in again.stdout and (copy / ".venv").is_symlink()
+
+
 FAILING_PIP = """#!/bin/sh
 echo "Looking in indexes: https://pypi.org/simple"
 echo "ERROR: Could not find a version that satisfies the requirement torch===2.13.0 (from versions: none)"

@@ -6,21 +6,54 @@
 #   tools/setup_env.sh --cpu        the CPU-only build of the same versions (also TRAINUP_CPU_ONLY=1)
 #   tools/setup_env.sh --cuda12     the CUDA 12.6 build of the same versions (an NVIDIA driver older than 580)
 #   tools/setup_env.sh --dry-run    check Python, say what would be installed and where, change nothing
+#   tools/setup_env.sh --conda      use the active conda environment made from environment.yml: .venv
+#                                   becomes a link to it (both commands, Horovod's build and SLURM follow)
 #   PYTHON=python3.12 tools/...     the Python to build .venv from (default python3; 3.11 to 3.14)
 #
 # Which Python versions and which PyTorch build: tools/setup_choice.py (tested in tests/test_setup.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dry=0
+conda=${TRAINUP_CONDA:-0}
 for arg in "$@"; do
   case $arg in
     --cpu|--cuda12) ;;  # read by tools/setup_choice.py
     --dry-run) dry=1 ;;
-    *) echo "error: unknown option $arg (tools/setup_env.sh [--cpu|--cuda12] [--dry-run])" >&2; exit 2 ;;
+    --conda) conda=1 ;;
+    *) echo "error: unknown option $arg (tools/setup_env.sh [--cpu|--cuda12|--conda] [--dry-run])" >&2; exit 2 ;;
   esac
 done
 LOG=.venv-install.log
 say() { echo "setup: $*"; }
+
+if [ "$conda" != 0 ]; then
+  # conda env create -f environment.yml && conda activate trainup, then this: no second 5.4 GB environment.
+  if [ -z "${CONDA_PREFIX:-}" ] || [ ! -x "$CONDA_PREFIX/bin/python" ]; then
+    echo "error: --conda uses the active conda environment and none is active: run conda env create -f environment.yml && conda activate trainup first" >&2
+    exit 2
+  fi
+  if [ -e .venv ] && [ "$(readlink .venv || true)" != "$CONDA_PREFIX" ]; then
+    echo "error: .venv already holds another environment; move it away (mv .venv .venv.pip) to use the conda one at $CONDA_PREFIX" >&2
+    exit 2
+  fi
+  pyver=$("$CONDA_PREFIX/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  "$CONDA_PREFIX/bin/python" tools/setup_choice.py python "$pyver" || exit 2
+  say "conda: .venv is a link to the active environment, $CONDA_PREFIX (Python $pyver)"
+  if [ $dry = 1 ]; then
+    say "  would run: ln -s $CONDA_PREFIX .venv && .venv/bin/python -m pip install --requirement requirements.txt (nothing to install when it was made from environment.yml)"
+    say "then: tools/build_horovod.sh (lesson 05's Horovod, built once, into that environment)"
+    exit 0
+  fi
+  ln -sfn "$CONDA_PREFIX" .venv
+  if ! .venv/bin/python -m pip install --progress-bar off --requirement requirements.txt > "$LOG" 2>&1; then
+    echo "error: pip could not complete the conda environment from requirements.txt: $(grep -m1 -E '^ERROR:' "$LOG" || tail -1 "$LOG") (pip's full output: $LOG)" >&2
+    exit 1
+  fi
+  .venv/bin/python -c 'import torch, torchvision, pytorch_lightning' \
+    || { echo "error: torch, torchvision or Lightning does not import in $CONDA_PREFIX (see $LOG)" >&2; exit 1; }
+  sha256sum requirements.txt | cut -d' ' -f1 > .venv/.requirements.sha256  # both commands reuse it now
+  exec tools/build_horovod.sh
+fi
 
 # Up to date already (either build): only lesson 05's Horovod is checked (built once, then reused).
 want=$(sha256sum requirements.txt | cut -d' ' -f1)

@@ -264,28 +264,20 @@ def top_operators(run, rank=0, n=10, log_dir=LOG_DIR):
 
 # --- TensorBoard ------------------------------------------------------------------------------------------
 
-EPOCH_SCALARS = ("loss", "accuracy", "test_loss", "test_accuracy", "samples_per_s", "peak_mem_mb")
-GPU_SCALARS = ("utilization_pct", "memory_used_mb")
-
-
 def to_tensorboard(runs, tb_dir=TB_DIR, log_dir=LOG_DIR):
-    """Write runs' logs as TensorBoard scalars (one TensorBoard run each, under tb_dir/<run>): the epoch
-    records as train/* and test/*, the GPU samples (trainup.gpumon) as gpu<N>/* by elapsed tenth of a second."""
+    """Write runs' logs as TensorBoard scalars (one TensorBoard run each, under tb_dir/<run>), with the tags
+    a run writes live (trainup.scalars): the epoch records as train/* and test/*, the GPU samples
+    (trainup.gpumon) as gpu<N>/* by elapsed tenth of a second. For a log from before the live scalars."""
     import shutil
     from torch.utils.tensorboard import SummaryWriter
+    from trainup.scalars import tags_of
     for name in runs:
         run = read_run(Path(log_dir) / f"{name}.jsonl")
         shutil.rmtree(Path(tb_dir) / name, ignore_errors=True)  # a rerun replaces the run, not adds to it
         with SummaryWriter(str(Path(tb_dir) / name)) as w:
-            for e in run["epochs"]:
-                for key in EPOCH_SCALARS:
-                    if e.get(key) is not None:
-                        w.add_scalar(("test/" if key.startswith("test") else "train/") + key.removeprefix("test_"),
-                                     e[key], e["epoch"])
-            for g in (r for r in run["extra"] if r["type"] == "gpu"):
-                for key in GPU_SCALARS:
-                    if g.get(key) is not None:
-                        w.add_scalar(f"gpu{g['gpu']}/{key}", g[key], round(g["elapsed_s"] * 10))
+            for record in [dict(e, type="epoch") for e in run["epochs"]] + run["extra"]:
+                for tag, value, step in tags_of(record["type"], record):
+                    w.add_scalar(tag, value, step)
     return Path(tb_dir)
 
 
@@ -335,6 +327,33 @@ def gpu_runs(log_dir=LOG_DIR, reference_dir=REFERENCE_DIR):
     """Logs holding GPU samples ('gpu' records): this machine's, then committed reference runs."""
     paths = sorted(Path(log_dir).glob("*.jsonl")) + sorted(Path(reference_dir).glob("*/*.jsonl"))
     return [p for p in paths if any(r["type"] == "gpu" for r in read_run(p)["extra"])]
+
+
+def find_tensorboard():
+    """Point %tensorboard at this Python's tensorboard: the notebook magic starts `tensorboard` from PATH,
+    which a JupyterLab started as .venv/bin/jupyter does not have (Colab's has it)."""
+    import os
+    import shutil
+    import sys
+    beside = Path(sys.executable).with_name("tensorboard")
+    if not shutil.which("tensorboard") and beside.exists():
+        os.environ["TENSORBOARD_BINARY"] = str(beside)
+
+
+def stop_tensorboard(tb_dir=TB_DIR):
+    """Stop the TensorBoard servers %tensorboard started for tb_dir (a re-run of the notebook starts one
+    again); asserts one was serving it. The sentence says nothing of ports or times, which vary."""
+    import os
+    import signal
+    from tensorboard import manager
+    mine = [i for i in manager.get_all() if Path(i.logdir).resolve() == Path(tb_dir).resolve()]
+    assert mine, f"no TensorBoard server was serving {relative(tb_dir)}"
+    for info in mine:
+        try:
+            os.kill(info.pid, signal.SIGTERM)
+        except ProcessLookupError:  # already gone
+            pass
+    return f"A TensorBoard server served {relative(tb_dir)} in this notebook; it is stopped now."
 
 
 def gpu_note(log_dir=LOG_DIR, reference_dir=REFERENCE_DIR):

@@ -1,12 +1,12 @@
 """Watching the GPUs during a run: utilisation and memory, sampled in a background thread.
 
     monitor = gpumon.start(log.write, device)   # nothing at all on a CPU, or where NVML is missing
-    ...train...
-    monitor.stop()                              # writes the samples as 'gpu' records into the run's log
-                                                # (and a 'gpumon' record if readings failed)
+    ...train...                                 # each sample a 'gpu' record of the run's log as it comes
+    monitor.stop()                              # (and a 'gpumon' record if readings failed)
 
-The samples come from nvitop's Python API (NVML, the library behind nvidia-smi). The thread only
-collects them; stop() writes them from the main thread, so two threads never write the log at once.
+The samples come from nvitop's Python API (NVML, the library behind nvidia-smi). The thread writes
+each one as it is read (RunLog.write holds a lock, so two threads never write the log at once): a run
+that crashes or is killed keeps every sample taken before, in its log and its TensorBoard scalars.
 """
 import contextlib
 import io
@@ -50,7 +50,7 @@ def nvitop_source(cuda_indices):
 
 
 class Monitor:
-    """Calls source() every interval seconds in a daemon thread; stop() hands the samples to write()."""
+    """Calls source() every interval seconds in a daemon thread and hands each sample to write()."""
 
     def __init__(self, write, source, interval=INTERVAL_S, clock=time.time):
         self.write, self.source, self.interval, self.clock = write, source, interval, clock
@@ -79,16 +79,17 @@ class Monitor:
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
             return
-        self.samples += [dict(r, sampled_at=now, elapsed_s=now - self.started) for r in readings]
+        for r in readings:
+            sample = dict(r, sampled_at=now, elapsed_s=now - self.started)
+            self.samples.append(sample)
+            self.write("gpu", **sample)
 
     def stop(self):
-        """End the thread and write every sample as a 'gpu' record; the samples, in order."""
+        """End the thread; the samples written since the last stop, in order."""
         if self._thread.is_alive():
             self._stop.set()
             self._thread.join()
         samples, self.samples = self.samples, []
-        for s in samples:
-            self.write("gpu", **s)
         if self.errors and not self._errors_logged:
             self.write("gpumon", samples=len(samples), errors=self.errors, last_error=self.last_error)
             self._errors_logged = True

@@ -44,7 +44,7 @@ class CourseLog(Callback):
             strategy, "_process_group_backend", None) or "none"
         # not self.log: Lightning sets every callback's `log` to the module's self.log
         self.run_log = metrics.RunLog(self.args, self.script, pl_module.device, trainer.world_size, backend,
-                                  enabled=trainer.is_global_zero)
+                                      enabled=trainer.is_global_zero, tensorboard=False)  # Lightning's own
         for kind, fields in self.extra_records:
             self.run_log.write(kind, **fields)
         self.run_log.write("lightning", strategy=type(strategy).__name__, accelerator=type(trainer.accelerator).__name__,

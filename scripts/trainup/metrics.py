@@ -10,6 +10,7 @@ import platform
 import resource
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,9 +84,10 @@ class RunLog:
     """logs/<run>.jsonl and logs/<run>.stdout for one run. Only one process of a job writes them
     (enabled=False on the others), so the log holds one job, not one copy per rank."""
 
-    def __init__(self, args, script, device, world_size=1, backend="none", enabled=True):
+    def __init__(self, args, script, device, world_size=1, backend="none", enabled=True, tensorboard=True):
         self.enabled, self.run, self.device = enabled, args.run_name, device
         self.started = time.perf_counter()
+        self._lock, self.live = threading.Lock(), None  # the GPU sampler's thread writes records too
         self.path = Path(args.log_dir) / f"{args.run_name}.jsonl"
         if not enabled:
             return
@@ -100,6 +102,9 @@ class RunLog:
         replaced = [p.name for p in (self.path, checkpoint) if p and p.exists()] if mode == "w" else []
         self._file = open(self.path, mode)
         self._stdout = open(self.path.with_suffix(".stdout"), mode)
+        if tensorboard:  # the run's scalars live in logs/tensorboard/<run> (Lightning's logger has its own)
+            from . import scalars
+            self.live = scalars.Live(args.log_dir, args.run_name, resume=mode == "a")
         self._previous_stdout = sys.stdout
         sys.stdout = _Tee(sys.stdout, self._stdout)
         if replaced:  # the notebooks re-run cells on purpose; elsewhere this says what a reused name overwrites
@@ -112,8 +117,11 @@ class RunLog:
     def write(self, type, **fields):
         if self.enabled:
             record = dict(type=type, run=self.run, time=time.time(), **fields)
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+            with self._lock:
+                self._file.write(json.dumps(record) + "\n")
+                self._file.flush()
+                if self.live is not None:
+                    self.live.record(type, fields)
         return fields
 
     def epoch(self, epoch, train, test, wall_s):
@@ -153,6 +161,8 @@ class RunLog:
 
     def close(self):
         if self.enabled and not self._file.closed:
+            if self.live is not None:
+                self.live.close()
             sys.stdout = self._previous_stdout
             self._stdout.close()
             self._file.close()
