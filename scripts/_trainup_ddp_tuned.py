@@ -121,7 +121,8 @@ def main(argv=None):
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **distributed.describe(ctx, args))
     stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler, warmup=warmup)  # what a stop saves, rank 0 writes
-    monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
+    # rank 0 watches the GPUs of its node: every rank's there
+    monitor = gpumon.start(log.write, device if ctx.is_main else "cpu", distributed.node_gpus(ctx))
     if ctx.restart_count and ctx.is_main:
         print(f"torchrun restart {ctx.restart_count}: resuming at epoch {start_epoch} from {ckpt}")
     if args.sweep:

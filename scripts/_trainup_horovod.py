@@ -156,7 +156,8 @@ def main(argv=None):
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("ddp", **describe(ctx, args))
     stop.watch(ckpt, log, model, optimizer, scheduler, scaler)  # what a stop saves, rank 0 writes
-    monitor = gpumon.start(log.write, device if ctx.is_main else "cpu")  # rank 0 watches its GPU
+    # rank 0 watches the GPUs of its node: every rank's there
+    monitor = gpumon.start(log.write, device if ctx.is_main else "cpu", distributed.node_gpus(ctx))
     if args.sweep:
         sweeps.run(args, model, train_set, device, log, train_epoch, lambda *_: (optimizer, None), ctx.rank,
                    ctx.world_size)  # one DistributedOptimizer: a second would hook every gradient again

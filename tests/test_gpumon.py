@@ -186,3 +186,18 @@ def test_samples_in_a_run_log_line_up_with_the_sweep_that_ran(tmp_path, monkeypa
     assert list(table["gpu_util_pct"]) == [20.0, 90.0]  # the mean of each batch size's own samples
     gpu.plot_utilisation(path, "utilisation")
     assert (tmp_path / "images" / "utilisation.png").exists()
+
+
+def test_rank_0_watches_every_rank_gpu_of_its_node_that_it_sees(monkeypatch):
+    """distributed.node_gpus: 4 local ranks on a node whose 4 GPUs this process sees -> [0, 1, 2, 3]; a SLURM
+    task bound to its own GPU sees 1 -> [0]; a CPU job -> None (no sampler)."""
+    from types import SimpleNamespace
+
+    import torch
+    from trainup import distributed
+    ctx = SimpleNamespace(device=torch.device("cuda", 0), local_world_size=4)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert distributed.node_gpus(ctx) == [0, 1, 2, 3]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert distributed.node_gpus(ctx) == [0]
+    assert distributed.node_gpus(SimpleNamespace(device=torch.device("cpu"), local_world_size=4)) is None

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -110,13 +111,18 @@ def test_setup_env_uses_the_active_conda_environment_when_asked(course_copy, tmp
     the pinned packages), pip only checks the pins, and the two commands then reuse it without asking."""
     copy = tmp_path / "course"
     shutil.copytree(course_copy, copy)
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    shutil.copytree(ROOT / "scripts", copy / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
     none = setup_env(copy, "--conda", env={"CONDA_PREFIX": ""})
     assert none.returncode == 2 and "conda env create -f environment.yml" in none.stderr
     assert len(none.stderr.strip().splitlines()) == 1 and not (copy / ".venv").exists()
+    # the stand-in environment: a venv of its own that sees this one's packages (a .pth), so that what the
+    # set-up installs (the course, editable) goes into it and never into the shared .venv
     prefix = tmp_path / "envs" / "trainup"
-    (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (prefix / "bin" / "python").chmod(0o755)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True)
+    import sysconfig
+    (Path(sysconfig.get_path("purelib", vars={"base": str(prefix)})) / "shared.pth").write_text(
+        sysconfig.get_path("purelib") + "\n")
     conda = {"CONDA_PREFIX": str(prefix), "TRAINUP_SKIP_HOROVOD": "1"}
     dry = setup_env(copy, "--conda", "--dry-run", env=conda)
     assert dry.returncode == 0 and f"ln -s {prefix} .venv" in dry.stdout and not (copy / ".venv").exists()
@@ -127,8 +133,13 @@ def test_setup_env_uses_the_active_conda_environment_when_asked(course_copy, tmp
     done = setup_env(copy, "--conda", env=conda)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (copy / ".venv").resolve() == prefix.resolve() and (prefix / ".requirements.sha256").exists()
+    assert "the course's packages (trainup, lessons) installed" in done.stdout
+    where = subprocess.run([str(prefix / "bin" / "python"), "-c", "import lessons; print(lessons.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert where.stdout.startswith(str(copy / "scripts" / "lessons")), where.stdout + where.stderr
     again = setup_env(copy, env={"TRAINUP_SKIP_HOROVOD": "1"})  # what run_tests.sh and run_course.sh run
     assert again.returncode == 0 and "step 1/4" not in again.stdout and (copy / ".venv").is_symlink()
+    assert "installed" not in again.stdout  # once per environment and checkout
 
 
 FAILING_PIP = """#!/bin/sh
@@ -377,6 +388,7 @@ def test_on_colab_the_cell_clones_installs_what_colab_lacks_and_moves_in_once(co
     assert f"torch=={importlib.metadata.version('torch')}" in held.splitlines()  # Colab's torch is held where it is
     assert not any(re.match(r"^(torch|torchvision|numpy|pandas)\b", a) for a in pip)
     assert len(calls) == 2 and os.getcwd() == str(home / "notebooks")
+    assert sys.path[0] == str(home / "scripts")  # the notebooks' `from lessons import ...` finds the clone's
     exec(colab_cell.setup_source(), {})  # again: no clone, no install
     assert len(calls) == 2 and os.getcwd() == str(home / "notebooks")
     assert "working folder" in capsys.readouterr().out

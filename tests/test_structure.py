@@ -3,7 +3,7 @@ tests, -> trainup), no import cycle inside a package, and module names that say 
 in (no name in both). Read from the source (ast), so it costs no import of torch."""
 import ast
 
-from conftest import SCRIPTS
+from conftest import ROOT, SCRIPTS
 
 
 def _imports(path, package):
@@ -111,3 +111,19 @@ def test_each_lesson_notebook_prints_its_scripts_diff():
             if cell["cell_type"] == "code" and "launch.lesson_diff(" in text:
                 shown.update(s for _, s, _ in launch.LADDER if f'lesson_diff("{s}")' in text)
     assert shown == {s for _, s, _ in launch.LADDER}, sorted({s for _, s, _ in launch.LADDER} - shown)
+
+
+def test_notebooks_and_solutions_import_the_installed_course_without_editing_sys_path():
+    """pyproject.toml makes trainup and lessons a package that tools/setup_env.sh installs (pip install -e
+    .): no notebook or solution reaches into sys.path (the Colab set-up cell alone adds the clone's tools/)."""
+    import json
+    edits = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell.get("id") != "colab-setup" and "sys.path" in "".join(cell["source"]):
+                edits.append(path.name)
+    edits += [p.name for p in (ROOT / "notebooks" / "solutions").glob("*.py") if "sys.path" in p.read_text()]
+    assert not edits, edits
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'package-dir = {"" = "scripts"}' in text and 'packages = ["trainup", "lessons"]' in text
+    assert "--editable ." in (ROOT / "tools" / "setup_env.sh").read_text()

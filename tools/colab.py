@@ -54,4 +54,7 @@ def set_up(home=HOME, run=subprocess.run):
         done.append("installed requirements-colab.txt, keeping " + ", ".join(constraints().split()))
     os.chdir(os.path.join(home, "notebooks"))
     done.append("working folder: " + os.getcwd())
+    scripts = os.path.join(home, "scripts")  # what pip install -e . gives elsewhere: import trainup, lessons
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
     return done

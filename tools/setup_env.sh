@@ -25,6 +25,19 @@ for arg in "$@"; do
 done
 LOG=.venv-install.log
 say() { echo "setup: $*"; }
+# The course's own packages (trainup, lessons; pyproject.toml), editable: notebooks and solutions import
+# them from this checkout's scripts/ without touching sys.path. Once per .venv and checkout.
+course() {
+  local here
+  here=$(.venv/bin/python -c 'import os, lessons; print(os.path.dirname(os.path.dirname(lessons.__file__)))' \
+         2>/dev/null || true)
+  [ "$here" = "$PWD/scripts" ] && return 0
+  if ! .venv/bin/python -m pip install --no-deps --no-build-isolation --editable . >> "$LOG" 2>&1; then
+    echo "error: pip could not install the course's packages (pip install -e .): $(grep -m1 -E '^ERROR:' "$LOG" || tail -1 "$LOG") (pip's full output: $LOG)" >&2
+    exit 1
+  fi
+  say "  the course's packages (trainup, lessons) installed from $PWD/scripts (pip install -e .)"
+}
 
 if [ "$conda" != 0 ]; then
   # conda env create -f environment.yml && conda activate trainup, then this: no second 5.4 GB environment.
@@ -52,6 +65,7 @@ if [ "$conda" != 0 ]; then
   .venv/bin/python -c 'import torch, torchvision, pytorch_lightning' \
     || { echo "error: torch, torchvision or Lightning does not import in $CONDA_PREFIX (see $LOG)" >&2; exit 1; }
   sha256sum requirements.txt | cut -d' ' -f1 > .venv/.requirements.sha256  # both commands reuse it now
+  course
   exec tools/build_horovod.sh
 fi
 
@@ -63,6 +77,7 @@ explicit=0
 if [ -x .venv/bin/python ] && { [ "$have" = "$want cpu" ] || [ "$have" = "$want cu126" ] \
      || { [ "$have" = "$want" ] && [ $explicit = 0 ]; }; }; then
   if [ $dry = 1 ]; then say ".venv is up to date with requirements.txt; would only run tools/build_horovod.sh"; exit 0; fi
+  course
   exec tools/build_horovod.sh  # TRAINUP_SKIP_HOROVOD=1 skips it
 fi
 
@@ -115,4 +130,5 @@ print(f"setup:   torch {torch.__version__}, torchvision {torchvision.__version__
 PY
 (cd scripts && ../.venv/bin/python -m trainup.devices | sed 's/^/setup:   /')  # the driver, the GPU's age, bf16
 echo "$key" > .venv/.requirements.sha256
+course
 tools/build_horovod.sh  # lesson 05's Horovod, built from source against this torch (a few minutes, once)

@@ -3,9 +3,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 
 def usable_backends():

@@ -5,9 +5,7 @@ Both read logs, so they work on the runs the notebook made (logs/cpu_t1...) or o
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from lessons import checks, claims, report  # noqa: E402
+from lessons import checks, claims, report
 
 
 def compare_dropout(a, b, log_dir):

@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from lessons import checks, report  # noqa: E402
+from lessons import checks, report
 
 
 def train(name, log_dir, model="cnn", quick=True, extra=()):

@@ -1,9 +1,5 @@
 """Solutions to lesson 03's exercises. Run: python notebooks/solutions/03_data_parallel.py"""
-import sys
-from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 
 def pieces(batch, gpus):

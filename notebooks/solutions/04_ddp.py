@@ -3,9 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from lessons import checks, launch, report  # noqa: E402
+from lessons import checks, launch, report
 
 
 def several_devices(name, log_dir, nproc=2, quick=True, extra=()):

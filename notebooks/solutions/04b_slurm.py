@@ -1,12 +1,9 @@
 """Solutions to lesson 04b's exercises. Run: python notebooks/solutions/04b_slurm.py"""
 import re
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from lessons import slurm  # noqa: E402
+from lessons import slurm
 
 
 def two_by_two(folder, tasks_per_node=2):

@@ -5,9 +5,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from trainup.sharding import MIXED_ADAM, MODES, expected  # noqa: E402
+from trainup.sharding import MIXED_ADAM, MODES, expected
 
 
 def largest_model(memory_gb, n, per_param=MIXED_ADAM):

@@ -1,8 +1,4 @@
 """Solutions to lesson 10's exercises. Run: python notebooks/solutions/10_scaling_report.py"""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 
 def serial_fraction(speedup, n):

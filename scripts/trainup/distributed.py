@@ -197,6 +197,15 @@ def setup(args):
     return ctx
 
 
+def node_gpus(ctx):
+    """The GPUs rank 0's sampler watches: every rank's on its node (local rank i uses cuda:i), as many as
+    this process sees (a SLURM task bound to one GPU sees its own only); None on CPUs."""
+    import torch
+    if ctx.device.type != "cuda":
+        return None
+    return list(range(max(1, min(ctx.local_world_size, torch.cuda.device_count()))))
+
+
 def describe(ctx, args):
     """The 'ddp' log record: how the job was started, and where each rank runs."""
     me = dict(rank=ctx.rank, local_rank=ctx.local_rank, node_rank=ctx.node_rank, host=socket.gethostname(),
