@@ -124,3 +124,13 @@ def test_06_bubble_activations_and_memory():
     assert s.activations_held(4, 8, "1f1b") == [4, 3, 2, 1] and s.activations_held(4, 2, "1f1b") == [2, 2, 2, 1]
     mem = s.stage_memory_mb(blocks=4, width=10, stages=2)
     assert abs(mem["parameters_mb"] - 2 * 110 * 4 / 1e6) < 1e-12 and mem["with_grads_and_adam_mb"] == 4 * mem["parameters_mb"]
+
+
+def test_09b_longest_sequence_and_crossover():
+    from trainup import transformer
+    s = solution("09b_activations")
+    plain, full = s.longest_sequence(40e9), s.longest_sequence(40e9, full=True)
+    assert 32 * transformer.activation_bytes(plain, 1, 4096, 32, 2) <= 40e9
+    assert 32 * transformer.activation_bytes(plain + 1, 1, 4096, 32, 2) > 40e9
+    assert full == int(40e9 // (32 * 2 * 4096)) and full > 10 * plain
+    assert s.crossover() == 256 and 4 * 256 * 256 == 16 * 256 * 64  # a*s*s = 16*s*h there

@@ -1,0 +1,48 @@
+"""Lesson 09b: a transformer layer's activations, measured by PyTorch's MemTracker, against the formula;
+activation checkpointing (selective and full) keeps less and leaves the gradients as they were."""
+import pytest
+import torch
+
+from lessons import activations, checks
+from trainup import transformer
+
+
+def test_measured_bytes_are_the_formulas_within_10_percent_at_every_length():
+    df = activations.check_formula(activations.table(seqs=(16, 64), batch=4))
+    assert ((df["measured_vs_formula"] - 1).abs() < 0.01).all(), df  # LayerNorm's statistics: 1/h
+
+
+def test_the_formula_counts_what_the_layer_keeps_by_hand():
+    # s=2, b=1, h=8, a=2: 16*2*1*8 values and 2*2*2*1 for the scores, 4 bytes each
+    assert transformer.activation_bytes(2, 1, 8, 2) == 4 * (256 + 8)
+    assert activations.formula("full", layers=3, hidden=8, heads=2, seq=2, batch=1) == 3 * 4 * 16
+    assert activations.formula("selective", layers=1, hidden=8, heads=2, seq=2, batch=1) == 4 * 256
+
+
+def test_recomputation_keeps_less_and_its_formula_holds():
+    df = activations.recompute_table(seq=64, batch=4, timed=False).set_index("recompute")
+    assert df.loc["full", "held_kb"] < df.loc["selective", "held_kb"] < df.loc["none", "held_kb"]
+    assert ((df["held_kb"] / df["formula_kb"] - 1).abs() < 0.10).all(), df
+
+
+def test_recomputation_leaves_the_gradients_as_they_were():
+    assert all(d <= checks.FLOAT64_ATOL for d in activations.largest_gradient_difference().values())
+
+
+def test_a_layer_that_would_not_train_the_same_is_caught():
+    """The proof can fail: a layer whose recomputed pass differs (another seed's weights) moves the
+    gradients far above the tolerance."""
+    shape = dict(activations.SHAPE)
+    a, b = transformer.stack(seed=0, dtype=torch.float64, **shape), transformer.stack(seed=1, dtype=torch.float64,
+                                                                                       **shape)
+    x = torch.randn(2, 8, shape["hidden"], dtype=torch.float64)
+    ga = torch.autograd.grad(a(x).square().mean(), list(a.parameters()))
+    gb = torch.autograd.grad(b(x).square().mean(), list(b.parameters()))
+    assert max(float((p - q).abs().max()) for p, q in zip(ga, gb)) > 1e3 * checks.FLOAT64_ATOL
+
+
+def test_bad_shapes_and_modes_are_one_sentence():
+    with pytest.raises(ValueError, match="split evenly"):
+        transformer.Layer(10, 4)
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        transformer.recompute(transformer.stack(1, 8, 2), "half")
