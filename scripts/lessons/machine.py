@@ -8,6 +8,7 @@ import importlib.util
 import io
 import os
 import platform
+from pathlib import Path
 
 import psutil
 
@@ -71,13 +72,19 @@ def describe():
     return lines
 
 
-def training_processes(marker="_trainup_"):
-    """Processes of this user whose command line runs a course script: candidates for ghost runs."""
-    me = os.getpid()
+def training_processes(marker="_trainup_", root=None):
+    """This user's processes running a script of this checkout (scripts/_trainup_*.py): candidates for
+    ghost runs. Another checkout's runs (a second clone, a test run beside it) are not this one's to end."""
+    from trainup import ROOT
+    scripts = (Path(root or ROOT) / "scripts").resolve()
+    me, user = os.getpid(), psutil.Process().username()
     found = []
-    for p in psutil.process_iter(["pid", "cmdline", "username", "create_time"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["pid"] != me and marker in cmd and "python" in cmd:
+    for p in psutil.process_iter(["pid", "cmdline", "username", "cwd"]):
+        cmd, cwd = p.info["cmdline"] or [], p.info["cwd"]
+        if p.info["pid"] == me or p.info["username"] != user or not cwd or not any("python" in a for a in cmd):
+            continue
+        script = next((a for a in cmd if marker in Path(a).name and a.endswith(".py")), None)
+        if script and (Path(cwd) / script).resolve().parent == scripts:
             found.append(p)
     return found
 
