@@ -54,6 +54,7 @@ def main(argv=None):
     ckpt = checkpoint.path_for(args)
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler) if args.resume else 1
     log = metrics.RunLog(args, __file__, "cpu")
+    log.flops(model, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     stop.watch(ckpt, log, model, optimizer, scheduler)  # what a stop saves; on --resume, the step to go on from
     sampler = data.ShuffleSampler(len(train_set), args.seed)
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)

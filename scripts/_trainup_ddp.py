@@ -77,6 +77,7 @@ def main(argv=None):
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler) if args.resume else 1
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # all-reduces gradients
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
+    log.flops(model.module, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     log.write("ddp", **distributed.describe(ctx, args))
     stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler)  # what a stop saves, rank 0 writes
     # rank 0 watches the GPUs of its node: every rank's there

@@ -119,6 +119,7 @@ def main(argv=None):
     warmup = (torch.optim.lr_scheduler.LinearLR(optimizer, 1 / args.warmup_steps, total_iters=args.warmup_steps - 1)
               if args.warmup_steps and start_epoch == 1 else None)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
+    log.flops(model.module, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     log.write("ddp", **distributed.describe(ctx, args))
     stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler, warmup=warmup)  # what a stop saves, rank 0 writes
     # rank 0 watches the GPUs of its node: every rank's there

@@ -69,6 +69,7 @@ def main(argv=None):
     ckpt = checkpoint.path_for(args)
     start_epoch = checkpoint.load(ckpt, net, optimizer, scheduler, device, scaler) if args.resume else 1
     log = metrics.RunLog(args, __file__, device, backend="dataparallel" if ids else "none")
+    log.flops(net, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     stop.watch(ckpt, log, net, optimizer, scheduler, scaler)  # what a stop saves; on --resume, the step to go on from
     monitor = gpumon.start(log.write, device, ids)  # every GPU's utilisation and memory; nothing on CPU
     print(sentence)

@@ -65,6 +65,7 @@ def main(argv=None):
     ckpt = checkpoint.path_for(args)
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler) if args.resume else 1
     log = metrics.RunLog(args, __file__, device)
+    log.flops(model, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     stop.watch(ckpt, log, model, optimizer, scheduler, scaler)  # what a stop saves; on --resume, the step to go on from
     monitor = gpumon.start(log.write, device)  # GPU utilisation and memory in the background; nothing on CPU
     if args.sweep:

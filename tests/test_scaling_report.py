@@ -129,6 +129,7 @@ def test_synthetic_full_set(full_set):
     assert left == [] and sr.what_is_missing(runs) is None
     table = sr.performance(runs).set_index("run")
     checks.columns(table.reset_index(), *sr.COLUMNS, rows=5)
+    assert table[sr.ACHIEVED].isna().all().all()  # these logs counted no FLOPs: empty, not zero
     assert table.loc["d4", "strategy"] == "DDP, 4 ranks" and table.loc["d4", "per_device_batch"] == 16
     assert table.loc["d4", "speedup"] == pytest.approx(3.2) and table.loc["d4", "efficiency"] == pytest.approx(0.8)
     assert table.loc["d2", "baseline"] == "d1"  # the same script's one-process run, when there is one

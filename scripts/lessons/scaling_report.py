@@ -305,12 +305,16 @@ def performance(runs):
     for r in runs:
         f, s = r["facts"], r["summary"]
         base, scaling, speedup, why = comparison(r, runs)
+        achieved = [e["flops_per_s"] for e in r["epochs"] if e.get("flops_per_s")]  # trainup/flops.py
+        mfu = [e["mfu"] for e in r["epochs"] if e.get("mfu") is not None]
         rows.append(dict(
             run=r["name"], strategy=r["strategy"].name if r["strategy"] else f"other ({f['script']})",
             family=r["strategy"].family if r["strategy"] else f["script"], measured_on=f["measured_on"],
             hardware=f["hardware"], world_size=f["devices"], global_batch=f.get("batch_size"),
             per_device_batch=(f.get("batch_size") or 0) // max(f["devices"], 1), samples_per_s=s["samples_per_s"],
             epoch_s=sum(e["wall_s"] for e in r["epochs"]) / len(r["epochs"]), speedup=speedup,
+            gflops_per_s=sum(achieved) / len(achieved) / 1e9 if achieved else None,
+            mfu=sum(mfu) / len(mfu) if mfu else None,
             efficiency=speedup / f["devices"], baseline=base["name"] if base else None,
             scaling=scaling, no_speedup=why,
             peak_mem_mb=s["peak_mem_mb"], loss=s["loss"], test_accuracy=s["test_accuracy"], epochs=len(r["epochs"]),
@@ -667,6 +671,9 @@ def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
 
 COLUMNS = ["strategy", "measured_on", "hardware", "world_size", "global_batch", "per_device_batch", "samples_per_s",
            "epoch_s", "speedup", "efficiency", "scaling", "peak_mem_mb", "loss", "test_accuracy"]
+# The model's FLOPs a second (trainup/flops.py) and that over the GPUs' datasheet peak (MFU): empty where
+# they were not counted (the block-stack scripts, logs from before) or the peak is not known (CPUs).
+ACHIEVED = ["gflops_per_s", "mfu"]
 EQUIVALENCE_COLUMNS = ["strategy", "largest_difference", "noise_floor", "tolerance", "result",
                        "reason"]
 
@@ -686,7 +693,7 @@ def main(argv=None):
             print(sentence)
     table = performance(runs)
     if len(table):
-        print(table[["run"] + COLUMNS].round(3).to_string(index=False))
+        print(table[["run"] + COLUMNS + ACHIEVED].round(3).to_string(index=False))
     equal = equivalence(runs, a.checkpoint_dir)
     print(equal[EQUIVALENCE_COLUMNS].to_string(index=False))
     print(about_equivalence(equal))

@@ -88,6 +88,8 @@ class RunLog:
         self.enabled, self.run, self.device = enabled, args.run_name, device
         self.started = time.perf_counter()
         self._lock, self.live = threading.Lock(), None  # the GPU sampler's thread writes records too
+        self.world_size, self.precision = world_size, str(getattr(args, "precision", "32"))
+        self.flops_per_sample = None  # flops(): each epoch then logs its FLOP/s
         self.path = Path(args.log_dir) / f"{args.run_name}.jsonl"
         if not enabled:
             return
@@ -124,13 +126,32 @@ class RunLog:
                     self.live.record(type, fields)
         return fields
 
+    def flops(self, model, dataset):
+        """Count the FLOPs of one sample's forward and backward once (trainup/flops.py, on a meta copy):
+        each epoch then logs its achieved FLOP/s, and its MFU where the GPU's peak is known."""
+        if self.enabled:
+            from . import flops
+            self.flops_per_sample = flops.per_sample(model, tuple(dataset[0][0].shape))
+        return self.flops_per_sample
+
+    def _achieved(self, samples, wall_s):
+        """The epoch's FLOP/s and MFU fields (none before flops() was called)."""
+        if not self.flops_per_sample:
+            return {}
+        from . import flops
+        rate = self.flops_per_sample * samples / wall_s
+        device = torch.device(self.device) if not isinstance(self.device, torch.device) else self.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        return dict(flops_per_s=rate, mfu=flops.mfu(rate, name, self.precision, self.world_size))
+
     def epoch(self, epoch, train, test, wall_s):
         """Log and print one epoch, from the train and test Meters."""
         from . import preempt
         wall_s += preempt.WALL_BEFORE.pop(epoch, 0.0)  # a resumed epoch: its seconds before the stop too
         line = dict(epoch=epoch, loss=train.mean_loss, accuracy=train.accuracy, test_loss=test.mean_loss,
                     test_accuracy=test.accuracy, wall_s=wall_s, samples=train.samples,
-                    samples_per_s=train.samples / wall_s, peak_mem_mb=peak_memory_mb(self.device))
+                    samples_per_s=train.samples / wall_s, peak_mem_mb=peak_memory_mb(self.device),
+                    **self._achieved(train.samples, wall_s))
         if not math.isfinite(line["loss"]):  # every later step would train on it: stop, and say where
             self.summary(status="failed")
             raise UserError(f"the training loss became {line['loss']} in epoch {epoch}: the learning rate "
