@@ -29,7 +29,7 @@ def per_sample(model, sample_shape):
     """FLOPs of one sample's forward and backward pass through this model (its architecture, not its
     weights: counted on a meta-device copy, so nothing runs and nothing of the model changes)."""
     from torch.utils.flop_counter import FlopCounterMode
-    meta = copy.deepcopy(model).to("meta").eval()  # eval: a SyncBatchNorm copy must not gather
+    meta = copy.deepcopy(model).to("meta").train(False)  # eval mode: a SyncBatchNorm copy must not gather
     x = torch.empty(2, *sample_shape, device="meta")  # 2: BatchNorm in training refuses a batch of 1
     with FlopCounterMode(display=False) as counter:
         meta(x).float().sum().backward()
