@@ -1,5 +1,7 @@
-"""Lesson 09b: a transformer layer's activations, measured by PyTorch's MemTracker, against the formula;
-activation checkpointing (selective and full) keeps less and leaves the gradients as they were."""
+"""Lesson 09b: a transformer layer's activations, measured by PyTorch's MemTracker, against the
+formula; activation checkpointing (selective and full) keeps less and leaves the gradients as they
+were."""
+
 import pytest
 import torch
 
@@ -26,15 +28,18 @@ def test_recomputation_keeps_less_and_its_formula_holds():
 
 
 def test_recomputation_leaves_the_gradients_as_they_were():
-    assert all(d <= checks.FLOAT64_ATOL for d in activations.largest_gradient_difference().values())
+    assert all(
+        d <= checks.FLOAT64_ATOL for d in activations.largest_gradient_difference().values()
+    )
 
 
 def test_a_layer_that_would_not_train_the_same_is_caught():
     """The proof can fail: a layer whose recomputed pass differs (another seed's weights) moves the
     gradients far above the tolerance."""
     shape = dict(activations.SHAPE)
-    a, b = transformer.stack(seed=0, dtype=torch.float64, **shape), transformer.stack(seed=1, dtype=torch.float64,
-                                                                                       **shape)
+    a, b = transformer.stack(seed=0, dtype=torch.float64, **shape), transformer.stack(
+        seed=1, dtype=torch.float64, **shape
+    )
     x = torch.randn(2, 8, shape["hidden"], dtype=torch.float64)
     ga = torch.autograd.grad(a(x).square().mean(), list(a.parameters()))
     gb = torch.autograd.grad(b(x).square().mean(), list(b.parameters()))

@@ -1,5 +1,7 @@
-"""A run's TensorBoard scalars are written as it trains (trainup/scalars.py through RunLog), and the GPU
-sampler writes each sample as it comes: read while the run goes, and after a run killed mid-way."""
+"""A run's TensorBoard scalars are written as it trains (trainup/scalars.py through RunLog), and
+the GPU sampler writes each sample as it comes: read while the run goes, and after a run killed
+mid-way."""
+
 import json
 import os
 import signal
@@ -13,15 +15,34 @@ from conftest import SCRIPTS, start_job
 def points(folder, tag):
     """The steps of one scalar in a TensorBoard run folder, read as TensorBoard reads it."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(folder)).Reload()
     return [e.step for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
 def test_the_scalars_grow_while_the_run_trains(tmp_path):
     logs = tmp_path / "logs"
-    job = start_job([sys.executable, str(SCRIPTS / "_trainup_cpu.py"), "--quick", "--epochs", "4", "--threads", "1",
-                     "--train-size", "512", "--test-size", "64", "--no-progress", "--log-dir", str(logs),
-                     "--run-name", "live"], env=os.environ)
+    job = start_job(
+        [
+            sys.executable,
+            str(SCRIPTS / "_trainup_cpu.py"),
+            "--quick",
+            "--epochs",
+            "4",
+            "--threads",
+            "1",
+            "--train-size",
+            "512",
+            "--test-size",
+            "64",
+            "--no-progress",
+            "--log-dir",
+            str(logs),
+            "--run-name",
+            "live",
+        ],
+        env=os.environ,
+    )
     folder, seen_running = logs / "tensorboard" / "live", []
     while job.poll() is None:
         if folder.is_dir():
@@ -30,8 +51,14 @@ def test_the_scalars_grow_while_the_run_trains(tmp_path):
                 seen_running.append(steps)
         time.sleep(0.1)
     assert job.returncode == 0, job.stderr.read()[-2000:]
-    assert seen_running and len(seen_running[0]) < 4, seen_running  # epochs read while it still trained
-    assert points(folder, "train/loss") == [1, 2, 3, 4] and points(folder, "test/accuracy") == [1, 2, 3, 4]
+    # epochs read while it still trained
+    assert seen_running and len(seen_running[0]) < 4, seen_running
+    assert points(folder, "train/loss") == [1, 2, 3, 4] and points(folder, "test/accuracy") == [
+        1,
+        2,
+        3,
+        4,
+    ]
     assert points(folder, "train/samples_per_s") == [1, 2, 3, 4]
 
 
@@ -52,15 +79,21 @@ time.sleep(600)
 
 
 def test_a_killed_run_keeps_the_samples_taken_before(tmp_path):
-    """A fake GPU read every 50 ms through a real RunLog; the process is killed (SIGKILL: no handler, no
-    stop()): its log and its TensorBoard scalars already hold the samples."""
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(SCRIPTS), str(tmp_path)], stdout=subprocess.PIPE,
-                            text=True)
+    """A fake GPU read every 50 ms through a real RunLog; the process is killed (SIGKILL: no
+    handler, no stop()): its log and its TensorBoard scalars already hold the samples."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(SCRIPTS), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "sampling\n"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     records = [json.loads(line) for line in (tmp_path / "killed.jsonl").read_text().splitlines()]
     gpu = [r for r in records if r["type"] == "gpu"]
-    assert len(gpu) >= 5 and [r["utilization_pct"] for r in gpu] == [float(i) for i in range(len(gpu))]
-    assert "summary" not in {r["type"] for r in records}  # it never ended: what it kept, it wrote as it went
+    assert len(gpu) >= 5 and [r["utilization_pct"] for r in gpu] == [
+        float(i) for i in range(len(gpu))
+    ]
+    # it never ended: what it kept, it wrote as it went
+    assert "summary" not in {r["type"] for r in records}
     assert len(points(tmp_path / "tensorboard" / "killed", "gpu0/utilization_pct")) >= 5

@@ -2,10 +2,11 @@
 
     python tools/run_notebooks.py --output-dir results/notebooks notebooks/[0-9]*.ipynb
 
-A notebook that fails does not stop the others: its copy is kept with every cell run up to the failing
-one and that cell's error, to open and read. The end is a summary (each notebook, ran or failed, its time)
-and exit status 1 when any failed. run_course.sh runs the course with it.
+A notebook that fails does not stop the others: its copy is kept with every cell run up to the
+failing one and that cell's error, to open and read. The end is a summary (each notebook, ran or
+failed, its time) and exit status 1 when any failed. run_course.sh runs the course with it.
 """
+
 import argparse
 import sys
 import time
@@ -13,18 +14,24 @@ from pathlib import Path
 
 
 def run_one(path, out_dir, timeout):
-    """(True, seconds) or (False, seconds, the failing cell's error in one line); the copy written either way."""
+    """(True, seconds) or (False, seconds, the failing cell's error in one line); the copy written
+    either way."""
     import nbclient
     import nbformat
+
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=timeout, resources={"metadata": {"path": str(path.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=timeout, resources={"metadata": {"path": str(path.parent)}}
+    )
     tick = time.monotonic()
     try:
         client.execute()
         result = (True, time.monotonic() - tick, "")
-    except nbclient.exceptions.CellExecutionError as e:  # the copy keeps the cells run and this error
+    # the copy keeps the cells run and this error
+    except nbclient.exceptions.CellExecutionError as e:
         result = (False, time.monotonic() - tick, f"{e.ename}: {e.evalue}".splitlines()[0][:200])
-    except Exception as e:  # a kernel that died or a cell past its time: said, the others still run
+    # a kernel that died or a cell past its time: said, the others still run
+    except Exception as e:
         result = (False, time.monotonic() - tick, f"{type(e).__name__}: {e}".splitlines()[0][:200])
     nbformat.write(nb, out_dir / path.name)
     return result
@@ -49,11 +56,19 @@ def main(argv=None):
             print(f"   failed: {why}", flush=True)
     print("\nnotebook                               result   minutes")
     for name, ok, seconds, why in rows:
-        print(f"{name:<38} {'ran' if ok else 'FAILED':<8} {seconds / 60:6.1f}" + (f"   {why}" if why else ""))
+        print(
+            f"{name:<38} {'ran' if ok else 'FAILED':<8} {seconds / 60:6.1f}"
+            + (f"   {why}" if why else "")
+        )
     failed = [name for name, ok, _, _ in rows if not ok]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran to the end"
-          + (f"; open the failed ones in {args.output_dir}/ at their last cell: {', '.join(failed)}"
-             if failed else "."))
+    print(
+        f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran to the end"
+        + (
+            f"; open the failed ones in {args.output_dir}/ at their last cell: {', '.join(failed)}"
+            if failed
+            else "."
+        )
+    )
     return 1 if failed else 0
 
 

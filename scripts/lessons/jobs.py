@@ -2,11 +2,12 @@
 
     proc = jobs.run(argv, env=env, timeout=900)   # a CompletedProcess: returncode, stdout, stderr
 
-While the job runs, a notebook cell shows its latest line (the epoch just logged, the progress bar) in
-one display updated in place, about once a second. When the job ends the display is emptied: an empty
-display holds nothing nbval compares, so a job cell's stored output is the same for a fast run and a
-slow one. Outside a notebook (a terminal, the tests) nothing is shown.
+While the job runs, a notebook cell shows its latest line (the epoch just logged, the progress bar)
+in one display updated in place, about once a second. When the job ends the display is emptied: an
+empty display holds nothing nbval compares, so a job cell's stored output is the same for a fast
+run and a slow one. Outside a notebook (a terminal, the tests) nothing is shown.
 """
+
 import re
 import subprocess
 import threading
@@ -15,7 +16,8 @@ import time
 from trainup import ROOT
 
 EVERY_S = 1.0  # one update a second: a frontend keeps up, and nbval's log stays short
-_LINE = re.compile(r"[^\r\n]*[^\r\n\s][^\r\n]*")  # a non-blank piece between \r and \n (tqdm uses \r)
+# a non-blank piece between \r and \n (tqdm uses \r)
+_LINE = re.compile(r"[^\r\n]*[^\r\n\s][^\r\n]*")
 
 
 class Live:
@@ -31,11 +33,13 @@ class Live:
 
     def close(self):
         if self.handle is not None:
-            self.handle.update({}, raw=True)  # emptied: the stored cell does not depend on the timing
+            # emptied: the stored cell does not depend on the timing
+            self.handle.update({}, raw=True)
 
 
 def _display():
-    """A display to update in place, where this runs in a Jupyter kernel (not in a terminal's IPython)."""
+    """A display to update in place, where this runs in a Jupyter kernel (not in a terminal's
+    IPython)."""
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -54,13 +58,21 @@ def latest(text):
 
 
 def run(argv, *, cwd=ROOT, env=None, timeout=900, stderr_to_stdout=False):
-    """subprocess.run(argv, capture_output=True, text=True) that shows the job's progress as it goes;
-    on a timeout the job is killed and subprocess.TimeoutExpired raised, as subprocess.run does."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE)
+    """subprocess.run(argv, capture_output=True, text=True) that shows the job's progress as it
+    goes; on a timeout the job is killed and subprocess.TimeoutExpired raised, as subprocess.run
+    does."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE,
+    )
     streams = [proc.stdout] + ([] if stderr_to_stdout else [proc.stderr])
     chunks = [[] for _ in streams]
-    readers = [threading.Thread(target=_drain, args=(s, c), daemon=True) for s, c in zip(streams, chunks)]
+    readers = [
+        threading.Thread(target=_drain, args=(s, c), daemon=True) for s, c in zip(streams, chunks)
+    ]
     for r in readers:
         r.start()
     live, deadline = Live(), time.monotonic() + timeout
@@ -85,7 +97,8 @@ def run(argv, *, cwd=ROOT, env=None, timeout=900, stderr_to_stdout=False):
 
 
 def _drain(stream, chunks):
-    """Read a pipe as the bytes come (a progress bar's frames end in \\r, not \\n), each chunk with its time."""
+    """Read a pipe as the bytes come (a progress bar's frames end in \\r, not \\n), each chunk with
+    its time."""
     for chunk in iter(lambda: stream.read1(65536), b""):
         chunks.append((time.monotonic(), chunk))
     stream.close()

@@ -33,8 +33,8 @@ def installed(module):
 def backends():
     """Which torch.distributed backends can run here, and whether Horovod is installed.
 
-    is_nccl_available() says only that the build includes NCCL; NCCL moves GPU memory, so it works only
-    where torch sees a GPU."""
+    is_nccl_available() says only that the build includes NCCL; NCCL moves GPU memory, so it works
+    only where torch sees a GPU."""
     import torch
     import torch.distributed as dist
     return dict(gloo=dist.is_gloo_available(), nccl=dist.is_nccl_available() and torch.cuda.is_available(),
@@ -73,8 +73,9 @@ def describe():
 
 
 def training_processes(marker="_trainup_", root=None):
-    """This user's processes running a script of this checkout (scripts/_trainup_*.py): candidates for
-    ghost runs. Another checkout's runs (a second clone, a test run beside it) are not this one's to end."""
+    """This user's processes running a script of this checkout (scripts/_trainup_*.py): candidates
+    for ghost runs. Another checkout's runs (a second clone, a test run beside it) are not this
+    one's to end."""
     from trainup import ROOT
     scripts = (Path(root or ROOT) / "scripts").resolve()
     me, user = os.getpid(), psutil.Process().username()

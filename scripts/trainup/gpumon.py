@@ -1,12 +1,13 @@
 """Watching the GPUs during a run: utilisation and memory, sampled in a background thread.
 
     monitor = gpumon.start(log.write, device)   # nothing at all on a CPU, or where NVML is missing
-    ...train...                                 # each sample a 'gpu' record of the run's log as it comes
+    ...train...                                 # each sample a 'gpu' record of the log as it comes
     monitor.stop()                              # (and a 'gpumon' record if readings failed)
 
 The samples come from nvitop's Python API (NVML, the library behind nvidia-smi). The thread writes
-each one as it is read (RunLog.write holds a lock, so two threads never write the log at once): a run
-that crashes or is killed keeps every sample taken before, in its log and its TensorBoard scalars.
+each one as it is read (RunLog.write holds a lock, so two threads never write the log at once): a
+run that crashes or is killed keeps every sample taken before, in its log and its TensorBoard
+scalars.
 """
 import contextlib
 import io
@@ -26,7 +27,8 @@ def _number(value, scale=1):
 
 
 def nvitop_source(cuda_indices):
-    """A function that reads these GPUs (torch's numbering) through nvitop; None where that cannot work."""
+    """A function that reads these GPUs (torch's numbering) through nvitop; None where that cannot
+    work."""
     try:
         from nvitop import Device, libnvml
     except ImportError:  # nvitop not installed: nothing to sample with
@@ -34,7 +36,8 @@ def nvitop_source(cuda_indices):
     # Only "no NVML, no such GPU" means None; any other error is a bug and is raised, not hidden.
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         try:  # NVML missing: nvitop prints a banner (swallowed here) and finds no devices
-            visible = Device.from_cuda_visible_devices()  # CUDA_VISIBLE_DEVICES order, as torch counts
+            # CUDA_VISIBLE_DEVICES order, as torch counts
+            visible = Device.from_cuda_visible_devices()
             if not cuda_indices or max(cuda_indices) >= len(visible):
                 return None
             chosen = [(i, visible[i]) for i in cuda_indices]
@@ -50,7 +53,8 @@ def nvitop_source(cuda_indices):
 
 
 class Monitor:
-    """Calls source() every interval seconds in a daemon thread and hands each sample to write()."""
+    """Calls source() every interval seconds in a daemon thread and hands each sample to
+    write()."""
 
     def __init__(self, write, source, interval=INTERVAL_S, clock=time.time):
         self.write, self.source, self.interval, self.clock = write, source, interval, clock
@@ -71,7 +75,8 @@ class Monitor:
                 return
 
     def sample(self):
-        """One reading of every GPU; a failed reading is counted and skipped, never raised in the thread."""
+        """One reading of every GPU; a failed reading is counted and skipped, never raised in the
+        thread."""
         now = self.clock()
         try:
             readings = self.source()
@@ -105,8 +110,9 @@ class _Nothing:
 
 
 def start(write, device, indices=None, source=None, interval=INTERVAL_S):
-    """Watch the GPUs this run uses (device's, or indices for several) until stop(); quietly nothing on a
-    CPU, or where nvitop cannot read the GPUs. source replaces nvitop (tests pass a fake one)."""
+    """Watch the GPUs this run uses (device's, or indices for several) until stop(); quietly
+    nothing on a CPU, or where nvitop cannot read the GPUs. source replaces nvitop (tests pass a
+    fake one)."""
     import torch
     if source is None:
         if torch.device(device).type != "cuda":

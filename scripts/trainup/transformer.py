@@ -1,13 +1,15 @@
-"""A transformer layer, written out so that every tensor it keeps for backward can be named and counted.
+"""A transformer layer, written out so that every tensor it keeps for backward can be named and
+counted.
 
     layers = transformer.stack(layers=4, hidden=64, heads=4)            # nn.Sequential of Layers
     transformer.recompute(layers, "full")       # each layer's activations recomputed in backward
-    transformer.recompute(layers, "selective")  # only attention's softmax part recomputed (Korthikanti)
+    transformer.recompute(layers, "selective")  # attention's softmax part alone (Korthikanti)
 
 A pre-norm layer of GPT's shape: x + attention(LN(x)), then x + MLP(LN(x)) with a 4x GELU MLP; no
-dropout (its masks are the only activations training adds beyond these). Activation checkpointing is
-torch.utils.checkpoint, non-reentrant, as PyTorch recommends.
+dropout (its masks are the only activations training adds beyond these). Activation checkpointing
+is torch.utils.checkpoint, non-reentrant, as PyTorch recommends.
 """
+
 import math
 
 import torch
@@ -20,12 +22,13 @@ RECOMPUTE = ("none", "selective", "full")
 
 def activation_bytes(seq, batch, hidden, heads, bytes_per_value=4):
     """What one Layer keeps for backward, counted tensor by tensor (the names below are Layer's):
-    LN1's input, attention's input (LN1's output), q, k and v, the softmax's output (heads x seq x seq
-    per sample), the projection's input, LN2's input, the MLP's input, the GELU's input (4h) and output
-    (4h): s*b*h*16 values plus a*s*s*b. In 16-bit with dropout, Korthikanti et al. (2022, "Reducing
-    Activation Recomputation in Large Transformer Models") count s*b*h*(34 + 5*a*s/h) bytes: the same
-    tensors in 2 bytes each (32 s*b*h + 2 a*s*s*b) plus dropout's masks and output. LayerNorm's mean and
-    inverse deviation (2 values per token each) are left out: 1/h of the rest."""
+    LN1's input, attention's input (LN1's output), q, k and v, the softmax's output (heads x seq x
+    seq per sample), the projection's input, LN2's input, the MLP's input, the GELU's input (4h)
+    and output (4h): s*b*h*16 values plus a*s*s*b. In 16-bit with dropout, Korthikanti et al.
+    (2022, "Reducing Activation Recomputation in Large Transformer Models") count s*b*h*(34 +
+    5*a*s/h) bytes: the same tensors in 2 bytes each (32 s*b*h + 2 a*s*s*b) plus dropout's masks
+    and output. LayerNorm's mean and inverse deviation (2 values per token each) are left out: 1/h
+    of the rest."""
     return bytes_per_value * (16 * seq * batch * hidden + heads * seq * seq * batch)
 
 
@@ -46,8 +49,10 @@ class Layer(nn.Module):
 
     def attention(self, x):
         b, s, h = x.shape
-        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2).contiguous()
-                   for t in self.qkv(x).split(h, dim=-1))
+        q, k, v = (
+            t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2).contiguous()
+            for t in self.qkv(x).split(h, dim=-1)
+        )
         if self.recompute == "selective":  # keep q, k, v; recompute the seq x seq part in backward
             out = checkpoint(self.scores, q, k, v, use_reentrant=False)
         else:
