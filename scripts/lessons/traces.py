@@ -340,13 +340,18 @@ def find_tensorboard():
         os.environ["TENSORBOARD_BINARY"] = str(beside)
 
 
+def serving(tb_dir=TB_DIR):
+    """The TensorBoard servers (tensorboard.manager's records) serving tb_dir now."""
+    from tensorboard import manager
+    return [i for i in manager.get_all() if Path(i.logdir).resolve() == Path(tb_dir).resolve()]
+
+
 def stop_tensorboard(tb_dir=TB_DIR):
     """Stop the TensorBoard servers %tensorboard started for tb_dir (a re-run of the notebook starts one
     again); asserts one was serving it. The sentence says nothing of ports or times, which vary."""
     import os
     import signal
-    from tensorboard import manager
-    mine = [i for i in manager.get_all() if Path(i.logdir).resolve() == Path(tb_dir).resolve()]
+    mine = serving(tb_dir)
     assert mine, f"no TensorBoard server was serving {relative(tb_dir)}"
     for info in mine:
         try:
