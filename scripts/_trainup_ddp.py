@@ -80,8 +80,8 @@ def main(argv=None):
     log.flops(model.module, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     log.write("ddp", **distributed.describe(ctx, args))
     stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler)  # what a stop saves, rank 0 writes
-    # rank 0 watches the GPUs of its node: every rank's there
-    monitor = gpumon.start(log.write, device if ctx.is_main else "cpu", distributed.node_gpus(ctx))
+    # each node's first process watches that node's GPUs: every rank's
+    monitor = gpumon.start_on_node(ctx, log, args)
     if ctx.restart_count and ctx.is_main:
         print(f"torchrun restart {ctx.restart_count}: resuming at epoch {start_epoch} from {ckpt}")
     if args.sweep:

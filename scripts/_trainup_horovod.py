@@ -157,8 +157,8 @@ def main(argv=None):
     log.flops(model, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     log.write("ddp", **describe(ctx, args))
     stop.watch(ckpt, log, model, optimizer, scheduler, scaler)  # what a stop saves, rank 0 writes
-    # rank 0 watches the GPUs of its node: every rank's there
-    monitor = gpumon.start(log.write, device if ctx.is_main else "cpu", distributed.node_gpus(ctx))
+    # each node's first process watches that node's GPUs: every rank's
+    monitor = gpumon.start_on_node(ctx, log, args)
     if args.sweep:
         sweeps.run(args, model, train_set, device, log, train_epoch, lambda *_: (optimizer, None), ctx.rank,
                    ctx.world_size)  # one DistributedOptimizer: a second would hook every gradient again

@@ -201,3 +201,43 @@ def test_rank_0_watches_every_rank_gpu_of_its_node_that_it_sees(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert distributed.node_gpus(ctx) == [0]
     assert distributed.node_gpus(SimpleNamespace(device=torch.device("cpu"), local_world_size=4)) is None
+
+
+def test_the_first_process_of_every_node_watches_its_node_and_no_other_does(monkeypatch, tmp_path):
+    """gpumon.start_on_node, with fake readings of 2 GPUs per node: rank 0 writes 'gpu' records to
+    the run's log; the first process of node 1 writes its node's samples to TensorBoard scalars of
+    its own (logs/tensorboard/<run>/node1), read back as TensorBoard reads them; a second process on
+    a node watches nothing."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from trainup import distributed
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    args = Namespace(run_name="nodes", log_dir=str(tmp_path), resume=False)
+    cuda0 = torch.device("cuda", 0)
+    written = []
+
+    class Log:
+        def write(self, kind, **fields):
+            written.append(kind)
+
+    def place(rank, local_rank, node_rank):
+        return distributed.Context(rank=rank, world_size=4, local_rank=local_rank,
+                                   local_world_size=2, node_rank=node_rank, nnodes=2, device=cuda0)
+
+    for ctx in (place(0, 0, 0), place(2, 0, 1)):
+        monitor = gpumon.start_on_node(ctx, Log(), args, source=FakeGPUs())
+        time.sleep(0.6)  # a few readings, every INTERVAL_S
+        assert monitor.stop()
+    assert written and set(written) == {"gpu"}  # rank 0: the run's log
+    acc = EventAccumulator(str(tmp_path / "tensorboard" / "nodes" / "node1")).Reload()
+    assert {"gpu0/utilization_pct", "gpu1/memory_used_mb"} <= set(acc.Tags()["scalars"])
+    assert acc.Scalars("gpu1/memory_used_mb")[0].value == 200.0
+    for other in (place(1, 1, 0), place(3, 1, 1)):  # the second process of each node
+        watcher = gpumon.start_on_node(other, Log(), args, source=FakeGPUs())
+        assert isinstance(watcher, gpumon._Nothing)
+    # a node without a GPU writes no folder
+    cpu = distributed.Context(rank=2, local_rank=0, node_rank=1, device=torch.device("cpu"))
+    watcher = gpumon.start_on_node(cpu, Log(), Namespace(run_name="cpu", log_dir=str(tmp_path)))
+    assert isinstance(watcher, gpumon._Nothing)
+    assert not (tmp_path / "tensorboard" / "cpu").exists()

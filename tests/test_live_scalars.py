@@ -20,6 +20,12 @@ def points(folder, tag):
     return [e.step for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
+def values(folder, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    return [e.value for e in EventAccumulator(str(folder)).Reload().Scalars(tag)]
+
+
 def test_the_scalars_grow_while_the_run_trains(tmp_path):
     logs = tmp_path / "logs"
     job = start_job(
@@ -40,6 +46,10 @@ def test_the_scalars_grow_while_the_run_trains(tmp_path):
             str(logs),
             "--run-name",
             "live",
+            "--lr",
+            "0.5",
+            "--gamma",
+            "0.5",
         ],
         env=os.environ,
     )
@@ -60,6 +70,10 @@ def test_the_scalars_grow_while_the_run_trains(tmp_path):
         4,
     ]
     assert points(folder, "train/samples_per_s") == [1, 2, 3, 4]
+    # the learning rate each epoch's steps used: StepLR halves it after every epoch
+    assert values(folder, "train/lr") == [0.5, 0.25, 0.125, 0.0625]
+    epochs = [json.loads(line) for line in (logs / "live.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in epochs if r["type"] == "epoch"] == [0.5, 0.25, 0.125, 0.0625]
 
 
 KILLED = """

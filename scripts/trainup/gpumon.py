@@ -4,6 +4,8 @@
     ...train...                                 # each sample a 'gpu' record of the log as it comes
     monitor.stop()                              # (and a 'gpumon' record if readings failed)
 
+    monitor = gpumon.start_on_node(ctx, log, args)  # DDP, Horovod: each node's first process
+
 The samples come from nvitop's Python API (NVML, the library behind nvidia-smi). The thread writes
 each one as it is read (RunLog.write holds a lock, so two threads never write the log at once): a
 run that crashes or is killed keeps every sample taken before, in its log and its TensorBoard
@@ -14,6 +16,8 @@ import io
 import threading
 import time
 
+from . import scalars
+from .distributed import node_gpus
 from .metrics import SCHEMA
 
 INTERVAL_S = 0.25  # NVML averages utilisation over 1/6 s to 1 s, depending on the GPU
@@ -121,3 +125,33 @@ def start(write, device, indices=None, source=None, interval=INTERVAL_S):
         if source is None:
             return _Nothing()
     return Monitor(write, source, interval).start()
+
+
+class _Closing:
+    """A Monitor whose stop() also closes the TensorBoard writer its samples go to."""
+
+    def __init__(self, monitor, live):
+        self.monitor, self.live = monitor, live
+
+    def stop(self):
+        samples = self.monitor.stop()
+        self.live.close()
+        return samples
+
+
+def start_on_node(ctx, log, args, source=None):
+    """Watch every GPU of this node from its first process (local rank 0), every node's: rank 0's
+    samples go to the run's log (and its scalars), another node's to TensorBoard scalars of their
+    own, logs/tensorboard/<run>/node<k>. Files on the shared file system of a multi-node job, not
+    a collective: gathering samples to rank 0 would add traffic to the run being measured."""
+    if ctx.local_rank != 0:
+        return _Nothing()
+    gpus = node_gpus(ctx)
+    if ctx.is_main:
+        return start(log.write, ctx.device, gpus, source=source)
+    if source is None and (gpus is None or nvitop_source(gpus) is None):
+        return _Nothing()  # no GPU here: no folder either
+    live = scalars.Live(args.log_dir, f"{args.run_name}/node{ctx.node_rank}",
+                        resume=getattr(args, "resume", False))
+    return _Closing(start(lambda type, **fields: live.record(type, fields), ctx.device, gpus,
+                          source=source), live)

@@ -90,6 +90,7 @@ class RunLog:
         self._lock, self.live = threading.Lock(), None  # the GPU sampler's thread writes records too
         self.world_size, self.precision = world_size, str(getattr(args, "precision", "32"))
         self.flops_per_sample = None  # flops(): each epoch then logs its FLOP/s
+        self.lr, self._lr_hook = None, None  # the learning rate of the last optimizer step
         self.path = Path(args.log_dir) / f"{args.run_name}.jsonl"
         if not enabled:
             return
@@ -112,6 +113,10 @@ class RunLog:
         if replaced:  # the notebooks re-run cells on purpose; elsewhere this says what a reused name overwrites
             print(f"run name {args.run_name!r} was used before: this run replaces its {' and '.join(replaced)} "
                   f"(--resume would continue it)")
+        # Every optimizer's step reports its learning rate here (a global hook: no script changes,
+        # and warm-up or a scheduler shows as it happens): each epoch logs the last one.
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        self._lr_hook = register_optimizer_step_post_hook(self._stepped)
         self.write("config", schema_version=SCHEMA_VERSION, script=Path(script).name, lesson=args.lesson,
                    args={k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()})
         self.write("env", **environment(device, world_size, backend))
@@ -125,6 +130,9 @@ class RunLog:
                 if self.live is not None:
                     self.live.record(type, fields)
         return fields
+
+    def _stepped(self, optimizer, args, kwargs):
+        self.lr = float(optimizer.param_groups[0]["lr"])
 
     def flops(self, model, dataset):
         """Count the FLOPs of one sample's forward and backward once (trainup/flops.py, on a meta copy):
@@ -152,6 +160,8 @@ class RunLog:
                     test_accuracy=test.accuracy, wall_s=wall_s, samples=train.samples,
                     samples_per_s=train.samples / wall_s, peak_mem_mb=peak_memory_mb(self.device),
                     **self._achieved(train.samples, wall_s))
+        if self.lr is not None:  # the optimizer stepped: the rate its last step used
+            line["lr"] = self.lr
         if not math.isfinite(line["loss"]):  # every later step would train on it: stop, and say where
             self.summary(status="failed")
             raise UserError(f"the training loss became {line['loss']} in epoch {epoch}: the learning rate "
@@ -184,6 +194,8 @@ class RunLog:
         if self.enabled and not self._file.closed:
             if self.live is not None:
                 self.live.close()
+            if self._lr_hook is not None:
+                self._lr_hook.remove()
             sys.stdout = self._previous_stdout
             self._stdout.close()
             self._file.close()

@@ -13,7 +13,7 @@ a finished run's log with the same tags (tags_of), so a live run and a converted
 import shutil
 from pathlib import Path
 
-EPOCH = ("loss", "accuracy", "test_loss", "test_accuracy", "samples_per_s", "peak_mem_mb")
+EPOCH = ("loss", "accuracy", "test_loss", "test_accuracy", "samples_per_s", "peak_mem_mb", "lr")
 GPU = ("utilization_pct", "memory_used_mb")
 
 

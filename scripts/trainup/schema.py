@@ -63,9 +63,10 @@ TYPES = {
     "expected_bytes": ("list",), "ops": ("dict",),
     # optional (logs from before they existed lack them): checked where present
     "cores": INT, "load_start": NUMBER + ("None",), "load_end": NUMBER + ("None",),
-    "flops_per_s": NUMBER, "mfu": NUMBER + ("None",),
+    "flops_per_s": NUMBER, "mfu": NUMBER + ("None",), "lr": NUMBER,
 }
-OPTIONAL = {"env": ("cores", "load_start"), "summary": ("load_end",), "epoch": ("flops_per_s", "mfu")}
+OPTIONAL = {"env": ("cores", "load_start"), "summary": ("load_end",),
+            "epoch": ("flops_per_s", "mfu", "lr")}
 # Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
 # a run without epochs (a sweep) has no loss.
 TYPES_IN = {
