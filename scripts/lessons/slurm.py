@@ -297,14 +297,21 @@ def template_table():
     return pd.DataFrame(rows).set_index("template")
 
 
-def published_scaling():
-    """The supercomputer course's published ResNet-50/ImageNet training times (not measured here), in
-    minutes, with speed-up and parallel efficiency against its 1-GPU time."""
+def published_times():
+    """The supercomputer course's published ResNet-50/ImageNet runs (not measured here): nodes, GPUs,
+    per-GPU batch and minutes, as published (lesson 11 fits its model on them)."""
     import pandas as pd
     df = pd.read_csv(PUBLISHED, comment="#")
     df["gpus"] = df["nodes"] * df["gpus_per_node"]
     parts = df["time"].str.extract(r"^(\d+)m([\d.]+)s$").astype(float)  # "342m11.864s", as `time` prints it
     df["minutes"] = parts[0] + parts[1] / 60
+    return df
+
+
+def published_scaling():
+    """The supercomputer course's published ResNet-50/ImageNet training times (not measured here), in
+    minutes, with speed-up and parallel efficiency against its 1-GPU time."""
+    df = published_times()
     base = df.loc[df["gpus"] == 1, "minutes"].iloc[0]
     df["speedup"] = (base / df["minutes"]).round(1)
     df["efficiency"] = (df["speedup"] / df["gpus"]).round(2)

@@ -1,0 +1,198 @@
+"""Lesson 11: the performance model (lessons/perfmodel.py) fitted on published runs, its
+predictions checked against the runs it was not fitted on, and the failures a run of many GPUs
+must expect.
+
+Every published number here carries its source; every prediction is computed, and so is its error.
+"""
+
+import math
+
+import pandas as pd
+
+from . import perfmodel as pm
+from .hardware import NODES
+
+IMAGENET_TRAIN = 1_281_167  # ILSVRC-2012's training images
+JSC_EPOCHS = 10  # the supercomputer course's scripts: pl.Trainer(max_epochs=10)
+JSC_GOAL = 0.20  # each held-out time within 20 %
+HOROVOD_GOAL = 10  # each efficiency within 10 points
+
+# Horovod's docs (benchmarks): 512 GPUs, tf_cnn_benchmarks, batch 64 a GPU, scaling efficiency.
+HOROVOD_512 = {"inception_v3": 0.90, "resnet101": 0.90, "vgg16": 0.68}
+HOROVOD_BATCH = 64
+HOROVOD_FUSION_BYTES = 64 * 2**20  # Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD)
+# One P100 (DGX-1), tf_cnn_benchmarks, batch 64, synthetic data, images/s: TensorFlow's performance
+# guide ("Benchmarks", May 2017). ResNet-101 is not in it: interpolate() places it by FLOPs.
+P100_IMAGES_PER_S = {"inception_v3": 142.0, "resnet50": 219.0, "resnet152": 91.8, "vgg16": 154.0}
+# Meta's Llama 3 report (arXiv 2407.21783): 419 unexpected interruptions, 54 days, 16,384 H100s.
+LLAMA3 = dict(interruptions=419, days=54, gpus=16_384)
+
+
+def model_facts(name):
+    """Parameters and FLOPs of one image's forward and backward (lesson 08's FlopCounterMode
+    count), of torchvision's build of a published architecture: counted on the meta device."""
+    import torch
+    import torchvision
+    from trainup import flops
+
+    kwargs = dict(aux_logits=False, init_weights=False) if name == "inception_v3" else {}
+    with torch.device("meta"):
+        model = getattr(torchvision.models, name)(**kwargs)
+    side = 299 if name == "inception_v3" else 224
+    return dict(
+        params=sum(p.numel() for p in model.parameters()),
+        flops=flops.per_sample(model, (3, side, side)),
+    )
+
+
+def interpolate(flops_of, rate_a, rate_b, flops_a, flops_b):
+    """Images/s of a model between two measured ones of the same family, time per image taken as
+    linear in FLOPs."""
+    t_a, t_b = 1 / rate_a, 1 / rate_b
+    return 1 / (t_a + (t_b - t_a) * (flops_of - flops_a) / (flops_b - flops_a))
+
+
+# The supercomputer course's ResNet-50 runs (JSC)
+
+
+def jsc_steps(gpus, batch):
+    return JSC_EPOCHS * math.ceil(IMAGENET_TRAIN / (gpus * batch))
+
+
+def jsc_comm(gpus, grad_bytes, node=NODES["juwels_booster"]):
+    """One step's gradient all-reduce on JUWELS Booster: NVLink inside a node, a hierarchical
+    all-reduce over InfiniBand across nodes."""
+    g = min(gpus, node.gpus)
+    nodes = gpus // g
+    if nodes == 1:
+        return pm.ring_all_reduce(grad_bytes, g, *node.intra_link())
+    return pm.hierarchical_all_reduce(grad_bytes, nodes, g, node.intra_link(), node.inter_link())
+
+
+def jsc_fit(runs, grad_bytes, buckets, on=(1, 4)):
+    """Fit the model on some of the published runs (by GPU count). Unknowns: the time a sample
+    takes, and a cost per step that several ranks add beyond the all-reduce the hardware predicts
+    (waiting for the slowest rank, DDP's hooks: whatever a multi-GPU run shows); with a third run,
+    also a fixed cost per job (start-up, data loaders, validation). Returns a dict of them."""
+    import numpy as np
+
+    first = runs[runs["gpus"] == 1].iloc[0]
+    guess = (
+        first["minutes"] * 60 / (JSC_EPOCHS * IMAGENET_TRAIN)
+    )  # for overlap only: comm is small
+    rows, times = [], []
+    for _, r in runs[runs["gpus"].isin(on)].iterrows():
+        steps, several = jsc_steps(r["gpus"], r["per_gpu_batch"]), r["gpus"] > 1
+        comm = (
+            pm.exposed(
+                jsc_comm(r["gpus"], grad_bytes), 2 / 3 * guess * r["per_gpu_batch"], buckets
+            )
+            if several
+            else 0.0
+        )
+        rows.append([steps * r["per_gpu_batch"], steps * several] + ([1.0] if len(on) > 2 else []))
+        times.append(r["minutes"] * 60 - steps * comm)
+    x = np.linalg.solve(np.array(rows, float), np.array(times, float))
+    return dict(per_sample_s=x[0], sync_s=x[1], fixed_s=x[2] if len(on) > 2 else 0.0)
+
+
+def jsc_predictions(runs, grad_bytes, buckets, on=(1, 4)):
+    """Every published run against the model fitted on some of them (on: GPU counts)."""
+    fit = jsc_fit(runs, grad_bytes, buckets, on)
+    rows = []
+    for _, r in runs.iterrows():
+        batch, gpus = r["per_gpu_batch"], r["gpus"]
+        compute = fit["per_sample_s"] * batch
+        comm = jsc_comm(gpus, grad_bytes) if gpus > 1 else 0.0
+        step = pm.step_time(compute, comm, buckets=buckets) + (fit["sync_s"] if gpus > 1 else 0.0)
+        predicted = (step * jsc_steps(gpus, batch) + fit["fixed_s"]) / 60
+        rows.append(
+            dict(
+                gpus=gpus,
+                nodes=r["nodes"],
+                per_gpu_batch=batch,
+                published_min=r["minutes"],
+                predicted_min=predicted,
+                error=predicted / r["minutes"] - 1,
+                fitted=gpus in on,
+                comm_ms=comm * 1e3,
+                steps=jsc_steps(gpus, batch),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def implied_fixed_minutes(table):
+    """What the misses imply: the published minus the predicted time of each held-out run, a cost
+    the two single-node runs cannot separate from the per-step costs (start-up, data loaders
+    started each epoch, validation)."""
+    held = table[~table["fitted"]]
+    return (held["published_min"] - held["predicted_min"]).tolist()
+
+
+# Horovod's 512-GPU benchmark
+
+
+def horovod_predictions(facts, gpus=512, node=NODES["horovod_2017"]):
+    """Each model's scaling efficiency at 512 GPUs from published hardware alone: compute from one
+    P100's images/s, a ring all-reduce across the servers' network per fused buffer, overlapped
+    with backward bucket by bucket."""
+    rate = dict(P100_IMAGES_PER_S)
+    rate["resnet101"] = interpolate(
+        facts["resnet101"]["flops"],
+        rate["resnet50"],
+        rate["resnet152"],
+        facts["resnet50"]["flops"],
+        facts["resnet152"]["flops"],
+    )
+    alpha_in, _ = node.intra_link()
+    alpha_net, beta_net = node.inter_link()
+    nodes = gpus // node.gpus
+    rows = []
+    for name, published in HOROVOD_512.items():
+        grad = facts[name]["params"] * 4  # float32 gradients
+        buffers = math.ceil(grad / HOROVOD_FUSION_BYTES)
+        # one flat ring over every GPU: each step a latency (network hops between servers, PCIe
+        # inside), and every byte through each server's network link (nodes > 1)
+        hops = 2 * (gpus - 1)
+        net_hops = 2 * (nodes - 1)
+        latency = (hops - net_hops) * alpha_in + net_hops * alpha_net
+        comm = buffers * latency + pm.RING["all_reduce"](gpus) * grad / beta_net
+        compute = HOROVOD_BATCH / rate[name]
+        eff = pm.efficiency(compute, pm.step_time(compute, comm, buckets=buffers))
+        rows.append(
+            dict(
+                model=name,
+                params_m=facts[name]["params"] / 1e6,
+                images_per_s=rate[name],
+                compute_ms=compute * 1e3,
+                comm_ms=comm * 1e3,
+                buffers=buffers,
+                published=published,
+                predicted=eff,
+                points=100 * (eff - published),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+# Failures at scale
+
+
+def reliability(gpus_list, checkpoint_s, restart_s, rate=None):
+    """For runs of each size: mean time between failures at Llama 3's rate per GPU, the Young/Daly
+    checkpoint interval for a checkpoint that takes checkpoint_s, and the share of time lost."""
+    rate = rate or pm.failure_rate_per_gpu_hour(**LLAMA3)
+    rows = []
+    for n in gpus_list:
+        mtbf_s = pm.mtbf_hours(n, rate) * 3600
+        tau = pm.young_daly_interval(checkpoint_s, mtbf_s)
+        rows.append(
+            dict(
+                gpus=n,
+                mtbf_h=mtbf_s / 3600,
+                interval_min=tau / 60,
+                lost=pm.expected_overhead(tau, checkpoint_s, mtbf_s, restart_s),
+            )
+        )
+    return pd.DataFrame(rows)
