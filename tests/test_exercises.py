@@ -5,6 +5,7 @@ lessons 07-10 check their solutions in their own test files, against the runs th
 everything else is computed without training.
 """
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,22 @@ def test_09b_longest_sequence_and_crossover():
     assert 32 * transformer.activation_bytes(plain + 1, 1, 4096, 32, 2) > 40e9
     assert full == int(40e9 // (32 * 2 * 4096)) and full > 10 * plain
     assert s.crossover() == 256 and 4 * 256 * 256 == 16 * 256 * 64  # a*s*s = 16*s*h there
+
+
+def test_11_cluster_crossover_and_checkpoint_budget():
+    from lessons import hardware, perfmodel as pm, predict
+    s = solution("11_predict_the_cluster")
+    row = s.my_cluster(64).iloc[0]
+    assert row["gpus"] == 64 and 0 < row["efficiency"] < 1
+    link = hardware.LINKS["ib_hdr"]
+    for p in (8, 64):
+        n = s.crossover(p, link)
+        # equal there; the tree cheaper below, the ring above
+        assert math.isclose(pm.ring_all_reduce(n, p, link.alpha_s, link.beta),
+                            pm.tree_all_reduce(n, p, link.alpha_s, link.beta), rel_tol=1e-9)
+        assert pm.tree_all_reduce(n / 2, p, link.alpha_s, link.beta) < \
+            pm.ring_all_reduce(n / 2, p, link.alpha_s, link.beta)
+    c = s.checkpoint_budget(16_384, 120.0, 0.10)
+    mtbf = pm.mtbf_hours(16_384, pm.failure_rate_per_gpu_hour(**predict.LLAMA3)) * 3600
+    lost = pm.expected_overhead(pm.young_daly_interval(c, mtbf), c, mtbf, 120.0)
+    assert 0 < c and math.isclose(lost, 0.10, rel_tol=1e-6)

@@ -128,3 +128,27 @@ def test_the_jsc_runs_held_out_are_predicted_and_the_misses_are_what_the_fit_can
     # with the 16-GPU run as a third point the model fits that cost: the other three within 20 %
     three = predict.jsc_predictions(runs, grad, buckets=4, on=(1, 4, 16))
     assert (three.loc[~three["fitted"], "error"].abs() <= predict.JSC_GOAL).all(), three
+
+
+def test_alpha_and_beta_come_back_from_a_sweep_the_model_made():
+    import pandas as pd
+
+    sizes = [2**k for k in range(10, 23, 2)]
+    sweep = pd.DataFrame(dict(size_bytes=sizes, world_size=2,
+                              time_s=[pm.ring_all_reduce(s, 2, 3e-5, 2e9) for s in sizes]))
+    alpha, beta, table = predict.fit_alpha_beta(sweep)
+    assert alpha == pytest.approx(3e-5) and beta == pytest.approx(2e9)
+    assert table["error"].abs().max() < 1e-9
+
+
+def test_what_if_keeps_one_gpu_at_efficiency_1_and_slower_links_cost_more(facts):
+    from dataclasses import replace
+
+    runs, grad = slurm.published_times(), facts["resnet50"]["params"] * 4
+    fit = predict.jsc_fit(runs, grad, 4, on=(1, 4, 16))
+    booster = hardware.NODES["juwels_booster"]
+    nodes = {"ib": booster, "eth": replace(booster, inter="eth25", nics=1)}
+    t = predict.what_if(fit, grad, [1, 16, 128], nodes).set_index(["node", "gpus"])
+    assert t.loc[("ib", 1), "efficiency"] == pytest.approx(1.0)
+    assert t.loc[("eth", 128), "minutes"] > t.loc[("ib", 128), "minutes"]
+    assert t.loc["ib", "efficiency"].is_monotonic_decreasing

@@ -196,3 +196,64 @@ def reliability(gpus_list, checkpoint_s, restart_s, rate=None):
             )
         )
     return pd.DataFrame(rows)
+
+
+# This machine: alpha and beta from lesson 04's all-reduce sweep
+
+def fit_alpha_beta(sweep):
+    """alpha and beta of this machine's all-reduce from lesson 04's sweep (allreduce_bw records):
+    a ring's time is 2(N-1) alpha + 2(N-1)/N S/beta, a straight line in S, fitted to every size
+    by least squares on the relative error (a 1 KB and a 4 MB message weigh alike). Returns alpha,
+    beta and the sweep with each size's predicted time and error."""
+    import numpy as np
+
+    n = int(sweep["world_size"].iloc[0])
+    size, time = sweep["size_bytes"].to_numpy(float), sweep["time_s"].to_numpy(float)
+    # (a + b S) / t = 1 for every size: rows divided by t weigh each size by its relative error
+    (a, b), *_ = np.linalg.lstsq(np.stack([1 / time, size / time], 1), np.ones_like(time), rcond=None)
+    alpha, beta = a / (2 * (n - 1)), pm.RING["all_reduce"](n) / b
+    table = sweep.sort_values("size_bytes").assign(
+        predicted_s=lambda t: [pm.ring_all_reduce(s, n, alpha, beta) for s in t["size_bytes"]]
+    )
+    table["error"] = table["predicted_s"] / table["time_s"] - 1
+    return alpha, beta, table
+
+
+# What if: the fitted ResNet-50 job on other machines and sizes
+
+def what_if(fit, grad_bytes, gpus_list, nodes, buckets=4, batch=128, price_per_gpu_hour=2.0):
+    """The JSC job (the model fitted on its runs) on n GPUs of each node type: minutes, efficiency
+    against n times one GPU, and cost. Only the links change: the per-sample time is the A100's."""
+    rows = []
+    one = (fit["per_sample_s"] * batch * jsc_steps(1, batch) + fit["fixed_s"]) / 60
+    for label, node in nodes.items():
+        for n in gpus_list:
+            comm = jsc_comm(n, grad_bytes, node) if n > 1 else 0.0
+            step = pm.step_time(fit["per_sample_s"] * batch, comm, buckets=buckets)
+            step += fit["sync_s"] if n > 1 else 0.0
+            minutes = (step * jsc_steps(n, batch) + fit["fixed_s"]) / 60
+            rows.append(dict(node=label, gpus=n, minutes=minutes, efficiency=one / (n * minutes),
+                             cost=pm.cost(n, minutes / 60, price_per_gpu_hour)))
+    return pd.DataFrame(rows)
+
+
+def checkpoint_seconds(params, folder):
+    """Seconds to write a checkpoint of this many float32 parameters here, as trainup's are written
+    (torch.save to a temporary file, then a rename), measured once."""
+    import os
+    import time
+
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"weights": torch.zeros(int(params))}
+    tmp, path = folder / "predict_probe.pt.tmp", folder / "predict_probe.pt"
+    tick = time.perf_counter()
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # on the disk, not in the page cache: what a crash would keep
+    os.replace(tmp, path)
+    seconds = time.perf_counter() - tick
+    path.unlink()
+    return seconds
