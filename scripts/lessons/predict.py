@@ -210,7 +210,8 @@ def fit_alpha_beta(sweep):
     n = int(sweep["world_size"].iloc[0])
     size, time = sweep["size_bytes"].to_numpy(float), sweep["time_s"].to_numpy(float)
     # (a + b S) / t = 1 for every size: rows divided by t weigh each size by its relative error
-    (a, b), *_ = np.linalg.lstsq(np.stack([1 / time, size / time], 1), np.ones_like(time), rcond=None)
+    rows = np.stack([1 / time, size / time], 1)
+    (a, b), *_ = np.linalg.lstsq(rows, np.ones_like(time), rcond=None)
     alpha, beta = a / (2 * (n - 1)), pm.RING["all_reduce"](n) / b
     table = sweep.sort_values("size_bytes").assign(
         predicted_s=lambda t: [pm.ring_all_reduce(s, n, alpha, beta) for s in t["size_bytes"]]
