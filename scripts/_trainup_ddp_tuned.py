@@ -27,6 +27,7 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, precisio
     model.train()
     meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     steps = len(loader) if accumulate > 1 else None
+    seen = 0  # samples of the step being accumulated
     for i, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress)):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
         last = (i + 1) % accumulate == 0 or i + 1 == steps  # --accumulate: the micro-batch that steps
@@ -34,8 +35,15 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, precisio
             with devices.autocast(device, precision):
                 logits = model(x)
                 loss = F.cross_entropy(logits, y)
-            scaler.scale(loss / accumulate).backward()  # fp16 needs its loss scaled so small gradients survive
+            # a sum over the micro-batch, divided by the step's samples below: the mean of the whole
+            # batch even when the epoch's last batch is short (loss / accumulate would over-weight it)
+            scaler.scale(loss * len(y) if accumulate > 1 else loss).backward()  # fp16: scaled
+        seen += len(y)
         if last:
+            if accumulate > 1:
+                for p in model.parameters():
+                    p.grad.div_(seen)
+            seen = 0
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad()

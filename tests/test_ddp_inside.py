@@ -13,6 +13,7 @@ from test_ddp import finish, ok, start
 COLLECTIVES = str(SCRIPTS / "_trainup_collectives.py")
 TUNED = str(SCRIPTS / "_trainup_ddp_tuned.py")  # lesson 04's second script: --accumulate, --sync-bn
 TINY = ["--quick", "--dropout", "0", "--no-progress"]
+SHORT_LAST = ["--train-size", "200"]  # 100 a rank: batches of 32, 32, 32 and 4
 
 
 def torchrun(script, *args, nproc=2):
@@ -32,8 +33,9 @@ def jobs(tmp_path_factory, request):
         # 3 processes: the ring factor 2(N-1)/N is 4/3 (with 2 it is 1, and a missing factor hides)
         bw3=lambda: torchrun(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common,
                              nproc=3),
-        acc1=lambda: torchrun(TUNED, *train, "--accumulate", 1, "--run-name", "acc1"),
-        acc4=lambda: torchrun(TUNED, *train, "--accumulate", 4, "--run-name", "acc4"),
+        # 200 samples: each rank's epoch ends with a short batch of 4 (one micro-batch of the last step)
+        acc1=lambda: torchrun(TUNED, *train, *SHORT_LAST, "--accumulate", 1, "--run-name", "acc1"),
+        acc4=lambda: torchrun(TUNED, *train, *SHORT_LAST, "--accumulate", 4, "--run-name", "acc4"),
         mismatch=lambda: start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [COLLECTIVES, "--show", "mismatch"],
                                {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
         hang=lambda: torchrun(COLLECTIVES, "--show", "hang", "--timeout", 3)))
@@ -113,7 +115,8 @@ def test_no_sync_accumulation_equals_the_big_batch_with_fewer_allreduces(jobs):
         torch.testing.assert_close(four[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)  # float64
     a1, a4 = extra(jobs, "acc1", "accumulate"), extra(jobs, "acc4", "accumulate")
     assert [r["micro_batch"] for r in (a1[0], a4[0])] == [32, 8]
-    assert a4[0]["micro_batches"] == 4 * a1[0]["micro_batches"] == 32  # 4 backward passes per step...
+    # 4 backward passes per step, but 1 for the short last batch...
+    assert a1[0]["micro_batches"] == 4 and a4[0]["micro_batches"] == 3 * 4 + 1
     for r1, r4 in zip(a1, a4, strict=True):
         assert r4["allreduce_calls"] == r1["allreduce_calls"] > 0  # ...and all-reduces only on the last one
         assert r4["allreduce_calls"] < r4["micro_batches"]  # not one per backward pass
