@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import checks, launch, zero_stages as lesson
+from lessons import checks, launch, planner, zero_stages as lesson
 from trainup import models
 from trainup.sharding import MODES, RESUMABLE
 
@@ -118,6 +118,20 @@ def test_each_rank_holds_what_the_formulas_say_within_10_percent(runs):
     worse.loc[worse["shard"] == "parameters", "max_vs_formula"] *= 1.2
     with pytest.raises(AssertionError, match="formula"):
         lesson.check_memory(worse)
+
+
+def test_the_planners_model_states_are_what_the_ranks_held(runs):
+    """lessons/planner's first term, against these real runs (float64: 8+8+16 bytes a parameter):
+    within 10 % on every rank (ZeRO-1's optimizer state: the mean, whole tensors per rank)."""
+    table = lesson.memory_table([*(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)],
+                                log_dir=runs)
+    for (run, shard, n), g in table.groupby(["run", "shard", "N"]):
+        planned = planner.states(g["psi"].iloc[0], planner.Layout(dp=n, stage=shard),
+                                 (VALUE, VALUE, 2 * VALUE))
+        for state, want in zip(lesson.STATES, planned):
+            row = g[g["state"] == state].iloc[0]
+            held = row["mean_bytes"] if (shard, state) == ("optimizer", "optim") else row["max_bytes"]
+            assert held == pytest.approx(want, rel=0.10), (run, state, held, want)
 
 
 def test_each_stage_runs_the_collectives_it_should(runs):

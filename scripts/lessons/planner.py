@@ -1,0 +1,234 @@
+"""A planner (lessons 09, 09b and 11): for a transformer, a global batch and some GPUs, every
+layout (data x tensor x pipeline parallel, a ZeRO stage, activation checkpointing) with its bytes
+per GPU term by term, whether it fits, and its predicted step time; the fastest that fits first.
+
+    from lessons import planner, hardware
+    model = planner.Transformer(layers=32, hidden=4096, heads=32, seq=4096)
+    planner.plan(model, global_batch=256, gpus=64, node=hardware.NODES["dgx_h100"])
+
+Bytes per GPU (each term is the course's own formula, checked against its measurements by
+tests/test_planner.py):
+- model states: ZeRO's bytes per parameter (trainup.sharding.expected: 4+4+8 in fp32 with Adam,
+  2+2+12 in mixed precision), of the parameters one GPU owns (1/tp of each layer's matrices, 1/pp
+  of the layers), the sharded states divided by dp;
+- activations: trainup.transformer.activation_bytes per layer and micro-batch (16 s b h + a s^2 b
+  values), divided by tp (tensor parallelism with sequence parallelism, Korthikanti et al. 2022),
+  for the L/pp layers of a stage; 1F1B keeps pp micro-batches in flight on the first stage, so a
+  stage holds L/pp x min(pp, m) = about L layers' worth; recomputation keeps less
+  (lessons/activations.formula: selective drops the a s^2 b softmax, full keeps a layer's input).
+
+Time per step (lessons/perfmodel): compute = FLOPs / (GPUs x peak x MFU); gradients all-reduced
+over dp behind backward (buckets); tensor parallelism's 4 all-reduces a layer and micro-batch in
+the open (Megatron-LM: 2 forward, 2 backward); the pipeline's bubble; recomputation adds its
+forward. Left out: the optimizer step's time, kernels' launch costs, temporary buffers, memory
+fragmentation, the embedding and the output layer.
+"""
+
+import math
+from dataclasses import dataclass
+
+from trainup.flops import PEAK_TFLOPS
+from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, ZERO_STAGE, expected
+
+from . import perfmodel as pm
+from .activations import formula as activation_formula
+
+# Llama 3's 16K-GPU pre-training ran at 38-43 % BF16 MFU (Dubey et al. 2024, arXiv 2407.21783,
+# Table 4): a well-tuned large run's figure, the default a learner overrides with their own
+MFU = 0.40
+RECOMPUTE = ("none", "selective", "full")
+GPU_MEMORY_GB = (24, 40, 80, 141)  # an L4/RTX 4090, an A100 40GB, an A100/H100 80GB, an H200
+# The GPUs' memory, GB, from the datasheets (the 80 GB parts of A100 and H100)
+GPU_MEMORY = {"A100": 80, "H100": 80, "H200": 141, "V100": 32, "L4": 24, "T4": 16, "P100": 16}
+STAGE_LABEL = {"none": "DDP", "optimizer": "ZeRO-1", "gradients": "ZeRO-2", "parameters": "ZeRO-3"}
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A stack of trainup.transformer.Layer: attention (qkv, proj) and a 4h MLP, two LayerNorms."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+
+    def layer_params(self):
+        """qkv 3h^2+3h, proj h^2+h, fc1 4h^2+4h, fc2 4h^2+h, two LayerNorms 4h: 12h^2 + 13h."""
+        h = self.hidden
+        return 12 * h * h + 13 * h
+
+    def params(self):
+        return self.layers * self.layer_params()
+
+    def flops_per_sample(self):
+        """Forward and backward, 3 x the forward's 2 FLOPs per weight and token, plus attention's
+        scores and mixing, 2 x 2 s^2 h a layer forward (PaLM, Chowdhery et al. 2022, appendix B:
+        6N + 12 L h s per token)."""
+        return self.seq * (6 * self.params() + 12 * self.layers * self.hidden * self.seq)
+
+
+def llama_shaped(hidden, seq=4096):
+    """Llama's proportions: a head and a layer per 128 of width (Llama 2 7B: 4096 wide, 32 layers
+    of 32 heads; 13B: 5120, 40; 70B: 8192, 80)."""
+    return Transformer(layers=hidden // 128, hidden=hidden, heads=hidden // 128, seq=seq)
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    stage: str = "none"  # a trainup.sharding mode: none, optimizer, gradients, parameters
+    recompute: str = "none"  # lessons/activations: none, selective, full
+    micro: int = 1  # samples a micro-batch (per data-parallel replica)
+
+    @property
+    def gpus(self):
+        return self.dp * self.tp * self.pp
+
+    def label(self):
+        parts = [f"dp{self.dp}"] + [f"tp{self.tp}"] * (self.tp > 1)
+        parts += [f"pp{self.pp}"] * (self.pp > 1)
+        extra = [STAGE_LABEL[self.stage]] * (self.dp > 1) + [f"{self.recompute} recompute"] * (
+            self.recompute != "none")
+        return ", ".join([" x ".join(parts), *extra])
+
+
+def micro_batches(global_batch, layout):
+    """Micro-batches a replica runs per step (gradient accumulation, or the pipeline's m)."""
+    per_replica = global_batch // layout.dp
+    return max(1, per_replica // layout.micro)
+
+
+def states(params, layout, per_param=MIXED_ADAM):
+    """Bytes per GPU of (parameters, gradients, optimizer state): a GPU owns 1/tp of each layer's
+    weights and the layers of 1/pp of the stages; ZeRO shards its stage's states over dp (biases
+    and LayerNorms, replicated under tp, are counted as cut: 13h of a layer's 12h^2 + 13h)."""
+    return expected(layout.stage, params / (layout.tp * layout.pp), layout.dp, per_param)
+
+
+def memory(model, layout, global_batch, precision="bf16"):
+    """Bytes per GPU, term by term: dict(param, grad, optim, activations, total)."""
+    per_param = MIXED_ADAM if precision in ("bf16", "16") else FP32_ADAM
+    param, grad, optim = states(model.params(), layout, per_param)
+    value = 2 if precision in ("bf16", "16") else 4  # activations in the compute precision
+    one = activation_formula(layout.recompute, 1, model.hidden, model.heads, model.seq,
+                             layout.micro, value) / layout.tp
+    in_flight = min(layout.pp, micro_batches(global_batch, layout))
+    acts = model.layers / layout.pp * in_flight * one
+    return dict(param=param, grad=grad, optim=optim, activations=acts,
+                total=param + grad + optim + acts)
+
+
+def _group_link(size, inner, node):
+    """(alpha, beta) of a group of `size` GPUs whose members are `inner` GPUs apart: inside a node
+    while size x inner fits in one (Megatron's order: tp innermost, then dp, then pp)."""
+    return node.intra_link() if size * inner <= node.gpus else node.inter_link()
+
+
+def dp_all_reduce(n_bytes, layout, node):
+    """The gradients' all-reduce over dp: a ring inside a node, hierarchical across nodes (each
+    node's GPUs of one tp rank share its network)."""
+    if layout.dp == 1:
+        return 0.0
+    per_node = max(1, node.gpus // layout.tp)
+    if layout.dp <= per_node:
+        return pm.ring_all_reduce(n_bytes, layout.dp, *node.intra_link())
+    nodes = layout.dp // per_node
+    alpha, beta = node.inter_link()
+    return pm.hierarchical_all_reduce(n_bytes, nodes, per_node, node.intra_link(),
+                                      (alpha, beta / layout.tp))
+
+
+def step(model, layout, global_batch, node, precision="bf16", mfu=MFU):
+    """Predicted seconds of one step: dict(compute, dp, tp, bubble, total)."""
+    peak = PEAK_TFLOPS[node.gpu]["bf16" if precision in ("bf16", "16") else "32"] * 1e12
+    flops = global_batch * model.flops_per_sample()
+    # recomputation runs a forward again: full all of it (1/3 of a step), selective the scores
+    extra = {"none": 0.0, "selective": 4 * model.layers * model.hidden * model.seq ** 2,
+             "full": 2 * model.params() * model.seq + 4 * model.layers * model.hidden
+             * model.seq ** 2}[layout.recompute]
+    compute = (flops + global_batch * extra) / (layout.gpus * peak * mfu)
+    value = 2 if precision in ("bf16", "16") else 4
+    m = micro_batches(global_batch, layout)
+    # Megatron-LM: per layer and micro-batch, 2 all-reduces of b s h values forward, 2 backward
+    tp_bytes = layout.micro * model.seq * model.hidden * value
+    tp = 4 * model.layers / layout.pp * m * pm.ring_all_reduce(
+        tp_bytes, layout.tp, *_group_link(layout.tp, 1, node)) if layout.tp > 1 else 0.0
+    grads = model.params() / (layout.tp * layout.pp) * value
+    dp = dp_all_reduce(grads, layout, node) * (1.5 if ZERO_STAGE[layout.stage] == 3 else 1.0)
+    bubble = pm.bubble_share(layout.pp, m) if layout.pp > 1 else 0.0
+    total = pm.step_time(compute + tp, dp, buckets=8, bubble=bubble)
+    return dict(compute=compute, dp=dp, tp=tp, bubble=bubble, total=total)
+
+
+def layouts(gpus, model, node, stages=MODES, recompute=RECOMPUTE, micro=1):
+    """Every dp x tp x pp of `gpus` with tp inside a node and dividing the heads, pp dividing the
+    layers; each with every ZeRO stage (ZeRO with tp or pp left out: Megatron pairs them with
+    ZeRO-1 only) and every recomputation."""
+    out = []
+    for tp in (t for t in range(1, node.gpus + 1) if gpus % t == 0 and model.heads % t == 0
+               and node.gpus % t == 0):
+        for pp in (p for p in range(1, gpus // tp + 1) if (gpus // tp) % p == 0
+                   and model.layers % p == 0):
+            dp = gpus // (tp * pp)
+            for stage in stages:
+                # one replica: nothing to shard over; ZeRO-2/3 with tp or pp: Megatron pairs
+                # them with ZeRO-1 only
+                if (dp == 1 and stage != "none") or ((tp > 1 or pp > 1) and ZERO_STAGE[stage] > 1):
+                    continue
+                out += [Layout(dp, tp, pp, stage, r, micro) for r in recompute]
+    return out
+
+
+def plan(model, global_batch, gpus, node, memory_gb=None, precision="bf16", mfu=MFU, micro=1):
+    """Every layout with its bytes and predicted step, fitting ones first, fastest first: a
+    DataFrame (memory in GB of 1e9 bytes; the GPU's memory: memory_gb, or the node's)."""
+    import pandas as pd
+
+    memory_gb = memory_gb or GPU_MEMORY[node.gpu]
+    rows = []
+    for lay in layouts(gpus, model, node, micro=micro):
+        if global_batch % (lay.dp * lay.micro):
+            continue
+        mem, t = memory(model, lay, global_batch, precision), step(model, lay, global_batch, node,
+                                                                    precision, mfu)
+        rows.append(dict(layout=lay.label(), dp=lay.dp, tp=lay.tp, pp=lay.pp,
+                         zero=STAGE_LABEL[lay.stage], recompute=lay.recompute,
+                         states_gb=(mem["param"] + mem["grad"] + mem["optim"]) / 1e9,
+                         activations_gb=mem["activations"] / 1e9, total_gb=mem["total"] / 1e9,
+                         fits=mem["total"] <= memory_gb * 1e9, step_s=t["total"]))
+    df = pd.DataFrame(rows)
+    # fitting first, then fastest; of equal steps the one that holds fewer bytes
+    order = ["fits", "step_s", "total_gb"]
+    return df.sort_values(order, ascending=[False, True, True]).reset_index(drop=True)
+
+
+def largest_hidden(memory_gb, gpus, node, global_batch, precision="bf16", seq=4096, limit=65536):
+    """The widest Llama-shaped model (llama_shaped) for which some layout of `gpus` fits, and that
+    layout: (model, plan row) or (None, None). Widths step by 1024, so that heads and layers are
+    multiples of 8 and every tp and pp of up to 8 divides them."""
+    best = (None, None)
+    for hidden in range(1024, limit + 1, 1024):
+        model = llama_shaped(hidden, seq)
+        df = plan(model, global_batch, gpus, node, memory_gb, precision)
+        if df.empty or not df["fits"].iloc[0]:
+            break  # one wider needs more of every term: none wider fits either
+        best = (model, df.iloc[0])
+    return best
+
+
+def fits_table(node, gpus=8, global_batch=64, memory_gbs=GPU_MEMORY_GB, precision="bf16",
+               seq=4096):
+    """The largest Llama-shaped model each GPU memory holds on `gpus` GPUs, and how: a
+    DataFrame."""
+    import pandas as pd
+
+    rows = []
+    for gb in memory_gbs:
+        model, row = largest_hidden(gb, gpus, node, global_batch, precision, seq)
+        rows.append(dict(memory_gb=gb, params_b=model.params() / 1e9 if model else 0.0,
+                         hidden=model.hidden if model else 0, layers=model.layers if model else 0,
+                         layout=row["layout"] if model else "none fits",
+                         step_s=row["step_s"] if model else math.nan))
+    return pd.DataFrame(rows)

@@ -1,0 +1,96 @@
+"""lessons/planner.py: its parameter count against the course's transformer, its activation term
+against MemTracker's measurement, its time terms against hand computations, and its choices
+(what fits, the fastest first). Its model-state term is checked against a real two-process run in
+tests/test_fsdp.py."""
+
+import pytest
+
+from lessons import activations, hardware, perfmodel as pm, planner
+from trainup import transformer
+
+SMALL = planner.Transformer(layers=2, hidden=64, heads=4, seq=32)
+NODE = hardware.NODES["dgx_h100"]
+
+
+def test_the_parameter_count_is_the_course_transformers():
+    stack = transformer.stack(SMALL.layers, SMALL.hidden, SMALL.heads)
+    assert SMALL.params() == sum(p.numel() for p in stack.parameters())
+
+
+@pytest.mark.parametrize("mode", planner.RECOMPUTE)
+def test_the_activation_term_is_what_memtracker_measures(mode):
+    batch = 4
+    lay = planner.Layout(dp=1, recompute=mode, micro=batch)
+    planned = planner.memory(SMALL, lay, global_batch=batch, precision="32")["activations"]
+    measured = activations.held(mode, SMALL.layers, SMALL.hidden, SMALL.heads, SMALL.seq, batch)
+    assert planned == pytest.approx(measured, rel=0.10), (mode, planned, measured)
+
+
+def test_memory_by_hand():
+    m = planner.Transformer(layers=8, hidden=1024, heads=8, seq=512)
+    psi = m.params()
+    # ZeRO-1 over dp 4, bf16 with Adam (2+2+12): weights and gradients whole, the 12 bytes split
+    lay = planner.Layout(dp=4, tp=2, pp=2, stage="optimizer", micro=2)
+    mem = planner.memory(m, lay, global_batch=64, precision="bf16")
+    owned = psi / 4
+    assert (mem["param"], mem["grad"], mem["optim"]) == pytest.approx((2 * owned, 2 * owned,
+                                                                      12 * owned / 4))
+    # 1F1B: 8 micro-batches of 2, 2 in flight on the first stage, 4 layers each, split over tp 2
+    one_layer = 2 * (16 * 512 * 2 * 1024 + 8 * 512 * 512 * 2)
+    assert mem["activations"] == pytest.approx(4 * 2 * one_layer / 2)
+    assert mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k != "total"))
+
+
+def test_the_step_by_hand():
+    m = planner.Transformer(layers=4, hidden=512, heads=8, seq=256)
+    lay = planner.Layout(dp=2, tp=2, pp=2, micro=1)
+    t = planner.step(m, lay, global_batch=16, node=NODE, precision="bf16", mfu=0.5)
+    peak = 989e12
+    assert t["compute"] == pytest.approx(16 * m.flops_per_sample() / (8 * peak * 0.5))
+    # 8 micro-batches a replica; tp inside the node: 4 all-reduces a layer, 2 layers a stage
+    ar = pm.ring_all_reduce(256 * 512 * 2, 2, *NODE.intra_link())
+    assert t["tp"] == pytest.approx(4 * 2 * 8 * ar)
+    assert t["dp"] == pytest.approx(pm.ring_all_reduce(m.params() / 4 * 2, 2, *NODE.intra_link()))
+    assert t["bubble"] == pytest.approx(1 / 9)  # (p-1)/(m+p-1)
+    assert t["total"] == pytest.approx(pm.step_time(t["compute"] + t["tp"], t["dp"], buckets=8,
+                                                    bubble=1 / 9))
+
+
+def test_recomputation_costs_time_and_saves_memory():
+    m = planner.llama_shaped(2048, seq=2048)
+    by = {r: (planner.memory(m, planner.Layout(8, recompute=r), 64)["activations"],
+              planner.step(m, planner.Layout(8, recompute=r), 64, NODE)["compute"])
+          for r in planner.RECOMPUTE}
+    assert by["none"][0] > by["selective"][0] > by["full"][0]
+    assert by["none"][1] < by["selective"][1] < by["full"][1]
+    # full recomputation runs the forward again: about 4/3 of the step's FLOPs
+    assert by["full"][1] / by["none"][1] == pytest.approx(4 / 3, rel=0.05)
+
+
+def test_the_plan_puts_what_fits_first_and_the_fastest_of_it_first():
+    m = planner.llama_shaped(4096)  # about 6.4 billion parameters
+    df = planner.plan(m, global_batch=64, gpus=8, node=NODE)
+    assert df["fits"].iloc[0] and not df["fits"].iloc[-1]
+    fits = df[df["fits"]]
+    assert list(fits["step_s"]) == sorted(fits["step_s"])
+    assert (fits["total_gb"] <= 80).all() and (df[~df["fits"]]["total_gb"] > 80).all()
+    # plain DDP holds 16 bytes a parameter (bf16 weights and gradients, fp32 Adam): over 80 GB
+    ddp = df[(df["tp"] == 1) & (df["pp"] == 1) & (df["zero"] == "DDP")]
+    assert (ddp["states_gb"] > 100).all() and not ddp["fits"].any()
+    # every layout uses all 8 GPUs, tp within one node and dividing the heads
+    assert ((df["dp"] * df["tp"] * df["pp"]) == 8).all() and (m.heads % df["tp"] == 0).all()
+
+
+def test_a_model_too_large_for_the_gpus_fits_nowhere():
+    df = planner.plan(planner.llama_shaped(16384), global_batch=8, gpus=8, node=NODE)
+    assert not df["fits"].any()
+
+
+def test_more_memory_holds_a_larger_model():
+    t = planner.fits_table(NODE, gpus=8, memory_gbs=(24, 80, 141))
+    assert list(t["params_b"]) == sorted(t["params_b"]) and t["params_b"].iloc[0] > 0
+    assert len(set(t["params_b"])) == 3
+    for _, r in t.iterrows():  # the largest that fits: one 1024 wider does not
+        wider = planner.llama_shaped(r["hidden"] + 1024)
+        assert not planner.plan(wider, 64, 8, NODE, r["memory_gb"])["fits"].any()
+    assert t["step_s"].notna().all()
