@@ -1,23 +1,40 @@
-"""What only the notebooks (and the tests) use: running lessons, reading their logs, tables and plots.
+"""What only the notebooks (and the tests) use: running lessons, reading their logs, tables and
+plots.
 
 The lesson scripts never import this package; they import `trainup` (data, models, cli, metrics,
 checkpoint, devices, distributed...). Here:
 
 - report:  run a lesson script, read run logs back into tables, draw and save plots
 - launch:  start torchrun jobs from a notebook (one node, or two nodes simulated on this machine)
-- checks:  what must hold after a run (finished, schema, learned, same parameters, figures): notebooks assert them
-- claims:  sentences about measured results, their direction computed (rises/flattens, N× faster, a loaded machine)
+- checks:  what must hold after a run (finished, schema, learned, same parameters, figures):
+  notebooks assert them
+- claims:  sentences about measured results, their direction computed (rises/flattens, N× faster, a
+  loaded machine)
 - machine: lesson 00, what this machine has (CPUs, GPUs, backends) and leftover training processes
 - gpu:     lessons 02-03, GPU runs here and reference logs: tables, sweeps, utilisation plots
 - ddp:     lesson 04, what each rank did, and scaling (throughput, speedup, efficiency)
-- collectives: lesson 04, inside DDP: collectives, all_reduce bandwidth, buckets, no_sync, BatchNorm, errors
+- collectives: lesson 04, inside DDP: collectives, all_reduce bandwidth, buckets, no_sync,
+  BatchNorm, errors
 - slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
 - horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
-- pipeline: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation memory
-- lightning: lesson 07, Lightning beside the course's DDP script: what the Trainer chose, sync_dist, old 1.x flags
-- profiling: lesson 08, profiler traces read back (top operators, computation/communication overlap), TensorBoard
-- sharding: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas, collectives, the largest model
-- tensor_parallel: lesson 09, tensor parallelism and the 2-D mesh: bytes per rank, collectives per step
-- scaling_report: lesson 10, every run in one table, the equivalence table, the computed recommendation
-- equivalence: lesson 10, the proof: float64 runs against one process, one tolerance, the noise floor
+- schedules: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation
+  memory
+- lightning: lesson 07, Lightning beside the course's DDP script: what the Trainer chose,
+  sync_dist, old 1.x flags
+- traces:  lesson 08, profiler traces read back (top operators, computation/communication overlap),
+  TensorBoard
+- zero_stages: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas,
+  collectives, the largest model
+- tp_runs: lesson 09, tensor parallelism and the 2-D mesh: bytes per rank, collectives per step
+- scaling_report: lesson 10, every run in one table, the equivalence table, the computed
+  recommendation
+- equivalence: lesson 10, the proof: float64 runs against one process, one tolerance, the noise
+  floor
+- activations: lesson 09b, a transformer layer's activation bytes measured, and recomputation
+- perfmodel, hardware, predict, predict_plots: lesson 11, a step's time as arithmetic, published
+  links and
+  machines, the fits and predictions against published runs
+- planner: lesson 11 (with 09's and 09b's formulas), the layouts that fit a GPU's memory, the
+  fastest first
+- jobs, log_reader, placement: plumbing (one job runner, one log reader, the one device decision)
 """
