@@ -154,3 +154,8 @@ def test_11_cluster_crossover_and_checkpoint_budget():
     mtbf = pm.mtbf_hours(16_384, pm.failure_rate_per_gpu_hour(**predict.LLAMA3)) * 3600
     lost = pm.expected_overhead(pm.young_daly_interval(c, mtbf), c, mtbf, 120.0)
     assert 0 < c and math.isclose(lost, 0.10, rel_tol=1e-6)
+    from lessons import planner
+    node, model = hardware.NODES["juwels_booster"], planner.llama_shaped(5120)
+    n, row = s.fewest_gpus(model, 128, node, 40)
+    assert row["fits"] and row["total_gb"] <= 40
+    assert not planner.plan(model, 128, n // 2, node, 40)["fits"].any()  # half as many: none fits

@@ -1,7 +1,7 @@
 """Solutions to lesson 11's exercises. Run: python notebooks/solutions/11_predict_the_cluster.py"""
 import math
 
-from lessons import hardware, predict, slurm
+from lessons import hardware, planner, predict, slurm
 from lessons import perfmodel as pm
 
 MY_NODE = hardware.Node("my cluster: 8 A100 on NVLink, 8 InfiniBand NDR", "A100", 8, "nvlink3",
@@ -41,9 +41,23 @@ def checkpoint_budget(gpus=16_384, restart_s=120.0, share=0.10):
     return low
 
 
+def fewest_gpus(model, global_batch, node, memory_gb=None, most=1024):
+    """Exercise 4: the fewest GPUs (powers of 2) on which some layout of the planner fits, and the
+    fastest layout there: (gpus, plan row), or (None, None) up to `most`."""
+    gpus = 1
+    while gpus <= most:
+        table = planner.plan(model, global_batch, gpus, node, memory_gb)
+        if not table.empty and table["fits"].iloc[0]:
+            return gpus, table.iloc[0]
+        gpus *= 2
+    return None, None
+
+
 if __name__ == "__main__":
     print(my_cluster().round(2).to_string(index=False))
     link = hardware.LINKS["ib_hdr"]
     for p in (8, 64, 4096):
         print(f"{p} ranks over {link.name}: the tree wins below {crossover(p, link) / 1e3:.0f} KB")
     print(f"16,384 GPUs: a checkpoint may take {checkpoint_budget():.0f} s for 10 % lost")
+    n, row = fewest_gpus(planner.llama_shaped(5120), 128, hardware.NODES["juwels_booster"], 40)
+    print(f"Llama 2 13B's shape on A100s of 40 GB: {n} GPUs at least, {row['layout']}")
