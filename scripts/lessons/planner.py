@@ -164,8 +164,7 @@ def step(model, layout, global_batch, node, precision="bf16", mfu=MFU):
 
 def layouts(gpus, model, node, stages=MODES, recompute=RECOMPUTE, micro=1):
     """Every dp x tp x pp of `gpus` with tp inside a node and dividing the heads, pp dividing the
-    layers; each with every ZeRO stage (ZeRO with tp or pp left out: Megatron pairs them with
-    ZeRO-1 only) and every recomputation."""
+    layers; each with every ZeRO stage that applies (below) and every recomputation."""
     out = []
     for tp in (t for t in range(1, node.gpus + 1) if gpus % t == 0 and model.heads % t == 0
                and node.gpus % t == 0):
