@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# README command 2: set up, then run the tests (unit tests, real runs of the scripts on tiny data, and
-# nbval over every notebook in quick mode). Extra arguments go to pytest.
+# README command 2: set up, then run the tests (unit tests, real runs of the scripts on tiny data,
+# and nbval over every notebook in quick mode). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")"
 tools/setup_env.sh
-# TRAINUP_START_SLURM: the SLURM lesson may start (and, as root, install) a local SLURM for its jobs.
+# TRAINUP_START_SLURM: the SLURM lesson may start (and, as root, install) a local SLURM for its
+# jobs.
 export TRAINUP_QUICK=1 TRAINUP_START_SLURM=1
-exec .venv/bin/python -m pytest "$@"
+# Two pytest-xdist workers (more on a machine with more cores, at most 4): one process alone left a
+# third of 2 cores idle while jobs started. Each file runs whole on one worker (its fixtures' jobs
+# run once); the notebooks and the files that start the local SLURM run in order on one worker
+# (tests/conftest.py: serial_group). TRAINUP_TEST_WORKERS=0 runs everything in this one process.
+cores=$(nproc 2>/dev/null || echo 2)
+workers=${TRAINUP_TEST_WORKERS:-$(( cores < 2 ? 2 : (cores > 4 ? 4 : cores) ))}
+exec .venv/bin/python -m pytest -n "$workers" --no-loadscope-reorder "$@"

@@ -3,6 +3,7 @@
 TRAINUP_SCRIPTS_DIR points the tests at another copy of scripts/ (tests/test_breakages.py runs tests
 against copies with one deliberate defect each, to prove that the tests catch it).
 """
+import functools
 import os
 import signal
 import subprocess
@@ -18,6 +19,8 @@ sys.path.insert(0, str(SCRIPTS))
 
 
 def pytest_configure(config):
+    global _CONFIG
+    _CONFIG = config  # pytest_runtest_logreport reads where to share outcomes
     config.addinivalue_line("markers", "jobs(*names): the jobs of its module's fixture that the test reads "
                                        "(the fixture starts only those its selected tests read: wanted_jobs)")
 
@@ -43,18 +46,84 @@ def start_wanted(request, starters):
     return {name: finish_job(procs[name]) if name in procs else None for name in starters}
 
 
-# How each test of this session did on the unbroken course, by node id: tests/test_breakages.py reads it
-# (its targets must pass without a breakage) instead of running them all again.
+# How each test of this session did on the unbroken course, by node id: tests/test_breakages.py
+# reads it (its targets must pass without a breakage) instead of running them all again. Under
+# pytest-xdist (run_tests.sh runs the suite on 2 workers) each worker also appends its outcomes to
+# one file that the controller names, so that the worker running the breakages sees how the other
+# worker's targets did.
 OUTCOMES = {}
+_CONFIG = None
+SHARED_OUTCOMES = "trainup_outcomes"  # the key of that file's path in each worker's workerinput
+
+
+def plain_id(nodeid):
+    """A node id without the "@group" that xdist's loadgroup appends."""
+    return nodeid.split("@")[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's controller, once per worker: the one file of outcomes they all append to."""
+    config = node.config
+    if not hasattr(config, "_trainup_outcomes"):
+        folder = config._tmp_path_factory.mktemp("outcomes")
+        config._trainup_outcomes = Path(folder) / "outcomes.tsv"
+    node.workerinput[SHARED_OUTCOMES] = str(config._trainup_outcomes)
+
+
+def shared_outcomes(config):
+    """The other workers' outcomes so far (node id -> outcome); {} outside xdist."""
+    path = getattr(config, "workerinput", {}).get(SHARED_OUTCOMES)
+    if not path or not Path(path).exists():
+        return {}
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        nodeid, _, outcome = line.rpartition("\t")
+        out[nodeid] = "failed" if "failed" in (outcome, out.get(nodeid)) else outcome
+    return out
 
 
 def pytest_runtest_logreport(report):
+    nodeid = plain_id(report.nodeid)
     if report.failed:
-        OUTCOMES[report.nodeid] = "failed"
+        OUTCOMES[nodeid] = "failed"
     elif report.skipped or (report.when == "call" and report.passed):
-        OUTCOMES.setdefault(report.nodeid, "skipped" if report.skipped else "passed")
+        OUTCOMES.setdefault(nodeid, "skipped" if report.skipped else "passed")
+    else:
+        return
+    path = getattr(_CONFIG, "workerinput", {}).get(SHARED_OUTCOMES) if _CONFIG else None
+    if path:
+        with open(path, "a") as f:  # one short line per write: appends do not interleave
+            f.write(f"{nodeid}\t{OUTCOMES[nodeid]}\n")
 
 
+def serial_group(nodeid):
+    """The work unit a test runs in under pytest-xdist: its file (a module's fixtures run once), or
+    "serial" for the notebooks (in their order, as run_course.sh runs them) and every test file that
+    starts the local SLURM (one SLURM per machine: its daemons' ports are fixed)."""
+    path = plain_id(nodeid).split("::")[0]
+    return "serial" if path.startswith("notebooks/") or path in _slurm_files() else path
+
+
+@functools.cache
+def _slurm_files():
+    here = Path(__file__).parent
+    return {f"tests/{f.name}" for f in here.glob("test_*.py") if "local_slurm" in f.read_text()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's controller hands out whole work units (serial_group), in the order collected: the
+    breakages, collected last, are handed out after every test they break."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return serial_group(nodeid)
+    return Units(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The check of the checks runs last, after the tests it breaks have run on the unbroken course."""
     items.sort(key=lambda item: item.nodeid.startswith("tests/test_breakages.py"))  # stable: order kept
@@ -134,8 +203,9 @@ def assert_clean_error(proc, *words):
         assert w in err, err
 
 
-# Written into a folder put first on PYTHONPATH: Python imports it at start-up in every process (torchrun's
-# workers too) and logs each os.replace/os.rename with the process id. Nothing in scripts/ is changed.
+# Written into a folder put first on PYTHONPATH: Python imports it at start-up in every process
+# (torchrun's workers too) and logs each os.replace/os.rename with the process id. Nothing in
+# scripts/ is changed.
 _RENAME_WATCH = '''import os, sys
 _log = os.environ.get("TRAINUP_TEST_RENAMES")
 if _log:
@@ -192,10 +262,11 @@ def local_slurm(tmp_path_factory):
             assert not alive, f"still running after stop: {alive}"
 
 
-# Faults injected from outside the scripts (which hold no switch for them): put first on PYTHONPATH as
-# sitecustomize.py, with TRAINUP_FAIL_AT=RANK:STEP[:raise|exit|hang] that rank raises (the default), dies
-# at once or hangs just before its optimizer's STEP-th step (counted over the whole run), on the first
-# attempt only: a restarted worker (torchrun --max-restarts, a requeued SLURM step) runs clean.
+# Faults injected from outside the scripts (which hold no switch for them): put first on PYTHONPATH
+# as sitecustomize.py, with TRAINUP_FAIL_AT=RANK:STEP[:raise|exit|hang] that rank raises (the
+# default), dies at once or hangs just before its optimizer's STEP-th step (counted over the whole
+# run), on the first attempt only: a restarted worker (torchrun --max-restarts, a requeued SLURM
+# step) runs clean.
 FAULT_ENV = "TRAINUP_FAIL_AT"
 _FAULTS = '''import os
 _spec = os.environ.get("TRAINUP_FAIL_AT", "").split(":")

@@ -14,11 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import OUTCOMES, ROOT
+from conftest import OUTCOMES, ROOT, SHARED_OUTCOMES, plain_id, shared_outcomes
 
 # (what breaks, file under scripts/, text to replace, its replacement, the test that must fail)
 BREAKAGES = {
@@ -99,7 +100,8 @@ BREAKAGES = {
 }
 
 
-# the breakages whose test trains (seconds of jobs), each followed by one whose test runs in its own process
+# the breakages whose test trains (seconds of jobs), each followed by one whose test runs in its
+# own process
 TRAINS = ("all-reduce sums instead of averaging", "resume ignored", "every rank writes the checkpoint",
           "Hogwild workers on private copies", "Horovod sums the gradients instead of averaging",
           "Lightning seeds each rank differently", "ZeRO-2's reduce-scatter not divided by the world size",
@@ -154,12 +156,31 @@ def unbroken(targets, basetemp, scripts=ROOT / "scripts"):
     return failed
 
 
-def failing_unbroken(targets, basetemp, session=OUTCOMES):
-    """The targets that fail on the unbroken course: as this session ran them, where it did (conftest runs
-    this module last), and from a pytest of the others (this module run alone, or with -k)."""
-    ran = {} if os.environ.get("TRAINUP_SCRIPTS_DIR") else {t: session[t] for t in targets if t in session}
+def failing_unbroken(targets, basetemp, session=OUTCOMES, elsewhere=(), read=dict):
+    """The targets that fail on the unbroken course: as this session ran them, where it did (conftest
+    runs this module last), and from a pytest of the others (this module run alone, or with -k).
+    elsewhere: the targets another xdist worker runs in this session; their outcomes are awaited
+    (outcomes_elsewhere)."""
+    if os.environ.get("TRAINUP_SCRIPTS_DIR"):
+        session, elsewhere = {}, ()
+    ran = {t: session[t] for t in targets if t in session}
+    ran.update(outcomes_elsewhere([t for t in targets if t in elsewhere and t not in ran], read))
     missing = [t for t in targets if t not in ran]
     return [t for t, outcome in ran.items() if outcome == "failed"] + (unbroken(missing, basetemp) if missing else [])
+
+
+ELSEWHERE_WAIT_S = 1800  # far beyond the longest module: reaching it means a worker died
+
+
+def outcomes_elsewhere(targets, read, poll_s=2.0):
+    """How another xdist worker's run of these targets ended, waited for: the breakages are the last
+    work handed out, so every target is already running or queued on a worker that will report it."""
+    deadline = time.monotonic() + ELSEWHERE_WAIT_S
+    while True:
+        seen = read()
+        if all(t in seen for t in targets) or time.monotonic() > deadline:
+            return {t: seen[t] for t in targets if t in seen}
+        time.sleep(poll_s)
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +193,13 @@ def outcomes(tmp_path_factory, request):
     copies = {name: broken_copy(name, tmp_path_factory.mktemp("broken")) for name in ORDER if name in selected}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     targets = sorted({f"tests/{BREAKAGES[name][3]}" for name in copies})
-    with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
-        clean = pool.submit(failing_unbroken, targets, tmp_path_factory.mktemp("unbroken"))
+    # one more thread than cores: the unbroken check mostly waits (for the other xdist worker)
+    with ThreadPoolExecutor(max_workers=max(1, cores) + 1) as pool:
+        here = {plain_id(item.nodeid) for item in request.session.items}  # each worker collects all
+        xdist = SHARED_OUTCOMES in getattr(request.config, "workerinput", {})
+        elsewhere = {t for t in targets if t in here and t not in OUTCOMES} if xdist else set()
+        clean = pool.submit(failing_unbroken, targets, tmp_path_factory.mktemp("unbroken"), OUTCOMES,
+                            elsewhere, lambda: shared_outcomes(request.config))
         procs = {name: pool.submit(run_its_test, name, copy) for name, copy in copies.items() if copy}
         failing = clean.result()
         return {name: (copies[name], procs[name].result() if name in procs else None,
@@ -202,7 +228,13 @@ def test_a_target_that_fails_on_the_unbroken_course_is_reported(tmp_path):
     failed = unbroken(targets, tmp_path / "tmp")
     assert len(failed) == 1 and failed[0].endswith("test_fails_anyway.py::test_it"), failed
     assert unbroken(targets[1:], tmp_path / "tmp2") == []
-    # as the whole suite sees it: this session's outcome where it ran the target, a pytest where it did not
+    # as the whole suite sees it: this session's outcome where it ran the target, a pytest where it
+    # did not
     assert failing_unbroken(targets, tmp_path / "tmp3", session={targets[0]: "failed"}) == targets[:1]
     assert failing_unbroken(targets, tmp_path / "tmp4", session={targets[0]: "passed"}) == []
     assert failing_unbroken(targets, tmp_path / "tmp5", session={})[0].endswith("test_fails_anyway.py::test_it")
+    # under xdist: another worker's outcome, awaited, where that worker runs the target
+    later = iter([{}, {targets[0]: "failed"}])
+    one = targets[:1]
+    assert failing_unbroken(one, tmp_path / "tmp6", {}, set(one), lambda: next(later)) == one
+    assert failing_unbroken(one, tmp_path / "tmp7", {}, set(one), lambda: {one[0]: "passed"}) == []
