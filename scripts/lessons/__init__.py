@@ -16,6 +16,8 @@ checkpoint, devices, distributed...). Here:
 - collectives: lesson 04, inside DDP: collectives, all_reduce bandwidth, buckets, no_sync,
   BatchNorm, errors
 - slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
+- elastic: lesson 04c, elastic torchrun: two agents as two nodes, one lost and back; spot machines'
+  cost
 - horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
 - schedules: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation
   memory

@@ -196,10 +196,6 @@ class Stopper:
                             scaler=scaler, extra=extra)
         self.position = checkpoint.position(ckpt) if self.args.resume else None
         if self.position:
-            if self.position["world_size"] != self.comm.world_size:
-                raise UserError(f"checkpoint {ckpt} was stopped inside an epoch by a job of "
-                                f"{self.position['world_size']} process(es), and this one has {self.comm.world_size}: "
-                                f"resume with the same number, or from an epoch's end (another --run-name)")
             for name, obj in extra.items():
                 if obj is not None and name in self.position["extra"]:
                     obj.load_state_dict(self.position["extra"][name])
@@ -211,6 +207,8 @@ class Stopper:
         self.how, every = STOP_CHECK.get(device, STOP_CHECK["cuda"]) if self.comm.world_size > 1 else ("", 1)
         position = self.position if self.position and self.position["epoch"] == epoch else None
         self.position = None  # used once
+        if position and position["world_size"] != self.comm.world_size:
+            position = resized(position, self.comm.world_size, loader, self.watched["ckpt"])
         return Steps(self, loader, epoch, position, every * (getattr(self.args, "accumulate", None) or 1))
 
     def check(self):
@@ -256,6 +254,22 @@ class Stopper:
         log.summary(checkpoint=ckpt, status="stopped")
         self.comm.close()
         raise SystemExit(STOPPED_EXIT)
+
+
+def resized(position, world, loader, ckpt):
+    """A position saved inside an epoch by a job of another size, for this one (elastic torchrun: nodes
+    come and go). With the global batch kept and no sample repeated to even out the ranks' shares, step k
+    takes the same samples at any size (DistributedSampler deals them out in turn: rank r of W gets every
+    W-th), so the epoch goes on from the same step. The sums so far go to rank 0 (the job's totals are
+    what is logged); random states start afresh (a gone rank's dropout masks have nowhere to go)."""
+    old, n = position["world_size"], len(loader.dataset)
+    if n % old or n % world:
+        raise UserError(f"checkpoint {ckpt} was stopped inside an epoch by a job of {old} process(es), and "
+                        f"this one has {world}: {n} samples do not split evenly over both, so the rest of the "
+                        f"epoch would not be the same samples; resume with {old}, or from an epoch's end")
+    total = [sum(column) for column in zip(*(r["meter"] for r in position["ranks"]))]
+    ranks = [dict(rng=None, meter=total if r == 0 else [0.0] * len(total)) for r in range(world)]
+    return dict(position, world_size=world, ranks=ranks)
 
 
 def leave_to_main(args):
@@ -306,11 +320,12 @@ class Steps:
         started = time.perf_counter()
         # A DataLoader draws its base seed from the random generator when iterated: a stop at an epoch's
         # start was saved before that draw, one inside an epoch after it, so the states go back in that order.
-        if self.rank_state and not self.skip:
-            set_rng_state(self.rank_state["rng"])
+        rng = self.rank_state and self.rank_state["rng"]  # none after a resize (resized)
+        if rng and not self.skip:
+            set_rng_state(rng)
         batches = iter(_skipped(self.loader, self.skip))
-        if self.rank_state and self.skip:
-            set_rng_state(self.rank_state["rng"])
+        if rng and self.skip:
+            set_rng_state(rng)
         for step, batch in enumerate(batches, self.skip + 1):
             yield batch  # the script trains one step on it
             if step % self.every == 0 and self.stopper.due(self.epoch, step, self.every):

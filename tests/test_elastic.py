@@ -1,0 +1,78 @@
+"""Lesson 04c: an elastic torchrun job loses a node, goes on alone, takes the node back, and ends
+with the parameters of one process (float64, the same global batch at every size)."""
+
+import sys
+
+import pytest
+
+from conftest import SCRIPTS, finish_job, start_job
+from lessons import checks, elastic
+from lessons.log_reader import read_run
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory):
+    base = tmp_path_factory.mktemp("elastic")
+    logs, ckpt = base / "logs", base / "checkpoints"
+    one = start_job(
+        [
+            sys.executable,
+            str(SCRIPTS / "_trainup_ddp.py"),
+            *elastic.FLAGS,
+            "--quick",
+            "--run-name",
+            "one",
+            "--log-dir",
+            str(logs),
+            "--checkpoint-dir",
+            str(ckpt),
+        ],
+        elastic.environment(),
+    )
+    d = elastic.drill("elastic", logs, ckpt, show=lambda *_: None)
+    done = finish_job(one)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return d
+
+
+def test_the_job_loses_a_node_goes_on_alone_and_takes_it_back(drill):
+    starts = elastic.membership(drill.log)
+    killed = drill.events["node B killed"] - drill.events["node A started"]
+    before, after = starts[starts.start_s < killed], starts[starts.start_s > killed]
+    assert before.world_size.iloc[-1] == 2  # the kill hit a job of 2 nodes
+    assert after.world_size.tolist() == [1, 2]  # alone, then both again
+    assert (
+        after.restart_count.iloc[0] >= 1
+    )  # the loss was a failure: torchrun restarted the survivor
+    assert (
+        starts.per_rank_batch * starts.world_size == starts.global_batch
+    ).all()  # the global batch kept
+    assert drill.returncodes == {"node A": 0, "node B again": 0}
+
+
+def test_the_survivor_resumed_from_a_checkpoint_and_the_return_stopped_at_a_step(drill):
+    out = drill.outputs["node A"]
+    assert (
+        "another rank of this job is gone" in out
+        and "torchrun restart 1: resuming at epoch 2" in out
+    )
+    assert (
+        "SIGTERM: stopped in epoch" in out
+    )  # the node's return: the run saved where it was, at a step
+    costs = elastic.costs(drill)
+    assert (
+        costs["restart_after_loss_s"] > 0
+        and costs["rejoin_s"] > 0
+        and costs["training_lost_s"] > 0
+    )
+
+
+def test_the_elastic_job_ends_like_one_process(drill):
+    worst = checks.same_parameters("elastic", "one", checkpoint_dir=drill.checkpoint_dir)
+    assert worst <= checks.FLOAT64_ATOL
+    run = read_run(drill.log)
+    assert run["problems"] == [] and run["summary"]["status"] == "finished"
+    assert [e["epoch"] for e in run["epochs"]] == list(range(1, 7))
+    assert all(
+        e["samples"] == 1024 for e in run["epochs"]
+    )  # every epoch's samples, whatever the size
