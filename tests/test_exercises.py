@@ -166,6 +166,7 @@ def test_04c_spot_break_even_and_the_padded_return():
     s = solution("04c_elastic")
     rate = s.break_even(4.0, 1.2, 0.25)
     below, above = (elastic.spot_cost(10, 4.0, 1.2, r, 0.25) for r in (rate * 0.9, rate * 1.05))
-    assert below["spot_cost"] < below["on_demand_cost"] and above["spot_cost"] > above["on_demand_cost"]
+    assert below["spot_cost"] < below["on_demand_cost"]
+    assert above["spot_cost"] > above["on_demand_cost"]
     assert "1001 samples do not split evenly" in s.padded_return()
     assert s.padded_return(samples=1000) is None  # even: the epoch goes on from the step

@@ -125,8 +125,8 @@ def test_only_the_launchers_build_job_commands():
     builders = {p.name for p in (ROOT / "scripts" / "lessons").glob("*.py")
                 if re.search(r"\b(TORCHRUN|HOROVODRUN) \+", p.read_text())}
     # collectives.py starts _trainup_collectives.py, which chooses no device (its --backend does);
-    # elastic.py's drill runs CPU processes on any machine (its flags say --device cpu): it is about
-    # membership, and its proof compares with a one-process CPU run
+    # elastic.py's drill runs CPU processes on any machine (its flags say --device cpu): it is
+    # about membership, and its proof compares with a one-process CPU run
     assert builders <= {"launch.py", "horovod.py", "collectives.py", "elastic.py"}, builders
     assert "_trainup_collectives.py" not in placement.CHOOSES_DEVICE
     from lessons import elastic

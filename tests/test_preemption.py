@@ -324,30 +324,34 @@ def _stopped_by_two(tmp_path, world_size=2):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     args = SimpleNamespace(run_name="w", run_name_default=False, stop_signal="USR1", resume=True)
     ckpt = tmp_path / "w.pt"
-    ranks = [dict(rng=preempt.rng_state(), meter=[1.0, 2.0, 3.0]), dict(rng=None, meter=[4.0, 5.0, 6.0])]
+    ranks = [dict(rng=preempt.rng_state(), meter=[1.0, 2.0, 3.0]),
+             dict(rng=None, meter=[4.0, 5.0, 6.0])]
     checkpoint.save(ckpt, model, optimizer, scheduler, 0, args,
                     position=dict(epoch=1, step=2, world_size=world_size, ranks=ranks, extra={}))
     assert checkpoint.load(ckpt, model, optimizer, scheduler) == 1  # the stopped epoch, not the next
     return preempt.Stopper(args).watch(ckpt, None, model, optimizer, scheduler)
 
 
-def test_resuming_inside_an_epoch_with_another_world_size_goes_on_from_the_step(tmp_path, keep_signals):
-    """Elastic torchrun: a job of 2 stopped at step 2 goes on at step 3 in a job of 1, with the job's sums
-    so far; the batches it skips are the ones the 2 ranks took together (same global batch)."""
+def test_resuming_inside_an_epoch_with_another_world_size_goes_on_from_the_step(tmp_path,
+                                                                                keep_signals):
+    """Elastic torchrun: a job of 2 stopped at step 2 goes on at step 3 in a job of 1, with the
+    job's sums so far; the batches it skips are the ones the 2 ranks took together (same global
+    batch)."""
     stopper = _stopped_by_two(tmp_path)
     data = torch.utils.data.TensorDataset(torch.arange(8.0))
     steps = stopper.batches(torch.utils.data.DataLoader(data, batch_size=2), 1)
-    assert steps.skip == 2 and len(steps) == 2 and steps.meter.as_tensor().tolist() == [5.0, 7.0, 9.0]
+    assert steps.skip == 2 and len(steps) == 2
+    assert steps.meter.as_tensor().tolist() == [5.0, 7.0, 9.0]
     assert [b[0].tolist() for b in steps] == [[4.0, 5.0], [6.0, 7.0]]
 
 
-def test_resuming_inside_an_epoch_with_another_world_size_and_padded_shares_is_one_sentence(tmp_path,
-                                                                                            keep_signals):
+def test_resuming_inside_an_epoch_with_another_world_size_and_padded_shares_is_one_sentence(
+        tmp_path, keep_signals):
     from trainup import UserError
     stopper = _stopped_by_two(tmp_path)
     data = torch.utils.data.TensorDataset(torch.arange(7.0))  # 7 samples: 2 ranks would get 4 each
-    with pytest.raises(UserError, match=r"stopped inside an epoch by a job of 2 process\(es\), and this one has "
-                                        r"1: 7 samples do not split evenly"):
+    with pytest.raises(UserError, match=r"stopped inside an epoch by a job of 2 process\(es\), and "
+                                        r"this one has 1: 7 samples do not split evenly"):
         stopper.batches(torch.utils.data.DataLoader(data, batch_size=2), 1)
 
 

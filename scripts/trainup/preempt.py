@@ -257,16 +257,18 @@ class Stopper:
 
 
 def resized(position, world, loader, ckpt):
-    """A position saved inside an epoch by a job of another size, for this one (elastic torchrun: nodes
-    come and go). With the global batch kept and no sample repeated to even out the ranks' shares, step k
-    takes the same samples at any size (DistributedSampler deals them out in turn: rank r of W gets every
-    W-th), so the epoch goes on from the same step. The sums so far go to rank 0 (the job's totals are
-    what is logged); random states start afresh (a gone rank's dropout masks have nowhere to go)."""
+    """A position saved inside an epoch by a job of another size, for this one (elastic torchrun:
+    nodes come and go). With the global batch kept and no sample repeated to even out the ranks'
+    shares, step k takes the same samples at any size (DistributedSampler deals them out in turn:
+    rank r of W gets every W-th), so the epoch goes on from the same step. The sums so far go to
+    rank 0 (the job's totals are what is logged); random states start afresh (a gone rank's dropout
+    masks have nowhere to go)."""
     old, n = position["world_size"], len(loader.dataset)
     if n % old or n % world:
-        raise UserError(f"checkpoint {ckpt} was stopped inside an epoch by a job of {old} process(es), and "
-                        f"this one has {world}: {n} samples do not split evenly over both, so the rest of the "
-                        f"epoch would not be the same samples; resume with {old}, or from an epoch's end")
+        raise UserError(f"checkpoint {ckpt} was stopped inside an epoch by a job of {old} "
+                        f"process(es), and this one has {world}: {n} samples do not split evenly "
+                        f"over both, so the rest of the epoch would not be the same samples; resume "
+                        f"with {old}, or from an epoch's end")
     total = [sum(column) for column in zip(*(r["meter"] for r in position["ranks"]))]
     ranks = [dict(rng=None, meter=total if r == 0 else [0.0] * len(total)) for r in range(world)]
     return dict(position, world_size=world, ranks=ranks)
