@@ -9,8 +9,8 @@ tools/setup_env.sh
 export TRAINUP_QUICK=1 TRAINUP_START_SLURM=1
 # Two pytest-xdist workers (more on a machine with more cores, at most 4): one process alone left a
 # third of 2 cores idle while jobs started. Each file runs whole on one worker (its fixtures' jobs
-# run once); the notebooks and the files that start the local SLURM run in order on one worker
-# (tests/conftest.py: serial_group). TRAINUP_TEST_WORKERS=0 runs everything in this one process.
+# run once); the notebooks run in order on one worker (tests/conftest.py: serial_group).
+# TRAINUP_TEST_WORKERS=0 runs everything in this one process.
 cores=$(nproc 2>/dev/null || echo 2)
 workers=${TRAINUP_TEST_WORKERS:-$(( cores < 2 ? 2 : (cores > 4 ? 4 : cores) ))}
 exec .venv/bin/python -m pytest -n "$workers" --no-loadscope-reorder "$@"

@@ -3,7 +3,6 @@
 TRAINUP_SCRIPTS_DIR points the tests at another copy of scripts/ (tests/test_breakages.py runs tests
 against copies with one deliberate defect each, to prove that the tests catch it).
 """
-import functools
 import os
 import signal
 import subprocess
@@ -99,16 +98,11 @@ def pytest_runtest_logreport(report):
 
 def serial_group(nodeid):
     """The work unit a test runs in under pytest-xdist: its file (a module's fixtures run once), or
-    "serial" for the notebooks (in their order, as run_course.sh runs them) and every test file that
-    starts the local SLURM (one SLURM per machine: its daemons' ports are fixed)."""
+    "notebooks" for every notebook, in run_course.sh's order (lesson 10 reports the runs of the
+    lessons before it). The files that start a local SLURM are units like any other: each starts
+    its own (tools/local_slurm.sh: free ports, job ids of its own)."""
     path = plain_id(nodeid).split("::")[0]
-    return "serial" if path.startswith("notebooks/") or path in _slurm_files() else path
-
-
-@functools.cache
-def _slurm_files():
-    here = Path(__file__).parent
-    return {f"tests/{f.name}" for f in here.glob("test_*.py") if "local_slurm" in f.read_text()}
+    return "notebooks" if path.startswith("notebooks/") else path
 
 
 @pytest.hookimpl(optionalhook=True)

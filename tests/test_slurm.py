@@ -177,6 +177,29 @@ def test_jobs_show_in_the_queue_and_accounting(cpu_jobs):
     assert "COMPLETED" in slurm.queue()
 
 
+def test_a_second_local_slurm_runs_beside_this_one(local_slurm, tmp_path_factory, monkeypatch):
+    """Under pytest-xdist a test file's SLURM and the notebooks' run at once: the second takes other
+    ports and numbers its jobs from elsewhere (the templates derive ports and file names from it)."""
+    tmp = tmp_path_factory.mktemp("two")
+    batch = tmp / "id.sbatch"
+    batch.write_text("#!/bin/bash\necho job $SLURM_JOB_ID\n")
+    ids = {"first": slurm.submit(batch, sbatch_args=[f"--output={tmp}/first.out"])}
+    monkeypatch.setenv("TRAINUP_SLURM_DIR", str(tmp_path_factory.mktemp("s2")))
+    started, why = slurm.start()
+    try:
+        assert started == "running", why
+        ids["second"] = slurm.submit(batch, sbatch_args=[f"--output={tmp}/second.out"])
+        assert slurm.wait([ids["second"]], timeout=120) == {ids["second"]: "COMPLETED"}
+        ports = [(d / "slurm.conf").read_text().split("SlurmctldPort=")[1].split()[0]
+                 for d in (local_slurm, slurm.state_dir())]
+    finally:
+        slurm.stop()
+    monkeypatch.setenv("TRAINUP_SLURM_DIR", str(local_slurm))
+    assert slurm.wait([ids["first"]], timeout=120) == {ids["first"]: "COMPLETED"}
+    assert ports[0] != ports[1] and ids["first"] != ids["second"], (ports, ids)
+    assert [(tmp / f"{n}.out").read_text() for n in ids] == [f"job {j}\n" for j in ids.values()]
+
+
 @pytest.fixture(scope="module")
 def python_without_torch(tmp_path_factory):
     venv = tmp_path_factory.mktemp("venv")

@@ -91,6 +91,17 @@ def test_one_local_slurm_fixture_for_every_module():
     assert defining == ["conftest.py"], defining
 
 
+def test_the_notebooks_run_as_one_work_unit_and_each_test_file_as_its_own():
+    """Under pytest-xdist: lesson 10 reports the runs of the lessons before it, so the notebooks
+    keep their order on one worker; test files (those that start a SLURM too) spread out."""
+    from conftest import serial_group
+    cells = ("notebooks/04_ddp.ipynb::Cell 2", "notebooks/10_scaling_report.ipynb::Cell 0")
+    assert {serial_group(n) for n in cells} == {"notebooks"}
+    slurm_test = "tests/test_slurm.py::test_cpu_template_completes_through_sbatch[a-1-2]"
+    assert serial_group(slurm_test) == "tests/test_slurm.py"
+    assert serial_group("tests/test_ddp.py::test_x") != serial_group("tests/test_horovod.py::test_x")
+
+
 def test_each_step_of_the_ladder_stays_within_its_budget():
     from lessons import launch
     over = {f"{a} -> {b}": (launch.changed_lines(a, b), budget) for a, b, budget in launch.LADDER

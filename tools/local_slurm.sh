@@ -78,6 +78,9 @@ write_conf() {
 ClusterName=trainup
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld
+# Another local SLURM on this machine (a second course folder, a test beside a notebook) numbers
+# its jobs from elsewhere: the templates derive the rendezvous port and file names from the job id.
+FirstJobId=$(( (ctld - 16817) * 1000 + 1 ))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -133,13 +136,16 @@ start() {
   for n in "${NODES[@]}"; do mkdir -p "$DIR/spool/$n"; done
   chmod 700 "$DIR/munge"
   head -c 1024 /dev/urandom >"$DIR/munge/munge.key" && chmod 400 "$DIR/munge/munge.key"
+  # One start at a time on this machine: two that pick free ports together would pick the same.
+  exec 9>"${TMPDIR:-/tmp}/trainup-local-slurm.lock"
+  flock -w 120 9 || fail "another local SLURM took more than 120 s to start"
   write_conf
   munged --force --key-file="$DIR/munge/munge.key" --socket="$SOCKET" --pid-file="$DIR/run/munged.pid" \
-    --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed" ||
+    --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed" 9>&- ||
     fail "munged did not start; see $DIR/log/munged.log"
-  slurmctld -f "$CONF" -i || fail "slurmctld did not start; see $DIR/log/slurmctld.log"
+  slurmctld -f "$CONF" -i 9>&- || fail "slurmctld did not start; see $DIR/log/slurmctld.log"
   for n in "${NODES[@]}"; do
-    slurmd -f "$CONF" -N "$n" || fail "slurmd $n did not start; see $DIR/log/slurmd.$n.log"
+    slurmd -f "$CONF" -N "$n" 9>&- || fail "slurmd $n did not start; see $DIR/log/slurmd.$n.log"
   done
   # Ready when both nodes have registered and are idle (bounded: 30 s).
   local i idle
@@ -152,6 +158,7 @@ start() {
     stop_daemons quiet
     fail "the nodes did not register within 30 s; see $DIR/log/"
   fi
+  exec 9>&-  # its ports are taken now: the next start may look
   if [ -n "$owner" ]; then  # a watchdog: stop everything once the owner (a notebook kernel, a test run) is gone
     TRAINUP_SLURM_DIR=$DIR setsid nohup bash -c \
       'while kill -0 "$1" 2>/dev/null && [ -f "$2" ]; do sleep 2; done; exec "$3" stop' \
