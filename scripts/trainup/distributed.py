@@ -266,6 +266,8 @@ def release():
         gc.collect()
         mesh = sys.modules.get("torch.distributed.device_mesh")
         if mesh:  # DTensor caches meshes past the run, and a mesh keeps its groups (_pg_registry)
-            for held in (o for o in gc.get_objects() if isinstance(o, mesh.DeviceMesh)):
+            # by the class itself: DeviceMesh's isinstance is Python code that warns about some
+            # objects (torch.distributed.reduce_op), called for every object here
+            for held in (o for o in gc.get_objects() if mesh.DeviceMesh in type(o).__mro__):
                 held._pg_registry.clear()
         _LEFT.clear()
