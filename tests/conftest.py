@@ -124,7 +124,9 @@ def pytest_collection_modifyitems(config, items):
     have run on the unbroken course. Within each, the order is kept (a stable sort)."""
     def rank(item):
         path = plain_id(item.nodeid)
-        return 0 if path.startswith("notebooks/") else 2 if path.startswith("tests/test_breakages.py") else 1
+        if path.startswith("notebooks/"):
+            return 0
+        return 2 if path.startswith("tests/test_breakages.py") else 1
     items.sort(key=rank)
 
 

@@ -35,7 +35,8 @@ def container(job):
 def operator_env(job):
     """What the training operator adds to each pod of an elastic PyTorchJob (elastic.go)."""
     policy = job["spec"]["elasticPolicy"]
-    port = next(p["containerPort"] for p in container(job)["ports"] if p["name"] == "pytorchjob-port")
+    port = next(p["containerPort"] for p in container(job)["ports"]
+                if p["name"] == "pytorchjob-port")
     return {"PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
             "PET_RDZV_BACKEND": policy["rdzvBackend"],
             "PET_RDZV_ENDPOINT": f"{job['metadata']['name']}-worker-0:{port}",
@@ -46,8 +47,8 @@ def test_an_elastic_pytorchjob_between_one_and_two_pods(job):
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     policy = job["spec"]["elasticPolicy"]
     spec, _ = worker(job)
-    assert policy["rdzvBackend"] == "c10d"  # the rendezvous lesson 04c runs (the operator's only one)
-    assert 1 <= policy["minReplicas"] < policy["maxReplicas"] and spec["replicas"] == policy["maxReplicas"]
+    assert policy["rdzvBackend"] == "c10d"  # lesson 04c's rendezvous (the operator's only one)
+    assert 1 <= policy["minReplicas"] < policy["maxReplicas"] == spec["replicas"]
     assert spec["restartPolicy"] == "OnFailure"  # a pod that failed is started again and rejoins
 
 
@@ -85,5 +86,5 @@ def test_the_image_holds_the_pinned_packages_and_the_scripts():
     assert re.search(r"^RUN pip install .*-r requirements\.txt", dockerfile, re.M)
     assert re.search(r"^COPY scripts/ scripts/", dockerfile, re.M)
     workdir = re.search(r"^WORKDIR (\S+)", dockerfile, re.M).group(1)
-    assert f"PYTHONPATH={workdir}/scripts" in dockerfile  # `import trainup`, as the .venv's .pth does
+    assert f"PYTHONPATH={workdir}/scripts" in dockerfile  # `import trainup`, as in the .venv
     assert all(os.path.exists(ROOT / p) for p in ("requirements.txt", "scripts", "data"))

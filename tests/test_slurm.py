@@ -178,8 +178,9 @@ def test_jobs_show_in_the_queue_and_accounting(cpu_jobs):
 
 
 def test_a_second_local_slurm_runs_beside_this_one(local_slurm, tmp_path_factory, monkeypatch):
-    """Under pytest-xdist a test file's SLURM and the notebooks' run at once: the second takes other
-    ports and numbers its jobs from elsewhere (the templates derive ports and file names from it)."""
+    """Under pytest-xdist a test file's SLURM and the notebooks' run at once: the second takes
+    other ports and numbers its jobs from elsewhere (the templates derive ports and file names
+    from the job id)."""
     tmp = tmp_path_factory.mktemp("two")
     batch = tmp / "id.sbatch"
     batch.write_text("#!/bin/bash\necho job $SLURM_JOB_ID\n")

@@ -99,7 +99,8 @@ def test_the_notebooks_run_as_one_work_unit_and_each_test_file_as_its_own():
     assert {serial_group(n) for n in cells} == {"notebooks"}
     slurm_test = "tests/test_slurm.py::test_cpu_template_completes_through_sbatch[a-1-2]"
     assert serial_group(slurm_test) == "tests/test_slurm.py"
-    assert serial_group("tests/test_ddp.py::test_x") != serial_group("tests/test_horovod.py::test_x")
+    ddp, horovod = "tests/test_ddp.py::test_x", "tests/test_horovod.py::test_x"
+    assert serial_group(ddp) != serial_group(horovod)
 
 
 def test_each_step_of_the_ladder_stays_within_its_budget():
