@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,8 @@ sys.path.insert(0, str(SCRIPTS))
 
 def pytest_configure(config):
     global _CONFIG
-    _CONFIG = config  # pytest_runtest_logreport reads where to share outcomes
+    _CONFIG = config  # record_outcome reads where to share outcomes
+    config.pluginmanager.register(_Outcomes(), "trainup-outcomes")
     config.addinivalue_line("markers", "jobs(*names): the jobs of its module's fixture that the test reads "
                                        "(the fixture starts only those its selected tests read: wanted_jobs)")
 
@@ -82,7 +84,14 @@ def shared_outcomes(config):
     return out
 
 
-def pytest_runtest_logreport(report):
+class _Outcomes:
+    """Registered as a plugin (pytest_configure): a conftest's own runtest hooks hear only of the
+    items below its folder, and notebook_passed reads the notebooks' cells too."""
+    def pytest_runtest_logreport(self, report):
+        record_outcome(report)
+
+
+def record_outcome(report):
     nodeid = plain_id(report.nodeid)
     if report.failed:
         OUTCOMES[nodeid] = "failed"
@@ -126,8 +135,37 @@ def pytest_collection_modifyitems(config, items):
         path = plain_id(item.nodeid)
         if path.startswith("notebooks/"):
             return 0
-        return 2 if path.startswith("tests/test_breakages.py") else 1
+        if path.startswith("tests/test_breakages.py"):
+            return 3
+        # a file that reads a notebook's runs (notebook_passed) after the other files: by then the
+        # notebooks' worker has long made them, and no worker waits
+        return 2 if getattr(getattr(item, "module", None), "READS_NOTEBOOK", None) else 1
     items.sort(key=rank)
+
+
+NOTEBOOK_WAIT_S = 1800  # far beyond the notebooks' whole run: reaching it means a worker died
+
+
+def notebook_passed(request, notebook, poll_s=2.0):
+    """Whether this session runs `notebook` ("notebooks/04c_elastic.ipynb") on the unbroken course
+    and every one of its cells passed, waited for where another xdist worker runs it: a test that
+    would make one of that notebook's runs again reads the notebook's instead (one job, run once).
+    False where this session does not run it (a test file run alone, the breakages' copies), where
+    a cell failed or it did not end in time: the test then makes the run itself."""
+    if os.environ.get("TRAINUP_SCRIPTS_DIR"):
+        return False
+    cells = {plain_id(item.nodeid) for item in request.session.items
+             if plain_id(item.nodeid).startswith(f"{notebook}::")}
+    xdist = SHARED_OUTCOMES in getattr(request.config, "workerinput", {})
+    deadline = time.monotonic() + NOTEBOOK_WAIT_S
+    while cells:
+        seen = {**shared_outcomes(request.config), **OUTCOMES}
+        if cells <= seen.keys():
+            return all(seen[cell] == "passed" for cell in cells)
+        if not xdist or time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return False
 
 
 HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means the job hung, and the test fails

@@ -5,37 +5,35 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, finish_job, start_job
+from conftest import ROOT, SCRIPTS, finish_job, notebook_passed, start_job
 from lessons import checks, elastic
 from lessons.log_reader import read_run
 
+# Notebook 04c makes this very drill and its one-process run (elastic.FLAGS): in a session that runs
+# the notebook, these tests check the notebook's (conftest runs this file after the others).
+READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
+
 
 @pytest.fixture(scope="module")
-def drill(tmp_path_factory):
+def drill(tmp_path_factory, request):
+    """The drill and the name of its one-process run: the notebook's where this session ran it."""
+    if notebook_passed(request, READS_NOTEBOOK):
+        d = elastic.load("elastic", ROOT / "logs", ROOT / "checkpoints")
+        assert d is not None, "notebook 04c passed without leaving its drill's record"
+        return d, "elastic_one"
     base = tmp_path_factory.mktemp("elastic")
     logs, ckpt = base / "logs", base / "checkpoints"
-    one = start_job(
-        [
-            sys.executable,
-            str(SCRIPTS / "_trainup_ddp.py"),
-            *elastic.FLAGS,
-            "--quick",
-            "--run-name",
-            "one",
-            "--log-dir",
-            str(logs),
-            "--checkpoint-dir",
-            str(ckpt),
-        ],
-        elastic.environment(),
-    )
+    one = start_job([sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *elastic.FLAGS, "--quick",
+                     "--run-name", "one", "--log-dir", str(logs), "--checkpoint-dir", str(ckpt)],
+                    elastic.environment())
     d = elastic.drill("elastic", logs, ckpt, show=lambda *_: None)
     done = finish_job(one)
     assert done.returncode == 0, done.stderr[-3000:]
-    return d
+    return d, "one"
 
 
 def test_the_job_loses_a_node_goes_on_alone_and_takes_it_back(drill):
+    drill, _ = drill
     starts = elastic.membership(drill.log)
     killed = drill.events["node B killed"] - drill.events["node A started"]
     before, after = starts[starts.start_s < killed], starts[starts.start_s > killed]
@@ -51,6 +49,7 @@ def test_the_job_loses_a_node_goes_on_alone_and_takes_it_back(drill):
 
 
 def test_the_survivor_resumed_from_a_checkpoint_and_the_return_stopped_at_a_step(drill):
+    drill, _ = drill
     out = drill.outputs["node A"]
     assert (
         "another rank of this job is gone" in out
@@ -68,7 +67,8 @@ def test_the_survivor_resumed_from_a_checkpoint_and_the_return_stopped_at_a_step
 
 
 def test_the_elastic_job_ends_like_one_process(drill):
-    worst = checks.same_parameters("elastic", "one", checkpoint_dir=drill.checkpoint_dir)
+    drill, one = drill
+    worst = checks.same_parameters("elastic", one, checkpoint_dir=drill.checkpoint_dir)
     assert worst <= checks.FLOAT64_ATOL
     run = read_run(drill.log)
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
@@ -76,3 +76,10 @@ def test_the_elastic_job_ends_like_one_process(drill):
     assert all(
         e["samples"] == 1024 for e in run["epochs"]
     )  # every epoch's samples, whatever the size
+
+
+def test_a_finished_drill_reads_back_from_its_files(drill):
+    """What notebook_passed's sharing reads: the drill as drill() returned it."""
+    drill, _ = drill
+    assert elastic.load("elastic", drill.log.parent, drill.checkpoint_dir) == drill
+    assert elastic.load("no_such_drill", drill.log.parent, drill.checkpoint_dir) is None

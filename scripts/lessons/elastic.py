@@ -11,6 +11,7 @@ run saves where it is, at the step) and the next rendezvous closes with 2. Every
     from lessons import elastic
     drill = elastic.drill("elastic")   # the job, the kill and the return: an elastic.Drill
     elastic.membership(drill.log)      # each start's time, world size and restart count
+    elastic.load("elastic")            # that drill again, read from its files
 """
 
 import json
@@ -106,7 +107,8 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
         ROOT / log_dir,
         ROOT / checkpoint_dir,
     )  # an absolute folder stays as it is
-    for old in (log_dir / f"{run}.jsonl", log_dir / f"{run}.stdout", checkpoint_dir / f"{run}.pt"):
+    for old in (log_dir / f"{run}.jsonl", log_dir / f"{run}.stdout", checkpoint_dir / f"{run}.pt",
+                log_dir / f"{run}.drill.json"):
         old.unlink(
             missing_ok=True
         )  # --resume is on every start: a fresh drill starts from nothing
@@ -167,7 +169,26 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     for name, code in d.returncodes.items():
         if code != 0:
             raise failed(f"{name}'s torchrun", d.outputs[name], code)
+    # the drill's times beside its log, so that it can be read again later (load) without redoing it
+    record = log_dir / f"{run}.drill.json"
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(events=d.events, returncodes=d.returncodes)))
+    os.replace(tmp, record)  # whole or absent
     return d
+
+
+def load(run, log_dir="logs", checkpoint_dir="checkpoints"):
+    """The drill `run` as drill() returned it, read back from its files (its log, its record and
+    the agents' outputs); None where no finished drill of that name is there."""
+    log_dir, checkpoint_dir = ROOT / log_dir, ROOT / checkpoint_dir
+    record = log_dir / f"{run}.drill.json"
+    if not record.exists():
+        return None
+    saved = json.loads(record.read_text())
+    outputs = {name: (log_dir / f"{run}_{name.replace(' ', '_')}.agent").read_text()
+               for name in ("node A", "node B", "node B again")}
+    return Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir, events=saved["events"],
+                 outputs=outputs, returncodes=saved["returncodes"])
 
 
 def records(log):
