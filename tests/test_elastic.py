@@ -9,8 +9,8 @@ from conftest import ROOT, SCRIPTS, finish_job, notebook_passed, start_job
 from lessons import checks, elastic
 from lessons.log_reader import read_run
 
-# Notebook 04c makes this very drill and its one-process run (elastic.FLAGS): in a session that runs
-# the notebook, these tests check the notebook's (conftest runs this file after the others).
+# Notebook 04c makes this very drill and its one-process run (elastic.FLAGS): in a session that
+# runs the notebook, these tests check the notebook's (conftest runs this file after the others).
 READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
 
 

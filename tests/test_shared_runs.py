@@ -1,6 +1,7 @@
 """A test that would make one of a notebook's runs again reads the notebook's instead, where the
-session runs that notebook and every cell of it passed (conftest.notebook_passed): one job, run once.
-Everywhere else (a test file alone, the breakages' copies, a cell that failed) the test makes its own."""
+session runs that notebook and every cell of it passed (conftest.notebook_passed): one job, run
+once. Everywhere else (a test file alone, the breakages' copies, a cell that failed) the test makes
+its own."""
 from types import SimpleNamespace
 
 import conftest
@@ -12,7 +13,7 @@ CELLS = [f"{NOTEBOOK}::Cell {i}" for i in range(3)]
 
 def request_for(nodeids, workerinput=None):
     items = [SimpleNamespace(nodeid=n) for n in nodeids]
-    config = SimpleNamespace(workerinput=workerinput) if workerinput is not None else SimpleNamespace()
+    config = SimpleNamespace() if workerinput is None else SimpleNamespace(workerinput=workerinput)
     return SimpleNamespace(session=SimpleNamespace(items=items), config=config)
 
 

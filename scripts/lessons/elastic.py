@@ -169,7 +169,7 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     for name, code in d.returncodes.items():
         if code != 0:
             raise failed(f"{name}'s torchrun", d.outputs[name], code)
-    # the drill's times beside its log, so that it can be read again later (load) without redoing it
+    # the drill's times beside its log: it can be read again later (load) without redoing it
     record = log_dir / f"{run}.drill.json"
     tmp = record.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(events=d.events, returncodes=d.returncodes)))
@@ -187,8 +187,8 @@ def load(run, log_dir="logs", checkpoint_dir="checkpoints"):
     saved = json.loads(record.read_text())
     outputs = {name: (log_dir / f"{run}_{name.replace(' ', '_')}.agent").read_text()
                for name in ("node A", "node B", "node B again")}
-    return Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir, events=saved["events"],
-                 outputs=outputs, returncodes=saved["returncodes"])
+    return Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir,
+                 events=saved["events"], outputs=outputs, returncodes=saved["returncodes"])
 
 
 def records(log):
