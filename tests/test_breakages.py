@@ -156,17 +156,31 @@ def unbroken(targets, basetemp, scripts=ROOT / "scripts"):
     return failed
 
 
-def failing_unbroken(targets, basetemp, session=OUTCOMES, elsewhere=(), read=dict):
+def failing_unbroken(targets, basetemp, session=OUTCOMES, elsewhere=(), read=dict, ids=None):
     """The targets that fail on the unbroken course: as this session ran them, where it did (conftest
     runs this module last), and from a pytest of the others (this module run alone, or with -k).
     elsewhere: the targets another xdist worker runs in this session; their outcomes are awaited
-    (outcomes_elsewhere)."""
+    (outcomes_elsewhere). ids: a target's test ids in the session (a parametrized test's, one per
+    parameter: session_ids); a target ran where every one did, and failed where one did."""
     if os.environ.get("TRAINUP_SCRIPTS_DIR"):
         session, elsewhere = {}, ()
-    ran = {t: session[t] for t in targets if t in session}
-    ran.update(outcomes_elsewhere([t for t in targets if t in elsewhere and t not in ran], read))
+    ids = ids or {}
+    def outcome(t, seen):
+        of = [seen.get(i) for i in ids.get(t, [t])]
+        return None if None in of else "failed" if "failed" in of else "passed"
+    ran = {t: outcome(t, session) for t in targets if outcome(t, session)}
+    waited = [i for t in targets if t in elsewhere and t not in ran for i in ids.get(t, [t])]
+    seen = {**session, **outcomes_elsewhere(waited, read)}
+    ran.update({t: outcome(t, seen) for t in targets if t in elsewhere and outcome(t, seen)})
     missing = [t for t in targets if t not in ran]
     return [t for t, outcome in ran.items() if outcome == "failed"] + (unbroken(missing, basetemp) if missing else [])
+
+
+def session_ids(targets, here):
+    """Each target's test ids among the session's: itself, or a parametrized test's every
+    parameter ("tests/test_fsdp.py::test_x" -> "...::test_x[none]", ...); [] where it has none."""
+    return {t: [i for i in here if i == t or (i.startswith(f"{t}[") and i.endswith("]"))]
+            for t in targets}
 
 
 ELSEWHERE_WAIT_S = 1800  # far beyond the longest module: reaching it means a worker died
@@ -196,10 +210,11 @@ def outcomes(tmp_path_factory, request):
     # one more thread than cores: the unbroken check mostly waits (for the other xdist worker)
     with ThreadPoolExecutor(max_workers=max(1, cores) + 1) as pool:
         here = {plain_id(item.nodeid) for item in request.session.items}  # each worker collects all
+        ids = {t: found for t, found in session_ids(targets, here).items() if found}
         xdist = SHARED_OUTCOMES in getattr(request.config, "workerinput", {})
-        elsewhere = {t for t in targets if t in here and t not in OUTCOMES} if xdist else set()
+        elsewhere = {t for t in ids if not all(i in OUTCOMES for i in ids[t])} if xdist else set()
         clean = pool.submit(failing_unbroken, targets, tmp_path_factory.mktemp("unbroken"), OUTCOMES,
-                            elsewhere, lambda: shared_outcomes(request.config))
+                            elsewhere, lambda: shared_outcomes(request.config), ids)
         procs = {name: pool.submit(run_its_test, name, copy) for name, copy in copies.items() if copy}
         failing = clean.result()
         return {name: (copies[name], procs[name].result() if name in procs else None,
@@ -238,3 +253,19 @@ def test_a_target_that_fails_on_the_unbroken_course_is_reported(tmp_path):
     one = targets[:1]
     assert failing_unbroken(one, tmp_path / "tmp6", {}, set(one), lambda: next(later)) == one
     assert failing_unbroken(one, tmp_path / "tmp7", {}, set(one), lambda: {one[0]: "passed"}) == []
+
+
+def test_a_parametrized_target_is_read_from_its_parameters_outcomes(tmp_path):
+    """A target named without its parameters (test_fsdp's every mode) is each of its parameters'
+    tests in the session: read from their outcomes, not run again in a pytest of its own."""
+    target = "tests/test_x.py::test_mode"
+    here = {f"{target}[none]", f"{target}[zero2]", "tests/test_x.py::test_model", target + "_b"}
+    ids = session_ids([target], here)
+    assert sorted(ids[target]) == [f"{target}[none]", f"{target}[zero2]"]
+    passed = {i: "passed" for i in ids[target]}
+    # a pytest of the target itself would fail (no such file): [] means none ran
+    assert failing_unbroken([target], tmp_path / "a", passed, ids=ids) == []
+    one_failed = {**passed, f"{target}[zero2]": "failed"}
+    assert failing_unbroken([target], tmp_path / "b", one_failed, ids=ids) == [target]
+    later = iter([{}, passed])  # under xdist: another worker's parameters, awaited
+    assert failing_unbroken([target], tmp_path / "c", {}, {target}, lambda: next(later), ids) == []
