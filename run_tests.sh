@@ -7,6 +7,11 @@ tools/setup_env.sh
 # TRAINUP_START_SLURM: the SLURM lesson may start (and, as root, install) a local SLURM for its
 # jobs.
 export TRAINUP_QUICK=1 TRAINUP_START_SLURM=1
+# Two workers keep more threads busy than there are cores: torch's OpenMP threads, waiting for
+# work, sleep instead of spinning (libgomp's OMP_WAIT_POLICY). Measured 2026-11-25 on 2 loaded
+# cores: a two-thread quick run took 6.4 CPU-seconds instead of 7.4, in no more time. The sums
+# (and so every result) are the same; the learner's own runs keep the default.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 # Two pytest-xdist workers (more on a machine with more cores, at most 4): one process alone left a
 # third of 2 cores idle while jobs started. Each file runs whole on one worker (its fixtures' jobs
 # run once); the notebooks run in order on one worker (tests/conftest.py: serial_group).

@@ -139,3 +139,11 @@ def test_notebooks_and_solutions_import_the_installed_course_without_editing_sys
     text = (ROOT / "pyproject.toml").read_text()
     assert 'package-dir = {"" = "scripts"}' in text and 'packages = ["trainup", "lessons"]' in text
     assert "--editable ." in (ROOT / "tools" / "setup_env.sh").read_text()
+
+
+def test_the_test_command_lets_waiting_openmp_threads_sleep():
+    """run_tests.sh runs two workers on the cores: spinning OpenMP threads would burn the CPU that
+    the other worker's jobs need (the learner's own runs keep libgomp's default)."""
+    text = (ROOT / "run_tests.sh").read_text()
+    assert "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}" in text
+    assert "OMP_WAIT_POLICY" not in (ROOT / "run_course.sh").read_text()
