@@ -2,6 +2,13 @@
 tests, -> trainup), no import cycle inside a package, and module names that say which package they are
 in (no name in both). Read from the source (ast), so it costs no import of torch."""
 import ast
+import ctypes
+import os
+import re
+import subprocess
+import sys
+
+import pytest
 
 from conftest import ROOT, SCRIPTS
 
@@ -147,3 +154,34 @@ def test_the_test_command_lets_waiting_openmp_threads_sleep():
     text = (ROOT / "run_tests.sh").read_text()
     assert "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}" in text
     assert "OMP_WAIT_POLICY" not in (ROOT / "run_course.sh").read_text()
+
+
+MMAPPED_BLOCKS = r'''
+import ctypes
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):  # glibc's struct mallinfo2: hblks is the count of mmapped blocks
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+block = bytearray(64 * 2**20)  # a float64 step's size: 64 MB
+print(libc.mallinfo2().hblks)
+'''
+
+
+def test_the_test_command_keeps_freed_blocks_for_reuse():
+    """run_tests.sh's MALLOC_* settings reach glibc: a 64 MB block comes from the heap, which keeps
+    it when freed, instead of a mapping the kernel zeroes again every step (the learner's own runs
+    keep glibc's default)."""
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("not glibc 2.33 or later: its malloc settings do not apply")
+    text = (ROOT / "run_tests.sh").read_text()
+    found = dict(re.findall(r"export (MALLOC_\w+)=\$\{\1:-(\d+)\}", text))
+    assert sorted(found) == ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"], found
+    assert "MALLOC_" not in (ROOT / "run_course.sh").read_text()
+
+    def mapped(env):
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        return int(subprocess.run([sys.executable, "-c", MMAPPED_BLOCKS], env={**clean, **env},
+                                  capture_output=True, text=True, check=True).stdout)
+    assert mapped({}) >= 1  # glibc's default: a block this large is mapped, and unmapped on free
+    assert mapped(found) == 0
