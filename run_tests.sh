@@ -21,7 +21,8 @@ export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-1000000000}
 export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-1000000000}
 # Two pytest-xdist workers (more on a machine with more cores, at most 4): one process alone left a
 # third of 2 cores idle while jobs started. Each file runs whole on one worker (its fixtures' jobs
-# run once); the notebooks run in order on one worker (tests/conftest.py: serial_group).
+# run once); the notebooks run as two units, each in order, side by side at the start
+# (tests/conftest.py: serial_group).
 # TRAINUP_TEST_WORKERS=0 runs everything in this one process.
 cores=$(nproc 2>/dev/null || echo 2)
 workers=${TRAINUP_TEST_WORKERS:-$(( cores < 2 ? 2 : (cores > 4 ? 4 : cores) ))}

@@ -90,6 +90,9 @@ class _Outcomes:
     def pytest_runtest_logreport(self, report):
         record_outcome(report)
 
+    def pytest_runtest_setup(self, item):
+        wait_for_earlier_notebooks(item)
+
 
 def record_outcome(report):
     nodeid = plain_id(report.nodeid)
@@ -105,13 +108,42 @@ def record_outcome(report):
             f.write(f"{nodeid}\t{OUTCOMES[nodeid]}\n")
 
 
+# Under pytest-xdist the notebooks are two work units, each in run_course.sh's order, that start
+# side by side on two workers: one unit was the longest of the suite. The second begins at
+# SECOND_UNIT. Lesson 10 (READS_EARLIER) reports the runs of every lesson before it, so its cells
+# wait until the first unit's notebooks have run (wait_for_earlier_notebooks).
+SECOND_UNIT = "notebooks/04c_elastic.ipynb"
+READS_EARLIER = "notebooks/10_scaling_report.ipynb"
+
+
 def serial_group(nodeid):
     """The work unit a test runs in under pytest-xdist: its file (a module's fixtures run once), or
-    "notebooks" for every notebook, in run_course.sh's order (lesson 10 reports the runs of the
-    lessons before it). The files that start a local SLURM are units like any other: each starts
-    its own (tools/local_slurm.sh: free ports, job ids of its own)."""
+    one of the two runs of notebooks. The files that start a local SLURM are units like any other:
+    each starts its own (tools/local_slurm.sh: free ports, job ids of its own)."""
     path = plain_id(nodeid).split("::")[0]
-    return "notebooks" if path.startswith("notebooks/") else path
+    if path.startswith("notebooks/"):
+        return "notebooks" if path < SECOND_UNIT else "notebooks, second unit"
+    return path
+
+
+def wait_for_earlier_notebooks(item, poll_s=2.0):
+    """Before a cell of lesson 10 under xdist: wait until every cell of the notebooks before it
+    that another unit runs has an outcome (passed or not: lesson 10 then names what is missing).
+    Returns the cells that never reported (NOTEBOOK_WAIT_S: a worker died)."""
+    nodeid = plain_id(item.nodeid)
+    config = item.session.config
+    xdist = SHARED_OUTCOMES in getattr(config, "workerinput", {})
+    if not xdist or not nodeid.startswith(READS_EARLIER + "::"):
+        return set()
+    cells = {plain_id(i.nodeid) for i in item.session.items
+             if plain_id(i.nodeid).startswith("notebooks/") and plain_id(i.nodeid) < READS_EARLIER
+             and serial_group(i.nodeid) != serial_group(nodeid)}
+    deadline = time.monotonic() + NOTEBOOK_WAIT_S
+    while True:
+        missing = cells - {**shared_outcomes(config), **OUTCOMES}.keys()
+        if not missing or time.monotonic() > deadline:
+            return missing
+        time.sleep(poll_s)
 
 
 @pytest.hookimpl(optionalhook=True)

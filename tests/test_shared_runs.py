@@ -60,3 +60,39 @@ def test_files_that_read_a_notebook_run_after_the_other_files_and_before_the_bre
     conftest.pytest_collection_modifyitems(None, items)
     assert [i.nodeid.split("::")[0] for i in items] == [
         NOTEBOOK, "tests/test_ddp.py", "tests/test_elastic.py", "tests/test_breakages.py"]
+
+
+def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monkeypatch, tmp_path):
+    """Under xdist the notebooks run as two units side by side; lesson 10 reads every earlier
+    lesson's runs, so its cells wait for the other unit's notebooks before it, and only for
+    them."""
+    first, second = "notebooks/04_ddp.ipynb::Cell 0", "notebooks/05_horovod.ipynb::Cell 0"
+    tenth = f"{conftest.READS_EARLIER}::Cell 3"
+    later = "notebooks/11_predict_the_cluster.ipynb::Cell 0"
+    group = conftest.serial_group
+    assert group(first) == group("notebooks/00_environment.ipynb::Cell 0")
+    assert group(first) != group(second) == group(tenth)
+    assert conftest.serial_group("tests/test_ddp.py::test_d") == "tests/test_ddp.py"
+    monkeypatch.setattr(conftest, "OUTCOMES", {second: "passed"})  # this worker's own unit
+    shared = tmp_path / "outcomes.tsv"
+    shared.write_text("")
+    polls = []
+
+    def later_on(_seconds):  # the other worker's notebook ends while this one waits
+        polls.append(1)
+        shared.write_text(f"{first}\tfailed\n")
+    monkeypatch.setattr(conftest.time, "sleep", later_on)
+
+    def item(nodeid, workerinput):
+        config = SimpleNamespace(workerinput=workerinput) if workerinput else SimpleNamespace()
+        session = SimpleNamespace(config=config, items=[SimpleNamespace(nodeid=n)
+                                                        for n in (first, second, tenth, later)])
+        return SimpleNamespace(nodeid=nodeid, session=session)
+    xdist = {SHARED_OUTCOMES: str(shared)}
+    assert conftest.wait_for_earlier_notebooks(item(second, xdist)) == set() and polls == []
+    in_order = conftest.wait_for_earlier_notebooks(item(tenth, {}))  # one process: in order
+    assert in_order == set() and polls == []
+    assert conftest.wait_for_earlier_notebooks(item(tenth, xdist)) == set() and polls == [1]
+    shared.write_text("")
+    monkeypatch.setattr(conftest, "NOTEBOOK_WAIT_S", -1)  # a worker that died: not waited for ever
+    assert conftest.wait_for_earlier_notebooks(item(tenth, xdist)) == {first}
