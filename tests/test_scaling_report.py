@@ -2,20 +2,22 @@
 references only, a synthetic full set, logs of older schema states, every equivalence row failing on a
 run that differs, float32 runs skipped, the noise floor, and one real float64 pair end to end.
 
-Only the last test trains (a one-process run and a 2-rank DDP job, side by side); the others write small
-logs and checkpoints in temporary folders, shaped as the scripts write them (logs/README.md).
+Only the command's test trains (a one-process run and a 2-rank DDP job, side by side), or
+reads copies of notebook 10's pair where the session ran it; the others write small logs and
+checkpoints in temporary folders, shaped as the scripts write them (logs/README.md).
 """
 import dataclasses
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, finish_job, start_job
+from conftest import ROOT, SCRIPTS, finish_job, notebook_passed, start_job
 from lessons import checks, launch
 from lessons import equivalence as eq
 from lessons import scaling_report as sr
@@ -27,6 +29,9 @@ STATE = {"conv.weight": torch.arange(12.0, dtype=torch.float64).reshape(3, 4),
          "fc.bias": torch.ones(5, dtype=torch.float64)}
 FLOAT32 = {k: v.float() for k, v in STATE.items()}
 EQUIVALENCE_ROWS = [s for s in sr.STRATEGIES if s.baseline is not None]
+# Notebook 10 makes a float64 pair and a noise pair (sr.ensure_pair): in a session that runs the
+# notebook, the command's test reads copies of them (conftest runs this file after the others).
+READS_NOTEBOOK = "notebooks/10_scaling_report.ipynb"
 
 
 def write_run(log_dir, name, script, world_size=1, samples_per_s=100.0, peak_mem_mb=500.0, device="cpu",
@@ -403,10 +408,26 @@ TINY = ["--quick", "--device", "cpu", "--batch-size", 64, "--dropout", 0, "--no-
 
 
 @pytest.fixture(scope="module")
-def real_pair(tmp_path_factory):
-    """One process with the whole batch and 2 DDP ranks with half each, in float64, started side by side;
-    and the noise pair's second run: the one process again with 2 CPU threads."""
+def real_pair(tmp_path_factory, request):
+    """One process with the whole batch and 2 DDP ranks with half each, in float64, and a noise
+    pair: copies of notebook 10's where this session ran it (the test alters a checkpoint), else
+    its own. The folder, and the 2-rank run's name."""
     logs = tmp_path_factory.mktemp("report") / "logs"
+    if notebook_passed(request, READS_NOTEBOOK):
+        (logs / "ckpt").mkdir(parents=True)
+        for name, *_ in (*sr.PAIR, *sr.NOISE_PAIR):
+            moved = shutil.copy(ROOT / "checkpoints" / f"{name}.pt", logs / "ckpt")
+            lines = [json.loads(line) for line in (ROOT / "logs" / f"{name}.jsonl").open()]
+            for r in lines:  # the log names its checkpoint: the copy's, which the test alters
+                if r["type"] == "summary":
+                    r["checkpoint"] = str(moved)
+            (logs / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return logs, sr.PAIR[1][0]
+    return own_pair(logs), "two"
+
+
+def own_pair(logs):
+    """The pair, side by side; the noise pair's second run: the one process with 2 CPU threads."""
     out = ["--log-dir", logs, "--checkpoint-dir", logs / "ckpt"]
     one = [sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *out, "--run-name"]
     cmds = [one + ["one", "--threads", 1], one + ["one_t2", "--threads", 2],
@@ -424,6 +445,7 @@ def test_the_command_on_a_real_pair(real_pair, capsys):
     with a noise floor from the threads pair far below it; once the 2-rank job's checkpoint moves by 10
     times the tolerance, the same report (in this process, to save an interpreter) says FAILS and exits 1
     with one sentence."""
+    real_pair, two = real_pair
     proc = subprocess.run([sys.executable, "-m", "lessons.scaling_report", "--log-dir", str(real_pair),
                            "--checkpoint-dir", str(real_pair / "ckpt"), "--no-figures"], cwd=ROOT / "scripts",
                           capture_output=True, text=True, timeout=300)
@@ -433,11 +455,11 @@ def test_the_command_on_a_real_pair(real_pair, capsys):
     assert tolerance == checks.FLOAT64_ATOL and largest <= tolerance
     assert floor <= tolerance / 1000  # float64 summation noise (about 1e-16), far below the tolerance
     assert f"noise floor measured here is {floor:.0e}" in proc.stdout
-    state = torch.load(real_pair / "ckpt" / "two.pt", weights_only=True)
+    state = torch.load(real_pair / "ckpt" / f"{two}.pt", weights_only=True)
     first = next(iter(state["model"]))
     assert state["model"][first].dtype == torch.float64  # --precision 64 reached the checkpoint
     state["model"][first] = state["model"][first] + 10 * checks.FLOAT64_ATOL  # the 2-rank job now ends elsewhere
-    torch.save(state, real_pair / "ckpt" / "two.pt")
+    torch.save(state, real_pair / "ckpt" / f"{two}.pt")
     code, out, err = report_main(capsys, "--log-dir", real_pair, "--checkpoint-dir", real_pair / "ckpt", "--no-figures")
     failed = next(line for line in out.splitlines() if line.strip().startswith("DDP, 2 ranks") and "FAILS" in line)
     assert code == 1 and float(failed.split()[3]) == pytest.approx(10 * checks.FLOAT64_ATOL, rel=1e-3)
