@@ -3,7 +3,10 @@
 TRAINUP_SCRIPTS_DIR points the tests at another copy of scripts/ (tests/test_breakages.py runs tests
 against copies with one deliberate defect each, to prove that the tests catch it).
 """
+import fcntl
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +214,8 @@ def start_job(cmd, env):
 
 def finish_job(proc):
     """Wait for a job started by start_job; a job still running after HANG_GUARD_S hung: end it, fail."""
+    if isinstance(proc, Baseline):
+        return proc.finish()
     try:
         out, err = proc.communicate(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:
@@ -218,6 +223,65 @@ def finish_job(proc):
         proc.communicate()
         raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+# The one-process run that the proofs of DDP, Horovod and Lightning compare with, the same in each
+# file (float64: threads and kernels move it by about 1e-16). It is made once a session and reused
+# by the breakages' pytests whose copy leaves its code alone (start_baseline).
+BASELINE = ["--quick", "--dropout", "0", "--device", "cpu", "--batch-size", "64",
+            "--precision", "64"]
+RUN_CACHE = "TRAINUP_RUN_CACHE"  # where runs made once are kept; the breakages' pytests inherit it
+
+
+def run_cache(factory):
+    """The session's folder of runs made once: beside the xdist workers' own temporary folders."""
+    if not os.environ.get(RUN_CACHE):
+        base = factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        os.environ[RUN_CACHE] = str(shared / "runs")
+    return Path(os.environ[RUN_CACHE])
+
+
+def baseline_key(scripts=None):
+    """What the baseline executes: its script's text, the trainup package's, its flags."""
+    scripts = Path(scripts or SCRIPTS)
+    digest = hashlib.sha256(repr(BASELINE).encode())
+    for path in [scripts / "_trainup_gpu.py", *sorted((scripts / "trainup").glob("*.py"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+class Baseline:
+    """start_baseline's run: made by this call, or already made (another worker waits on the lock
+    while one makes it). finish() puts one.jsonl and checkpoints/one.pt into log_dir."""
+    def __init__(self, folder, log_dir):
+        from lessons import launch
+        self.folder, self.log_dir = folder, Path(log_dir)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = open(folder.with_suffix(".lock"), "w")
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        self.proc = None
+        if not (folder / "made").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a run that did not finish
+            flags = [*BASELINE, "--run-name", "one"]
+            self.proc = start_job(_script_command("_trainup_gpu.py", flags, folder, None),
+                                  launch.environment())
+
+    def finish(self):
+        done = finish_job(self.proc) if self.proc else subprocess.CompletedProcess([], 0, "", "")
+        if done.returncode == 0 and self.proc:
+            (self.folder / "made").write_text("")
+        fcntl.flock(self.lock, fcntl.LOCK_UN)
+        self.lock.close()
+        if done.returncode == 0:
+            (self.log_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.folder / "one.jsonl", self.log_dir)
+            shutil.copy(self.folder / "checkpoints" / "one.pt", self.log_dir / "checkpoints")
+        return done
+
+
+def start_baseline(tmp_path_factory, log_dir):
+    return Baseline(run_cache(tmp_path_factory) / baseline_key(), log_dir)
 
 
 def _script_command(script, args, log_dir, checkpoint_dir):

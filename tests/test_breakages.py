@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import OUTCOMES, ROOT, SHARED_OUTCOMES, plain_id, shared_outcomes
+from conftest import OUTCOMES, ROOT, SHARED_OUTCOMES, plain_id, run_cache, shared_outcomes
 
 # (what breaks, file under scripts/, text to replace, its replacement, the test that must fail)
 BREAKAGES = {
@@ -205,6 +205,8 @@ def outcomes(tmp_path_factory, request):
     selected = {item.callspec.params["name"] for item in request.session.items
                 if getattr(item, "originalname", None) == "test_the_breakage_makes_its_test_fail"}
     copies = {name: broken_copy(name, tmp_path_factory.mktemp("broken")) for name in ORDER if name in selected}
+    run_cache(tmp_path_factory)  # the pytests below inherit it: a copy that leaves a run's code
+    # alone reuses the run
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     targets = sorted({f"tests/{BREAKAGES[name][3]}" for name in copies})
     # one more thread than cores: the unbroken check mostly waits (for the other xdist worker)

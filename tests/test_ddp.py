@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import (SCRIPTS, assert_clean_error, finish_job, in_process, rename_watch, run_script,
-                      start_job)
+                      start_baseline, start_job)
 from lessons import checks, launch, report
 from trainup import distributed, models
 
@@ -58,9 +58,7 @@ def runs(tmp_path_factory):
     watch, renames = rename_watch(log_dir.parent / "watch")  # every os.replace of the job, with its pid
     slurm = dict(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0", SLURM_NNODES="1")
     ddp = torchrun(log_dir, "ddp2", "--batch-size", 64, *checks.PROOF, env={**slurm, **watch})
-    one = start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *checks.PROOF,
-                 "--batch-size", "64", "--run-name", "one", "--log-dir", str(log_dir),
-                 "--checkpoint-dir", str(log_dir / "checkpoints")])
+    one = start_baseline(tmp_path_factory, log_dir)  # made once a session (conftest.BASELINE)
     ok(finish(one)), ok(finish(ddp))
     RENAMES[log_dir] = renames()
     return log_dir

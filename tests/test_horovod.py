@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, start_job, start_wanted
+from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, start_baseline, start_job,
+                      start_wanted)
 from lessons import checks, horovod, report, slurm
 from trainup import distributed, models
 
@@ -92,9 +93,7 @@ def jobs(tmp_path_factory, request, inject):
         apart=lambda: horovodrun(log_dir, "apart", "--batch-size", 64, *checks.PROOF,
                                  env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
                                       "TRAINUP_APART_MARK": str(site / "rank1_started_apart")}),
-        one=lambda: start([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, *checks.PROOF, "--batch-size",
-                           "64", "--run-name", "one", "--log-dir", str(log_dir), "--checkpoint-dir",
-                           str(log_dir / "checkpoints")]),
+        one=lambda: start_baseline(tmp_path_factory, log_dir),  # once a session (BASELINE)
         died=lambda: horovodrun(faults, "died", env=inject("1:3:exit")),  # os._exit(1) at step 3
         raised=lambda: horovodrun(faults, "raised", env=inject("1:3"))))  # an exception at step 3
     return SimpleNamespace(log_dir=log_dir, faults=faults, mark=site / "rank1_started_apart", **done)

@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_baseline,
+                      start_job)
 from lessons import checks, launch, report, slurm
 
 SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
@@ -32,8 +33,7 @@ def runs(tmp_path_factory):
     """Three jobs at once: the baseline (_trainup_gpu.py, one process, whole batch); Lightning DDP on 2 processes
     that Lightning starts itself, with --monitor; and Lightning under torchrun without sync_dist."""
     log_dir = tmp_path_factory.mktemp("lightning") / "logs"
-    one = start_job([sys.executable, str(SCRIPTS / "_trainup_gpu.py"), *TINY, "--device", "cpu", "--run-name", "one",
-                     *_out(log_dir)], launch.environment())
+    one = start_baseline(tmp_path_factory, log_dir)  # made once a session (conftest.BASELINE)
     ddp = start_job([sys.executable, SCRIPT, *TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
                      "--monitor", "--run-name", "pl_ddp", *_out(log_dir)], launch.environment())
     tr = start_job(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [SCRIPT, *TINY, "--no-sync-dist",

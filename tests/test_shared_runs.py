@@ -96,3 +96,38 @@ def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monke
     shared.write_text("")
     monkeypatch.setattr(conftest, "NOTEBOOK_WAIT_S", -1)  # a worker that died: not waited for ever
     assert conftest.wait_for_earlier_notebooks(item(tenth, xdist)) == {first}
+
+
+def test_the_baseline_is_keyed_by_the_code_it_runs(tmp_path):
+    """A breakage's copy reuses the session's one-process baseline only where it leaves the code
+    of that run alone: another lesson's script may change, the baseline's script and trainup not."""
+    import shutil
+    copy = tmp_path / "scripts"
+    shutil.copytree(conftest.SCRIPTS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    key = conftest.baseline_key(copy)
+    assert key == conftest.baseline_key(conftest.SCRIPTS)
+    (copy / "_trainup_ddp.py").write_text((copy / "_trainup_ddp.py").read_text() + "\n# broken\n")
+    assert conftest.baseline_key(copy) == key
+    for changed in ("_trainup_gpu.py", "trainup/data.py"):
+        again = tmp_path / changed.replace("/", "_")
+        shutil.copytree(copy, again)
+        (again / changed).write_text((again / changed).read_text() + "\n# broken\n")
+        assert conftest.baseline_key(again) != key, changed
+
+
+def test_a_baseline_made_already_is_copied_and_not_run_again(tmp_path):
+    made = tmp_path / "runs" / "key"
+    (made / "checkpoints").mkdir(parents=True)
+    (made / "one.jsonl").write_text("{}\n")
+    (made / "checkpoints" / "one.pt").write_bytes(b"state")
+    (made / "made").write_text("")
+    run = conftest.Baseline(made, tmp_path / "logs")
+    assert run.proc is None  # nothing started
+    assert conftest.finish_job(run).returncode == 0
+    assert (tmp_path / "logs" / "checkpoints" / "one.pt").read_bytes() == b"state"
+    assert (tmp_path / "logs" / "one.jsonl").read_text() == "{}\n"
+    (made / "made").unlink()  # unfinished (a run that died): made again, from nothing
+    again = conftest.Baseline(made, tmp_path / "again")
+    assert again.proc is not None and not (made / "one.jsonl").exists()
+    again.proc.kill()
+    again.finish()
