@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, hold_lock, in_process, start_job
+from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, hold_lock, in_process,
+                      start_job, wanted_jobs)
 from lessons import launch, report
 from trainup import distributed, metrics, preempt
 
@@ -107,31 +108,43 @@ def dead_lock(path):
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """_trainup_cpu.py: straight; stopped by SIGTERM after step 3 and resumed (over a dead run's lock); and two
-    runs without --run-name started in the same (frozen) second."""
+def plain(tmp_path_factory, request):
+    """_trainup_cpu.py: straight; stopped by SIGTERM after step 3 and resumed (over a dead run's
+    lock); and two runs without --run-name started in the same (frozen) second. Those the selected
+    tests read (their jobs marks) only: a test alone, as the breakages run it, makes its own."""
+    want = wanted_jobs(request)
+
+    def wanted(name):
+        return want is None or name in want
     tmp = tmp_path_factory.mktemp("pre")
     log_dir = tmp / "logs"
     env = site(tmp / "site")
+
+    def cpu(name, *flags, **extra):
+        return python("_trainup_cpu.py", *TINY, "--run-name", name, *flags, log_dir=log_dir,
+                      env={**env, **extra})
     dead_lock(log_dir / "stopped.lock")
-    jobs = {"straight": python("_trainup_cpu.py", *TINY, "--run-name", "straight", log_dir=log_dir, env=env),
-            "stopped": python("_trainup_cpu.py", *TINY, "--run-name", "stopped", log_dir=log_dir,
-                              env={**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}"}),
-            "in_eval": python("_trainup_cpu.py", *TINY, "--run-name", "in_eval", log_dir=log_dir,
-                              env={**env, "TRAINUP_TEST_SIGTERM_IN_EVAL": "1"})}
-    done = {k: finish_job(p) for k, p in jobs.items()}
-    at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)  # before --resume replaces it
-    resumed = finish_job(python("_trainup_cpu.py", *TINY, "--run-name", "stopped", "--resume", log_dir=log_dir, env=env))
-    done["in_eval_resumed"] = finish_job(python("_trainup_cpu.py", *TINY, "--run-name", "in_eval", "--resume",
-                                                log_dir=log_dir, env=env))
-    twins_dir = tmp / "twins"
-    frozen = {**env, "TRAINUP_TEST_FROZEN_TIME": str(time.time())}
-    twins = [python("_trainup_cpu.py", "--quick", "--train-size", "64", "--test-size", "32", "--epochs", "1",
-                    "--seed", seed, "--no-progress", log_dir=twins_dir, env=frozen) for seed in (1, 2)]
-    twins = [finish_job(p) for p in twins]
-    return SimpleNamespace(log_dir=log_dir, twins_dir=twins_dir, twins=twins, resumed=resumed, at_stop=at_stop, **done)
+    starts = {"straight": lambda: cpu("straight"),
+              "stopped": lambda: cpu("stopped", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}"),
+              "in_eval": lambda: cpu("in_eval", TRAINUP_TEST_SIGTERM_IN_EVAL="1")}
+    jobs = {k: start() for k, start in starts.items() if wanted(k)}
+    out = SimpleNamespace(log_dir=log_dir, twins_dir=tmp / "twins",
+                          **{k: finish_job(p) for k, p in jobs.items()})
+    if wanted("stopped"):  # the checkpoint at the stop, before --resume replaces it
+        out.at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
+        out.resumed = finish_job(cpu("stopped", "--resume"))
+    if wanted("in_eval"):
+        out.in_eval_resumed = finish_job(cpu("in_eval", "--resume"))
+    if wanted("twins"):
+        frozen = {**env, "TRAINUP_TEST_FROZEN_TIME": str(time.time())}
+        twins = [python("_trainup_cpu.py", "--quick", "--train-size", "64", "--test-size", "32",
+                        "--epochs", "1", "--seed", seed, "--no-progress", log_dir=out.twins_dir,
+                        env=frozen) for seed in (1, 2)]
+        out.twins = [finish_job(p) for p in twins]
+    return out
 
 
+@pytest.mark.jobs("stopped")
 def test_sigterm_stops_after_the_step_in_progress_saves_and_exits_75(plain):
     ok(plain.stopped, preempt.STOPPED_EXIT)
     assert f"SIGTERM: stopped in epoch 1 after step {STOP_AT}" in plain.stopped.stdout
@@ -141,6 +154,7 @@ def test_sigterm_stops_after_the_step_in_progress_saves_and_exits_75(plain):
     assert saved["epoch"] == 0 and saved["position"]["epoch"] == 1 and saved["position"]["step"] == STOP_AT
 
 
+@pytest.mark.jobs("straight", "stopped")
 def test_resume_goes_on_from_the_step_and_ends_like_a_run_never_stopped(plain):
     """Dropout is on: only with the random states restored do the masks, and so the parameters, match."""
     ok(plain.straight), ok(plain.resumed)
@@ -156,6 +170,7 @@ def test_resume_goes_on_from_the_step_and_ends_like_a_run_never_stopped(plain):
         assert (a["loss"], a["accuracy"], a["samples"]) == (b["loss"], b["accuracy"], b["samples"])
 
 
+@pytest.mark.jobs("straight", "in_eval")
 def test_a_stop_during_evaluation_keeps_the_random_states_and_resumes_exactly(plain):
     """Signalled as epoch 1's evaluation starts: the stop lands after the epoch, saved like any stop (random
     states included, at step 0 of epoch 2), so dropout's masks in epoch 2 are the unstopped run's."""
@@ -166,10 +181,12 @@ def test_a_stop_during_evaluation_keeps_the_random_states_and_resumes_exactly(pl
         assert torch.equal(resumed[k], straight[k]), k
 
 
+@pytest.mark.jobs("stopped")
 def test_a_dead_writers_lock_is_taken_over_and_locks_are_released(plain):
     assert not list(plain.log_dir.glob("*.lock")) and not list((plain.log_dir / "checkpoints").glob(".*.lock"))
 
 
+@pytest.mark.jobs("twins")
 def test_two_runs_started_in_the_same_second_get_different_names_and_both_logs_survive(plain):
     for p in plain.twins:
         ok(p)
