@@ -214,7 +214,7 @@ def start_job(cmd, env):
 
 def finish_job(proc):
     """Wait for a job started by start_job; a job still running after HANG_GUARD_S hung: end it, fail."""
-    if isinstance(proc, Baseline):
+    if isinstance(proc, (Baseline, Ranks)):
         return proc.finish()
     try:
         out, err = proc.communicate(timeout=HANG_GUARD_S)
@@ -223,6 +223,30 @@ def finish_job(proc):
         proc.communicate()
         raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def srun_env(rank, ntasks, port, job="1"):
+    """What srun gives task `rank` of an ntasks-task step on one node, and where rank 0 opens the
+    store: the scripts read these as they read torchrun's."""
+    return dict(SLURM_PROCID=str(rank), SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(rank),
+                SLURM_NNODES="1", SLURM_NODEID="0", SLURM_JOB_ID=job, SLURM_STEP_ID="0",
+                MASTER_PORT=str(port))
+
+
+class Ranks:
+    """A job's ranks started as `srun -n N python ...` starts them: no launcher (a test that is not
+    about torchrun spares its agent, an interpreter of its own). finish(): rank 0's output, the
+    first non-zero exit status."""
+    def __init__(self, cmd, env, ntasks=2):
+        from trainup import distributed
+        port = distributed.free_port()
+        self.procs = [start_job(cmd, {**env, **srun_env(r, ntasks, port)}) for r in range(ntasks)]
+
+    def finish(self):
+        done = [finish_job(p) for p in self.procs]
+        code = next((d.returncode for d in done if d.returncode), 0)
+        return subprocess.CompletedProcess(done[0].args, code, done[0].stdout,
+                                           "".join(d.stderr for d in done))
 
 
 # The one-process run that the proofs of DDP, Horovod and Lightning compare with, the same in each

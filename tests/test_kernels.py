@@ -4,9 +4,10 @@ CI has one processor, and a learner's laptop sums floats in another order (other
 kernels, thread counts). torch lets one machine play several: ATEN_CPU_CAPABILITY picks ATen's vector
 width, ONEDNN_MAX_CPU_ISA caps oneDNN's, torch.backends.mkldnn.enabled turns oneDNN off (set here from
 outside the script, by a sitecustomize), --threads splits the sums. Under each choice one process and
-2 DDP ranks, both in float64, must agree within checks.FLOAT64_ATOL; and so must every pair across
-choices, as two machines would. A float32 baseline under each choice shows that the choices really
-change the sums: without that, this test would prove nothing.
+2 DDP ranks (started as srun starts them: no launcher), both in float64, must agree within
+checks.FLOAT64_ATOL; and so must every pair across choices, as two machines would. A float32 baseline
+under each choice shows that the choices really change the sums: without that, this test would prove
+nothing.
 """
 import itertools
 import sys
@@ -14,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, finish_job, start_job
+from conftest import SCRIPTS, Ranks, finish_job, start_job
 from lessons import checks, launch
 
 SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
@@ -54,8 +55,9 @@ def runs(tmp_path_factory):
         env = launch.environment({"PYTHONPATH": str(site), **env})
         one = [sys.executable, SCRIPT, *SHORT, *flags, *out]
         jobs += [(start_job(one + [*checks.PROOF, "--run-name", f"one64_{i}"], env), name),
-                 (start_job(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [SCRIPT, *SHORT, *flags, *out,
-                            *checks.PROOF, "--run-name", f"ddp64_{i}"], env), name),
+                 # started as srun starts them: no launcher, which no kernel choice reaches
+                 (Ranks([sys.executable, SCRIPT, *SHORT, *flags, *out, *checks.PROOF, "--run-name",
+                         f"ddp64_{i}"], env), name),
                  (start_job(one + ["--run-name", f"one32_{i}"], env), name)]
         if len(jobs) >= 6:  # two choices at a time: 2 cores
             [_ok(finish_job(p), n) for p, n in jobs]
