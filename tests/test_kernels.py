@@ -5,9 +5,9 @@ kernels, thread counts). torch lets one machine play several: ATEN_CPU_CAPABILIT
 width, ONEDNN_MAX_CPU_ISA caps oneDNN's, torch.backends.mkldnn.enabled turns oneDNN off (set here from
 outside the script, by a sitecustomize), --threads splits the sums. Under each choice one process and
 2 DDP ranks (started as srun starts them: no launcher), both in float64, must agree within
-checks.FLOAT64_ATOL; and so must every pair across choices, as two machines would. A float32 baseline
-under each choice shows that the choices really change the sums: without that, this test would prove
-nothing.
+checks.FLOAT64_ATOL; and so must every pair across choices, as two machines would. A float32
+baseline under each choice shows that the choices really change the sums: without that, this test
+would prove nothing.
 """
 import itertools
 import sys
