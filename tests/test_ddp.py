@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import (SCRIPTS, assert_clean_error, finish_job, in_process, rename_watch, run_script,
-                      start_baseline, start_job)
+                      srun_env, start_baseline, start_job)
 from lessons import checks, launch, report
 from trainup import distributed, models
 
@@ -140,8 +140,7 @@ def faults(tmp_path_factory, inject):
     port = distributed.free_port()
     srun = [start([sys.executable, SCRIPT, *TINY, "--run-name", "srun", "--log-dir", str(log_dir),
                    "--checkpoint-dir", str(log_dir / "checkpoints")],
-                  inject("1:3", dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NNODES="1",
-                       SLURM_NODEID="0", SLURM_JOB_ID="1", SLURM_STEP_ID="0", MASTER_PORT=str(port))))
+                  inject("1:3", srun_env(r, 2, port)))
             for r in (0, 1)]
     # rank 1 dies (os._exit) at step 12, in epoch 2 (8 steps an epoch); torchrun restarts both once
     restart = torchrun(log_dir / "restart", "ddp2", "--batch-size", 64, *checks.PROOF, max_restarts=1,
