@@ -5,14 +5,13 @@
     torchrun --standalone --nproc-per-node 4 scripts/_trainup_fsdp.py --resume-from RUN  # saved by 2: reshards
     python scripts/_trainup_fsdp.py --quick --shard none     # the baseline: one process
 
-Compared with _trainup_ddp.py: the model is the block stack of lesson 06 (--model blocks, --blocks,
---width) and the optimizer Adam, whose state the ZeRO papers count; --shard picks what is split over
+Compared with _trainup_blocks.py: the optimizer is Adam, whose state the ZeRO papers count (and
+--model picks the course's CNN instead of the block stack); --shard picks what is split over
 the ranks instead of replicated (trainup/sharding.py): `none` (DDP), `optimizer` (ZeRO-1,
 ZeroRedundancyOptimizer), `gradients` (ZeRO-2: gradients reduce-scattered, each rank keeps its slice)
 or `parameters` (ZeRO-3: fully_shard per block and on the whole model); several modes, comma-separated,
 run one after another in the same job. A step measures what each rank holds and the collectives it
 runs; checkpoints are sharded (torch.distributed.checkpoint) and load into a job of another size.
-The sweep, accumulation and BatchNorm flags of lesson 04 are left out: they teach DDP, not sharding.
 """
 import argparse
 import contextlib
@@ -61,7 +60,8 @@ def parse_args(argv=None):
     p.set_defaults(lr=1e-3, model="blocks")  # Adam's usual step
     p.add_argument("--shard", default="parameters",
                    help="what is split over the ranks, or several comma-separated: " + ", ".join(sharding.MODES))
-    p.add_argument("--blocks", type=cli.positive(int), default=8, help="identical blocks in the model")
+    p.add_argument("--blocks", type=cli.positive(int), default=8,
+                   help="identical blocks in the model")
     p.add_argument("--width", type=cli.positive(int), default=256, help="features of each block")
     p.add_argument("--resume-from", default=None, metavar="RUN",
                    help="start from the sharded checkpoint of run RUN (saved by a job of any size)")

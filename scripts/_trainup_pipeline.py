@@ -9,12 +9,12 @@ batch cut into micro-batches that flow through the stages, so that they work at 
     torchrun --standalone --nproc-per-node 4 scripts/_trainup_pipeline.py --data-parallel 2       # 2 pipelines x 2
     python scripts/_trainup_pipeline.py --stages 1     # the baseline: the whole model in one process
 
-Compared with _trainup_ddp.py: the model is a stack of identical blocks (--blocks, --width) and each
-process builds it from the same seed, then keeps only its stage's blocks (trainup/pipeline.py); a
-PipelineStage per stage and a schedule (--schedule) run forward and backward micro-batch by
-micro-batch, sending activations forward and gradients back; the first stage feeds the inputs, the
-last computes the loss; with --data-parallel the same stage of each pipeline averages its gradients;
-every stage notes when each micro-batch's forward and backward ran, and its activation bytes.
+Compared with _trainup_blocks.py: each process keeps only its stage's blocks of the whole model
+(trainup/pipeline.py), instead of a DDP replica; a PipelineStage per stage and a schedule
+(--schedule) run forward and backward micro-batch by micro-batch, sending activations forward and
+gradients back; the first stage feeds the inputs, the last computes the loss; with --data-parallel
+the same stage of each pipeline averages its gradients; every stage notes when each micro-batch's
+forward and backward ran, and its activation bytes.
 """
 import argparse
 import itertools
@@ -219,7 +219,8 @@ def parse_args(argv=None):
     p.add_argument("--stages", type=cli.positive(int), default=2, help="processes in one pipeline (1: no pipeline)")
     p.add_argument("--microbatches", type=cli.positive(int), default=4, help="micro-batches per batch")
     p.add_argument("--data-parallel", type=cli.positive(int), default=1, help="pipelines side by side")
-    p.add_argument("--blocks", type=cli.positive(int), default=8, help="identical blocks in the model")
+    p.add_argument("--blocks", type=cli.positive(int), default=8,
+                   help="identical blocks in the model")
     p.add_argument("--width", type=cli.positive(int), default=256, help="features of each block")
     cli.add_sweep(p, steps=3, what="micro-batch counts", example="1,2,4,8")  # measure the schedule only
     p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))

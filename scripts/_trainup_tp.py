@@ -5,13 +5,14 @@ matrix product; with --dp, a 2-D mesh of tensor x data parallelism.
     torchrun --standalone --nproc-per-node 4 scripts/_trainup_tp.py --quick --tp 2     # 2-D: dp 2 x tp 2
     python scripts/_trainup_tp.py --quick                                              # the baseline: one process
 
-Compared with _trainup_ddp.py: the model is a stack of transformer-style MLP blocks (--blocks, --width,
---hidden); every process builds it from the same seed; a DeviceMesh of --dp x --tp processes; each block's
-`up` layer is cut by its output features (ColwiseParallel) and `down` by its input features
-(RowwiseParallel) over 'tp' (trainup/tensor_parallel.py), so the tp processes of one replica take the SAME
-batch and one all-reduce per block joins their slices (one more in backward); with --dp the replicas shard
-the model and average their gradients with FSDP (fully_shard) over 'dp', instead of DDP; the log keeps the
-bytes each rank holds and the collectives of one step; the whole model is gathered (full_tensor) to save it.
+Compared with _trainup_blocks.py: the blocks are a transformer's MLP blocks (--hidden); a
+DeviceMesh of --dp x --tp processes instead of one DDP group; each block's `up` layer is cut by its
+output features (ColwiseParallel) and `down` by its input features (RowwiseParallel) over 'tp'
+(trainup/tensor_parallel.py), so the tp processes of one replica take the SAME batch and one
+all-reduce per block joins their slices (one more in backward); with --dp the replicas shard the
+model and average their gradients with FSDP (fully_shard) over 'dp', instead of DDP; the log keeps
+the bytes each rank holds and the collectives of one step; the whole model is gathered
+(full_tensor) to save it.
 """
 import contextlib
 import itertools
@@ -52,8 +53,8 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, counter=
     return meter
 
 
-def optimizer_for(model, args):
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+def optimizer_for(params, args):
+    optimizer = torch.optim.Adadelta(params, lr=args.lr)
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
@@ -97,7 +98,7 @@ def main(argv=None):
     mesh = tpar.mesh_for(device, dp, tp) if ctx.world_size > 1 else None  # one process: the baseline, uncut
     if mesh is not None:
         tpar.parallelize(model, mesh)
-    optimizer, scheduler = optimizer_for(model, args)
+    optimizer, scheduler = optimizer_for(model.parameters(), args)
     dp_index, tp_index = tpar.coordinates(ctx.rank, tp)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     held = tpar.gathered(tpar.parameter_bytes(model, mesh))  # what each rank holds

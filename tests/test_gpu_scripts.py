@@ -249,8 +249,12 @@ def test_the_test_loss_is_computed_in_fp32_from_half_precision_logits():
     assert evaluation.evaluate(net64, [(x64, y)], "cpu", "64").mean_loss == pytest.approx(exact, rel=1e-15, abs=0)
 
 
-@pytest.mark.parametrize("script", ["_trainup_cpu", "_trainup_hogwild", "_trainup_gpu", "_trainup_dp", "_trainup_ddp",
-                                    "_trainup_horovod", "_trainup_fsdp", "_trainup_tp"])
+SCRIPTS_EVALUATING = ["_trainup_cpu", "_trainup_hogwild", "_trainup_gpu", "_trainup_dp",
+                      "_trainup_ddp", "_trainup_horovod", "_trainup_blocks", "_trainup_fsdp",
+                      "_trainup_tp"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS_EVALUATING)
 def test_every_script_evaluates_with_the_one_shared_copy(script):
     """One evaluate for every script (copies drifted before: Horovod's lost the fp32 cast)."""
     import importlib

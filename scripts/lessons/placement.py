@@ -12,9 +12,10 @@ import os
 # The flag that says where a script runs, and its GPU value; the other scripts listed take --device.
 FLAG = {"_trainup_lightning.py": ("--accelerator", "gpu")}
 CHOOSES_DEVICE = {"_trainup_gpu.py", "_trainup_ddp.py", "_trainup_ddp_tuned.py", "_trainup_fsdp.py",
-                  "_trainup_horovod.py", "_trainup_lightning.py", "_trainup_pipeline.py", "_trainup_tp.py"}
+                  "_trainup_horovod.py", "_trainup_lightning.py", "_trainup_blocks.py",
+                  "_trainup_pipeline.py", "_trainup_tp.py"}
 # Where a script's --device defaults to cpu, a job that names none never uses a GPU.
-DEFAULT = {"_trainup_pipeline.py": "cpu", "_trainup_tp.py": "cpu"}
+DEFAULT = {"_trainup_blocks.py": "cpu", "_trainup_pipeline.py": "cpu", "_trainup_tp.py": "cpu"}
 # The others choose no device: _trainup_cpu.py and _trainup_hogwild.py (CPU only), _trainup_dp.py
 # (--gpus, one process), _trainup_pipeline_manual.py (CPU only), _trainup_collectives.py (--backend).
 
