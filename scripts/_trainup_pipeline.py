@@ -11,10 +11,10 @@ batch cut into micro-batches that flow through the stages, so that they work at 
 
 Compared with _trainup_blocks.py: each process keeps only its stage's blocks of the whole model
 (trainup/pipeline.py), instead of a DDP replica; a PipelineStage per stage and a schedule
-(--schedule) run forward and backward micro-batch by micro-batch, sending activations forward and
-gradients back; the first stage feeds the inputs, the last computes the loss; with --data-parallel
-the same stage of each pipeline averages its gradients; every stage notes when each micro-batch's
-forward and backward ran, and its activation bytes.
+(--schedule; pipeline.Pipe holds them) run forward and backward micro-batch by micro-batch, sending
+activations forward and gradients back; the first stage feeds the inputs, the last computes the
+loss; with --data-parallel the same stage of each pipeline averages its gradients; every stage
+notes when each micro-batch's forward and backward ran, and its activation bytes.
 """
 import argparse
 import itertools
@@ -30,44 +30,6 @@ from trainup import UserError, checkpoint, cli, data, distributed, metrics, mode
 def optimizer_for(params, args):
     optimizer = torch.optim.Adadelta(params, lr=args.lr)
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
-
-
-class Pipe:
-    """This rank's stages and the schedule that drives them, for m micro-batches."""
-
-    def __init__(self, args, model, layout, device, microbatches):
-        schedule_cls, per_rank, _ = pipeline.SCHEDULES[args.schedule]
-        self.n_stages = args.stages * per_rank
-        parts = pipeline.cut(model, self.n_stages)
-        ids = pipeline.stage_ids(args.schedule, layout.position, args.stages)
-        self.parts = [parts[i].to(device) for i in ids]
-        self.stages = [pipeline.TimedStage(parts[i], i, self.n_stages, device, group=layout.pipe_group)
-                       for i in ids]
-        self.first, self.last = 0 in ids, self.n_stages - 1 in ids
-        try:
-            self.schedule = schedule_cls(self.stages if per_rank > 1 else self.stages[0], microbatches,
-                                         loss_fn=F.cross_entropy)  # averaged, and gradients / m: the batch mean
-        except ValueError as e:  # a schedule's own limits (e.g. micro-batches against stages)
-            raise UserError(f"--schedule {args.schedule} with {microbatches} micro-batches: {e}") from None
-        self.microbatches, self.ids, self.layout = microbatches, ids, layout
-        self.schedule_name, self.width = args.schedule, args.width
-
-    def params(self):
-        return [p for part in self.parts for p in part.parameters()]
-
-    def run(self, x, y):
-        """One batch through the pipeline; on the last stage's rank, the logits and the micro-batch losses."""
-        losses = []
-        inputs = (x,) if self.first else ()
-        target = y if self.last else None
-        out = self.schedule.step(*inputs, target=target, losses=losses)
-        return (out, torch.stack(losses).mean()) if self.last else (None, None)
-
-    def timing(self, on):
-        for s in self.stages:
-            s.timing = on
-        for part in self.parts:
-            part.meter.enabled = on
 
 
 def train_step(model, pipe, layout, optimizer, x, y):
@@ -87,48 +49,12 @@ def train_epoch(model, pipe, layout, loader, optimizer, epoch, show_progress, lo
     meter = metrics.Meter()
     for step, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress), 1):
         x, y = x.to(device), y.to(device)
-        tick = begin_step(pipe, layout)
+        tick = pipeline.begin_step(pipe, layout)
         logits, loss = train_step(model, pipe, layout, optimizer, x, y)
-        log_steps.append(end_step(pipe, layout, tick, epoch, step))
+        log_steps.append(pipeline.end_step(pipe, layout, tick, epoch, step))
         if logits is not None:  # only the last stage sees the loss
             meter.add(loss, logits, y)
     return meter
-
-
-def begin_step(pipe, layout):
-    """The stages of a pipeline start a measured step together: event times are from this moment."""
-    if pipe is not None:
-        dist.barrier(group=layout.pipe_group)
-        for s in pipe.stages:
-            s.events.clear()
-        for part in pipe.parts:
-            part.meter.reset_peak()
-    return time.perf_counter()
-
-
-def end_step(pipe, layout, tick, epoch, step):
-    """This rank's 'pipe_step' record: its events (times from the step's start) and activation peaks."""
-    seconds = time.perf_counter() - tick
-    if pipe is None:
-        return None
-    events = [[s, kind, mb, start - tick, end - tick] for st in pipe.stages for s, kind, mb, start, end in st.events]
-    return dict(epoch=epoch, step=step, microbatches=pipe.microbatches, rank=dist.get_rank(),
-                pipeline=layout.pipeline, stages=[s.stage_index for s in pipe.stages], step_s=seconds,
-                start_s=tick,  # this machine's monotonic clock: aligns the ranks of one machine exactly
-                events=sorted(events, key=lambda e: e[3]),
-                peak_activation_bytes=[part.meter.step_peak for part in pipe.parts])
-
-
-def write_steps(log, log_steps):
-    """Every rank's step records, gathered to rank 0, which writes them."""
-    if not dist.is_initialized() or dist.get_world_size() == 1 or not log_steps or log_steps[0] is None:
-        return
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, log_steps)
-    for rank_steps in everyone:
-        for record in rank_steps:
-            log.write("pipe_step", **record)
-    log_steps.clear()
 
 
 @torch.no_grad()
@@ -146,33 +72,14 @@ def evaluate(model, pipe, loader, device):
     return meter
 
 
-def full_batches(dataset, batch_size, sampler):
-    """Only full batches: every micro-batch of a step must have the same size."""
-    order = torch.tensor(list(sampler))
-    for idx in order.split(batch_size):
-        if len(idx) == batch_size:
-            yield dataset[idx]
-
-
-class Batches:
-    def __init__(self, dataset, batch_size, sampler):
-        self.dataset, self.batch_size, self.sampler = dataset, batch_size, sampler
-
-    def __iter__(self):
-        return full_batches(self.dataset, self.batch_size, self.sampler)
-
-    def __len__(self):
-        return len(self.sampler) // self.batch_size
-
-
 def sweep(args, model, layout, train_set, device, log, ctx):
     """--sweep: for each micro-batch count, --sweep-steps measured steps (after one warm-up step)."""
     per_pipeline = args.batch_size // args.data_parallel
     sampler = data.ShuffleSampler(len(train_set), args.seed, layout.pipeline, args.data_parallel)
-    batches = itertools.cycle(list(Batches(train_set, per_pipeline, sampler)))
+    batches = itertools.cycle(list(pipeline.Batches(train_set, per_pipeline, sampler)))
     for m in args.sweep:
         try:
-            pipe = Pipe(args, model, layout, device, m)
+            pipe = pipeline.Pipe(args, model, layout, device, m)
         except UserError as e:  # the schedule's own limit (1F1B: at least as many micro-batches as stages)
             if ctx.is_main:
                 print(f"{m} micro-batches: skipped ({e})")
@@ -182,11 +89,11 @@ def sweep(args, model, layout, train_set, device, log, ctx):
         for step in range(args.sweep_steps + 1):
             x, y = (t.to(device) for t in next(batches))
             pipe.timing(step > 0)
-            tick = begin_step(pipe, layout)
+            tick = pipeline.begin_step(pipe, layout)
             train_step(model, pipe, layout, optimizer, x, y)
             if step:
-                steps.append(end_step(pipe, layout, tick, 0, step))
-        write_steps(log, steps)
+                steps.append(pipeline.end_step(pipe, layout, tick, 0, step))
+        pipeline.write_steps(log, steps)
         if ctx.is_main:
             print(f"{m} micro-batches: {args.sweep_steps} steps measured")
 
@@ -276,20 +183,23 @@ def train(args, ctx, layout, train_set, test_set):
         log.summary()
         return
 
-    pipe = Pipe(args, model, layout, device, args.microbatches) if args.stages > 1 else None
+    pipe = (pipeline.Pipe(args, model, layout, device, args.microbatches) if args.stages > 1
+            else None)
     optimizer, scheduler = optimizer_for(pipe.params() if pipe else model.parameters(), args)
     per_pipeline = args.batch_size // args.data_parallel
     sampler = data.ShuffleSampler(len(train_set), args.seed, layout.pipeline, args.data_parallel)
-    test_loader = Batches(test_set, per_pipeline, range(layout.pipeline, len(test_set), args.data_parallel))
+    test_loader = pipeline.Batches(test_set, per_pipeline,
+                                   range(layout.pipeline, len(test_set), args.data_parallel))
     log_steps = []
     for epoch in range(1, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same in every stage of a pipeline
-        train = train_epoch(model, pipe, layout, Batches(train_set, per_pipeline, sampler), optimizer, epoch,
+        batches = pipeline.Batches(train_set, per_pipeline, sampler)
+        train = train_epoch(model, pipe, layout, batches, optimizer, epoch,
                             args.show_progress and ctx.is_main, log_steps, device)
         scheduler.step()
         wall = time.perf_counter() - tick
-        write_steps(log, log_steps)
+        pipeline.write_steps(log, log_steps)
         test = evaluate(model, pipe, test_loader, device)
         log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
         whole = pipeline.gather_model(pipe.parts if pipe else [model], model)

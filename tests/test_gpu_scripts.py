@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import SCRIPTS, assert_clean_error, finish_script, in_process, run_script, start_script
+from conftest import (BASELINE, SCRIPTS, assert_clean_error, finish_job, finish_script, in_process,
+                      run_script, start_baseline, start_script)
 from lessons import checks, gpu, report
 from trainup import UserError, dataparallel, devices
 
@@ -127,17 +128,20 @@ def test_bad_lesson_flags_are_one_sentence(capsys):
         assert_clean_error(proc, *words)
 
 
-def test_one_device_on_the_cpu_and_data_parallel_pass_through_train_the_same_model(log_dir):
+def test_one_device_on_the_cpu_and_data_parallel_pass_through_train_the_same_model(
+        log_dir, tmp_path_factory):
     """The same flags give the same losses: without GPUs, nn.DataParallel just calls the model. The
     DataParallel run stops after one epoch and resumes (--resume): it must still match, epoch for epoch.
-    The one-device run goes side by side with the DataParallel one's two parts."""
+    The one-device run (the session's baseline, the same flags) goes beside the DataParallel one's
+    two parts."""
     # dropout draws from the RNG, which a checkpoint does not keep; float64: no summation order matters
-    flags = ["--quick", "--dropout", "0", *checks.PROOF]
-    one = start_script("_trainup_gpu.py", *flags, "--device", "cpu", "--run-name", "one", log_dir=log_dir)
+    flags = ["--quick", "--dropout", "0", "--batch-size", "64", *checks.PROOF]
+    assert sorted(BASELINE) == sorted([*flags, "--device", "cpu"])  # the flags it was made with
+    one = start_baseline(tmp_path_factory, log_dir)
     finish_script(start_script("_trainup_dp.py", *flags, "--epochs", "1", "--run-name", "dp", log_dir=log_dir))
     proc = finish_script(start_script("_trainup_dp.py", *flags, "--epochs", "2", "--resume", "--run-name", "dp",
                                       log_dir=log_dir))
-    finish_script(one)
+    assert finish_job(one).returncode == 0
     one, dp = report.read_run(log_dir / "one.jsonl"), report.read_run(log_dir / "dp.jsonl")
     for run in (one, dp):
         assert run["problems"] == [] and run["summary"]["status"] == "finished"

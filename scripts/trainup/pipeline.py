@@ -1,5 +1,6 @@
 """The plumbing of pipeline parallelism: which stages a rank holds, its piece of the model, the
-schedules, and the measurements (when each micro-batch's forward and backward ran, activation bytes).
+schedules, and the measurements (when each micro-batch's forward and backward ran, activation
+bytes); a rank's stages run by their schedule (Pipe) and its measured steps, for lesson 06.
 
 A job of `stages` x `data_parallel` processes: rank = pipeline * stages + position in the pipeline.
 Schedules with 2 stages a rank (interleaved, zero-bubble) cut the model into 2 x stages pieces.
@@ -11,6 +12,7 @@ import weakref
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 
 from . import UserError, devices
@@ -262,3 +264,105 @@ def forward_only(parts, ids, x, schedule, layout, width):
         if i < n_stages - 1 and owner[i + 1] != layout.position:
             dist.send(h.contiguous(), dst=rank_of(owner[i + 1]))
     return h if n_stages - 1 in mine else None
+
+
+# --- a rank's stages run by their schedule, and its measured steps (the lesson's script)
+
+class Pipe:
+    """This rank's stages and the schedule that drives them, for m micro-batches."""
+
+    def __init__(self, args, model, layout, device, microbatches):
+        schedule_cls, per_rank, _ = SCHEDULES[args.schedule]
+        self.n_stages = args.stages * per_rank
+        parts = cut(model, self.n_stages)
+        ids = stage_ids(args.schedule, layout.position, args.stages)
+        self.parts = [parts[i].to(device) for i in ids]
+        self.stages = [TimedStage(parts[i], i, self.n_stages, device, group=layout.pipe_group)
+                       for i in ids]
+        self.first, self.last = 0 in ids, self.n_stages - 1 in ids
+        try:
+            # the loss averaged, and gradients / m: the batch mean
+            stages = self.stages if per_rank > 1 else self.stages[0]
+            self.schedule = schedule_cls(stages, microbatches, loss_fn=F.cross_entropy)
+        except ValueError as e:  # a schedule's own limits (e.g. micro-batches against stages)
+            raise UserError(f"--schedule {args.schedule} with {microbatches} micro-batches: "
+                            f"{e}") from None
+        self.microbatches, self.ids, self.layout = microbatches, ids, layout
+        self.schedule_name, self.width = args.schedule, args.width
+
+    def params(self):
+        return [p for part in self.parts for p in part.parameters()]
+
+    def run(self, x, y):
+        """One batch through the pipeline; on the last stage's rank, the logits and the
+        micro-batch losses."""
+        losses = []
+        inputs = (x,) if self.first else ()
+        target = y if self.last else None
+        out = self.schedule.step(*inputs, target=target, losses=losses)
+        return (out, torch.stack(losses).mean()) if self.last else (None, None)
+
+    def timing(self, on):
+        for s in self.stages:
+            s.timing = on
+        for part in self.parts:
+            part.meter.enabled = on
+
+
+def begin_step(pipe, layout):
+    """The stages of a pipeline start a measured step together: event times are from now."""
+    if pipe is not None:
+        dist.barrier(group=layout.pipe_group)
+        for s in pipe.stages:
+            s.events.clear()
+        for part in pipe.parts:
+            part.meter.reset_peak()
+    return time.perf_counter()
+
+
+def end_step(pipe, layout, tick, epoch, step):
+    """This rank's 'pipe_step' record: its events (times from the step's start) and activation
+    peaks."""
+    seconds = time.perf_counter() - tick
+    if pipe is None:
+        return None
+    events = [[s, kind, mb, start - tick, end - tick]
+              for st in pipe.stages for s, kind, mb, start, end in st.events]
+    return dict(epoch=epoch, step=step, microbatches=pipe.microbatches, rank=dist.get_rank(),
+                pipeline=layout.pipeline, stages=[s.stage_index for s in pipe.stages],
+                step_s=seconds,
+                start_s=tick,  # this machine's monotonic clock: the ranks of one machine align
+                events=sorted(events, key=lambda e: e[3]),
+                peak_activation_bytes=[part.meter.step_peak for part in pipe.parts])
+
+
+def write_steps(log, log_steps):
+    """Every rank's step records, gathered to rank 0, which writes them."""
+    alone = not dist.is_initialized() or dist.get_world_size() == 1
+    if alone or not log_steps or log_steps[0] is None:
+        return
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, log_steps)
+    for rank_steps in everyone:
+        for record in rank_steps:
+            log.write("pipe_step", **record)
+    log_steps.clear()
+
+
+def full_batches(dataset, batch_size, sampler):
+    """Only full batches: every micro-batch of a step must have the same size."""
+    order = torch.tensor(list(sampler))
+    for idx in order.split(batch_size):
+        if len(idx) == batch_size:
+            yield dataset[idx]
+
+
+class Batches:
+    def __init__(self, dataset, batch_size, sampler):
+        self.dataset, self.batch_size, self.sampler = dataset, batch_size, sampler
+
+    def __iter__(self):
+        return full_batches(self.dataset, self.batch_size, self.sampler)
+
+    def __len__(self):
+        return len(self.sampler) // self.batch_size
