@@ -22,14 +22,17 @@ def blocks_main():
 
 
 def in_a_group_of_one(run):
-    """run(), which joins and leaves a 1-process gloo group in this interpreter, whose environment
-    (MASTER_ADDR/PORT, set by setup()) is then put back."""
+    """run(), which joins a 1-process gloo group in this interpreter; then its environment
+    (MASTER_ADDR/PORT, set by setup()) is put back and the group left, also where the run stopped
+    with an error inside it (the process would have exited; this one goes on to other tests)."""
     saved = dict(os.environ)
     try:
         return run()
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -69,5 +72,6 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(capsys, log_dir):
     synthetic = in_a_group_of_one(
         lambda: in_process(main, [*flags, "--dataset", "synthetic"], capsys))
     assert_clean_error(synthetic, "held in memory")
+    assert not torch.distributed.is_initialized()
     resume = in_process(main, [*flags, "--resume"], capsys)
     assert resume.returncode == 2 and "--resume" in resume.stderr
