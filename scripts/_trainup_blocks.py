@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from trainup import UserError, checkpoint, cli, data, distributed, evaluation, metrics, models
+from trainup import checkpoint, cli, data, distributed, evaluation, metrics, models
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
@@ -43,15 +43,9 @@ def optimizer_for(params, args):
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="blocks")
     p.set_defaults(lr=0.1)  # a stack of blocks wants a smaller step than the CNN's Adadelta 1.0
-    p.add_argument("--blocks", type=cli.positive(int), default=8,
-                   help="identical blocks in the model")
-    p.add_argument("--width", type=cli.positive(int), default=256, help="features of each block")
-    p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
+    cli.add_blocks(p, "the block-stack lessons")
     cli.add_group(p, set_epoch=False)
-    args = cli.parse(p, argv)
-    if args.resume:
-        p.error("--resume: the block-stack lessons' checkpoints hold the model only")
-    return args
+    return cli.parse(p, argv)
 
 
 @cli.main_guard
@@ -62,9 +56,6 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
-    if not isinstance(train_set, data.Images):
-        raise UserError("the block-stack lessons take a data set held in memory (digits, mnist, "
-                        "cifar10), not synthetic")
     torch.manual_seed(args.seed)  # every rank builds the same whole model
     model = models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)

@@ -126,18 +126,13 @@ def parse_args(argv=None):
     p.add_argument("--stages", type=cli.positive(int), default=2, help="processes in one pipeline (1: no pipeline)")
     p.add_argument("--microbatches", type=cli.positive(int), default=4, help="micro-batches per batch")
     p.add_argument("--data-parallel", type=cli.positive(int), default=1, help="pipelines side by side")
-    p.add_argument("--blocks", type=cli.positive(int), default=8,
-                   help="identical blocks in the model")
-    p.add_argument("--width", type=cli.positive(int), default=256, help="features of each block")
+    cli.add_blocks(p, "the pipeline lesson")
     cli.add_sweep(p, steps=3, what="micro-batch counts", example="1,2,4,8")  # measure the schedule only
-    p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
     cli.add_group(p, set_epoch=False)
     args = cli.parse(p, argv)
     args.schedule = args.schedules[0]
     if len(args.schedules) > 1 and args.stages == 1:
         p.error("several schedules need a pipeline (--stages 2 or more); --stages 1 is the one-process baseline")
-    if args.resume:
-        p.error("--resume: the pipeline lesson's checkpoints hold the model only, not each stage's optimizer")
     return args
 
 
@@ -150,8 +145,6 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
-    if not isinstance(train_set, data.Images):
-        raise UserError("the pipeline lesson takes a data set held in memory (digits, mnist, cifar10), not synthetic")
     layout = pipeline.Layout(ctx.rank, args.stages, args.data_parallel)
     for run in runs(args):
         train(run, ctx, layout, train_set, test_set)

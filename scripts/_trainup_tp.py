@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import (UserError, checkpoint, cli, data, devices, distributed, evaluation, metrics,
+from trainup import (checkpoint, cli, data, devices, distributed, evaluation, metrics,
                      models)
 from trainup import tensor_parallel as tpar
 
@@ -69,15 +69,12 @@ def parse_args(argv=None):
                    help="processes that share every layer (default: all of them, or world / --dp)")
     p.add_argument("--dp", type=cli.positive(int), default=None,
                    help="data-parallel replicas (FSDP over them); --dp x --tp must be the number of processes")
-    p.add_argument("--blocks", type=cli.positive(int), default=2, help="MLP blocks in the model")
-    p.add_argument("--width", type=cli.positive(int), default=64, help="features between blocks")
-    p.add_argument("--hidden", type=cli.positive(int), default=256, help="hidden features of each block (cut over tp)")
-    p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
+    cli.add_blocks(p, "the tensor-parallel lesson", blocks=2, width=64,
+                   what="MLP blocks in the model")
+    p.add_argument("--hidden", type=cli.positive(int), default=256,
+                   help="hidden features of each block (cut over tp)")
     cli.add_group(p, set_epoch=False)
-    args = cli.parse(p, argv)
-    if args.resume:
-        p.error("--resume: the tensor-parallel lesson's checkpoints hold the model only, not its sharded optimizer")
-    return args
+    return cli.parse(p, argv)
 
 
 @cli.main_guard
@@ -89,9 +86,6 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
-    if not isinstance(train_set, data.Images):
-        raise UserError("the tensor-parallel lesson takes a data set held in memory (digits, mnist, cifar10), "
-                        "not synthetic")
     torch.manual_seed(args.seed)  # every rank builds the same whole model; parallelize keeps its slices
     model = models.FeedForwardStack(train_set.shape, train_set.num_classes, args.blocks, args.width, args.hidden)
     model = model.to(device)

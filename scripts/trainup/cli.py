@@ -94,6 +94,17 @@ def add_loading(p, device="auto"):
     p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
 
 
+def add_blocks(p, lesson, blocks=8, width=256, what="identical blocks in the model"):
+    """Lessons 06 and 09: the block stack's size, on the CPU unless asked (their jobs are cut by
+    processes); parse() refuses, before any process waits for another, a data set made on the fly
+    (they index whole batches of one held in memory) and --resume (their checkpoints hold the
+    model only). lesson: how the refusals name it."""
+    p.add_argument("--blocks", type=positive(int), default=blocks, help=what)
+    p.add_argument("--width", type=positive(int), default=width, help="features of each block")
+    p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
+    p.set_defaults(block_lesson=lesson)
+
+
 def add_sweep(p, steps=20, what="batch sizes", example="32,64,128"):
     """--sweep: measure throughput only, at each of several sizes (parsed into a list of ints in parse())."""
     p.add_argument("--sweep", default=None, help=f"comma-separated {what}: measure throughput only")
@@ -119,6 +130,12 @@ def _check_concerns(p, args):
     if getattr(args, "resident", False) and args.dataset == "synthetic":
         p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made "
                 "on the fly")
+    lesson = getattr(args, "block_lesson", None)
+    if lesson and args.dataset == "synthetic":
+        p.error(f"--dataset synthetic: {lesson} takes a data set held in memory (digits, mnist, "
+                "cifar10)")
+    if lesson and args.resume:
+        p.error(f"--resume: the checkpoints of {lesson} hold the model only")
     if getattr(args, "sweep", None):
         try:
             args.sweep = [int(b) for b in args.sweep.split(",")]
