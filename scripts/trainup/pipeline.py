@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 
 from . import UserError, devices
+from .meter import Meter
 
 # name: (schedule class, stages a rank holds, how stages map to ranks)
 #   loop: rank r holds stages r, r+P, ...;  v: rank r holds r and 2P-1-r (the last stage, and the loss, on rank 0)
@@ -265,6 +266,23 @@ def forward_only(parts, ids, x, schedule, layout, width):
             dist.send(h.contiguous(), dst=rank_of(owner[i + 1]))
     return h if n_stages - 1 in mine else None
 
+
+
+@torch.no_grad()
+def evaluate(model, pipe, loader, device):
+    """The test set's loss and accuracy: through the whole model in one process, or through the
+    stages in order (forward_only), summed on the rank that holds the last stage."""
+    meter = Meter()
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        if pipe is None:
+            logits = model(x)
+        else:
+            logits = forward_only(pipe.parts, pipe.ids, x, pipe.schedule_name, pipe.layout,
+                                  pipe.width)
+        if logits is not None:
+            meter.add(F.cross_entropy(logits, y), logits, y)
+    return meter
 
 # --- a rank's stages run by their schedule, and its measured steps (the lesson's script)
 
