@@ -177,16 +177,15 @@ def test_without_horovod_one_sentence_says_how_to_install_it(tmp_path, log_dir):
 
 def test_cuda_under_a_horovod_built_without_nccl_is_one_sentence(monkeypatch, capsys):
     pytest.importorskip("horovod.torch")
-    import _trainup_horovod
-    from trainup import UserError
-    monkeypatch.setattr(_trainup_horovod.hvd, "nccl_built", lambda: 0)
+    from trainup import UserError, hvd_group
+    monkeypatch.setattr(hvd_group.hvd, "nccl_built", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, as Horovod would meet it
     with pytest.raises(UserError, match="--device cuda needs a Horovod built with NCCL.*HOROVOD_GPU_OPERATIONS=NCCL"):
-        _trainup_horovod.gpu_ops("cuda")
-    assert _trainup_horovod.gpu_ops("auto") == "cpu" and "built without NCCL" in capsys.readouterr().err
-    assert _trainup_horovod.gpu_ops("cpu") == "cpu"
-    monkeypatch.setattr(_trainup_horovod.hvd, "nccl_built", lambda: 1)
-    assert _trainup_horovod.gpu_ops("cuda") == "cuda"
+        hvd_group.gpu_ops("cuda")
+    assert hvd_group.gpu_ops("auto") == "cpu" and "built without NCCL" in capsys.readouterr().err
+    assert hvd_group.gpu_ops("cpu") == "cpu"
+    monkeypatch.setattr(hvd_group.hvd, "nccl_built", lambda: 1)
+    assert hvd_group.gpu_ops("cuda") == "cuda"
 
 
 def test_the_build_can_be_skipped_and_names_what_it_needs():
