@@ -159,7 +159,7 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 110), ("_trainup_cpu.py", "
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 225),
           ("_trainup_blocks.py", "_trainup_fsdp.py", 185),
-          ("_trainup_blocks.py", "_trainup_tp.py", 120))
+          ("_trainup_blocks.py", "_trainup_tp.py", 65))
 
 
 def changed_lines(old, new):
