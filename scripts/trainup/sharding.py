@@ -6,6 +6,8 @@ rank holds, the collectives a step runs, and sharded checkpoints that reshard on
     --shard gradients   ZeRO-2: gradients reduce-scattered too, each rank keeps its shard (GradientShards)
     --shard parameters  ZeRO-3: parameters too: FSDP2 fully_shard per block, then on the whole model
 """
+import argparse
+import collections
 import json
 import math
 import os
@@ -18,7 +20,7 @@ import torch.nn as nn
 import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401  before joining: see distributed.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import UserError, checkpoint
+from . import UserError, checkpoint, cli, distributed
 
 # torch 2.13 names them *_single; older releases (a GPU machine's or Colab's torch) have only the old names
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
@@ -40,6 +42,116 @@ def expected(mode, parameters, world_size, per_param=None):
     per_param = per_param or tuple(b * torch.get_default_dtype().itemsize // 4 for b in FP32_ADAM)
     return tuple(b * parameters / (world_size if sharded else 1)
                  for b, sharded in zip(per_param, SHARDED[mode]))
+
+
+def add_flags(p):
+    """Lesson 09's flags: the ZeRO stages to run, the block stack's size, a sharded checkpoint to
+    start from, the mesh's size and the device (a GPU when there is one)."""
+    p.add_argument("--shard", default="parameters",
+                   help="what is split over the ranks, or several comma-separated: "
+                        + ", ".join(MODES))
+    p.add_argument("--blocks", type=cli.positive(int), default=8,
+                   help="identical blocks in the model")
+    p.add_argument("--width", type=cli.positive(int), default=256, help="features of each block")
+    p.add_argument("--resume-from", default=None, metavar="RUN",
+                   help="start from the sharded checkpoint of run RUN (saved by a job of any "
+                        "size)")
+    p.add_argument("--mesh", type=cli.positive(int), default=None,
+                   help="processes in the device mesh (the job's size)")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+
+
+def check_flags(p, args):
+    """args with --shard split into its modes; p.error on modes, resumes and precisions that do not
+    go together. Returns args."""
+    args.shard = args.shard.split(",")
+    unknown = [m for m in args.shard if m not in MODES]
+    if unknown or len(set(args.shard)) != len(args.shard):
+        p.error(f"--shard takes {', '.join(MODES)} (each once, comma-separated), "
+                f"got {','.join(args.shard)}")
+    if (args.resume or args.resume_from) and not set(args.shard) <= set(RESUMABLE):
+        p.error(f"--resume: sharded checkpoints are written for --shard {' and '.join(RESUMABLE)} "
+                f"only (get_state_dict knows DDP and FSDP, not ZeRO-1/2's split optimizers)")
+    if args.model != "blocks" and {"gradients", "parameters"} & set(args.shard):
+        p.error(f"--shard {'/'.join(m for m in args.shard if m in ('gradients', 'parameters'))} "
+                f"is shown on the block stack (fully_shard per block), and --model {args.model} "
+                f"has no blocks; use --model blocks")
+    if args.precision == "bf16" and args.shard != ["parameters"]:
+        p.error("--precision bf16 is FSDP's MixedPrecisionPolicy here: use it with --shard "
+                "parameters alone")
+    return args
+
+
+def check_job(args, world_size):
+    """What the job must be for these flags (--mesh, bf16's GPU); before anyone waits."""
+    check_mesh(args.mesh, world_size)
+    if args.precision == "bf16" and not torch.cuda.is_available():
+        raise UserError("--precision bf16 shards with FSDP's MixedPrecisionPolicy on GPUs, and "
+                        "this machine has none: on the CPU every state stays fp32 (use "
+                        "--precision 32)")
+
+
+def dcp_folder(args):
+    """Where a run's sharded checkpoint lives: one folder, a file per rank."""
+    return checkpoint.path_for(args).with_suffix(".dcp")
+
+
+def runs(args):
+    """(run, the sharded checkpoint it starts from or None) for each --shard mode in turn: run is
+    args for that mode alone (--run-name suffixed with the mode when there are several)."""
+    for mode in args.shard:
+        name = args.run_name if len(args.shard) == 1 else f"{args.run_name}_{mode}"
+        run = argparse.Namespace(**{**vars(args), "run_name": name, "shard": mode})
+        source = dcp_folder(run)
+        if args.resume_from:
+            source = source.with_name(f"{name.replace(args.run_name, args.resume_from, 1)}.dcp")
+            if not source.exists():
+                raise UserError(f"--resume-from {args.resume_from}: no sharded checkpoint "
+                                f"{source.name} in {source.parent}")
+        yield run, (source if args.resume or args.resume_from else None)
+
+
+def log_run(log, model, ctx, args, start_epoch):
+    """The "ddp" record (how the job was started) and the "sharding" one (this run's stage)."""
+    log.write("ddp", **distributed.describe(ctx, args))
+    log.write("sharding", shard=args.shard, zero_stage=ZERO_STAGE[args.shard], mesh=ctx.world_size,
+              precision=args.precision, parameters=parameter_count(model), blocks=args.blocks,
+              width=args.width, start_epoch=start_epoch)
+
+
+def parameter_count(model):
+    """The whole model's parameters (a DTensor's numel is the whole tensor's)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def measure_step(log, model, optimizer, steps, args):
+    """Hooks that measure one training step: the second (DDP's buckets are set by then), or the
+    only one. The collectives it runs (from its forward to the end of optimizer.step) and the bytes
+    each rank holds after it, gradients still held: the "shard_memory" and "shard_comm" records."""
+    parameters, world = parameter_count(model), dist.get_world_size()
+    collectives, seen, hooks = Collectives(), [], []
+
+    def start(module, inputs):
+        if module.training:
+            seen.append(None)
+            if len(seen) - 1 == min(1, steps - 1):
+                collectives.__enter__()
+                hooks.append(optimizer.register_step_post_hook(finish))
+
+    def finish(*_):
+        collectives.__exit__(None, None, None)
+        everyone = [None] * world  # every rank's bytes, gathered to rank 0's log
+        dist.all_gather_object(everyone, held(model, optimizer))
+        log.write("shard_memory", shard=args.shard, world_size=world, parameters=parameters,
+                  param_bytes=[h[0] for h in everyone], grad_bytes=[h[1] for h in everyone],
+                  optim_bytes=[h[2] for h in everyone],
+                  expected_bytes=list(expected(args.shard, parameters, world)))
+        log.write("shard_comm", shard=args.shard, world_size=world, parameters=parameters,
+                  ops=collectives.record())
+        for h in hooks:
+            h.remove()
+
+    hooks.append(model.register_forward_pre_hook(start, prepend=True))  # before FSDP's gathers
 
 
 def check_mesh(mesh, world_size):
@@ -73,6 +185,7 @@ class GradientShards:
             p.register_post_accumulate_grad_hook(self._reduce_scatter)
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.optimizer = optimizer_class([s for s, _ in self.slices], **optimizer_args)
+        self.post_hooks = collections.OrderedDict()  # a RemovableHandle holds it weakly
 
     @torch.no_grad()
     def _reduce_scatter(self, p):
@@ -93,6 +206,14 @@ class GradientShards:
             full = torch.empty(per * self.world, dtype=p.dtype, device=p.device)
             all_gather_single(full, mine)
             p.view(-1).copy_(full[:p.numel()])
+        for hook in list(self.post_hooks.values()):
+            hook(self, (), {})
+
+    def register_step_post_hook(self, hook):
+        """As torch.optim.Optimizer's: hook(optimizer, args, kwargs) after every step."""
+        handle = torch.utils.hooks.RemovableHandle(self.post_hooks)
+        self.post_hooks[handle.id] = hook
+        return handle
 
     def zero_grad(self):
         self.optimizer.zero_grad()
@@ -263,12 +384,13 @@ def _why(e):
 
 
 def load_sharded(folder, model, optimizer, scheduler, args=None):
-    """Restore a DCP checkpoint into this job, whatever its size; the epoch to start from (1 if none).
+    """Restore a DCP checkpoint into this job, whatever its size; the epoch to start from (1 if
+    none: folder None or absent).
     args: this run's flags, checked against those the saving run wrote (checkpoint.SAME_ON_RESUME)."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    if not Path(folder).exists():
+    if folder is None or not Path(folder).exists():
         return 1
     saved = Path(folder) / ARGS_FILE
     if args is not None and saved.exists():

@@ -6,6 +6,7 @@ are neighbours (on a GPU server: the GPUs of one machine, linked by NVLink).
 """
 import logging
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -16,12 +17,26 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import UserError
+from . import UserError, cli
+from .devices import synchronize
 
 # Megatron-LM's cut of an MLP: `up` by output features (each rank a slice of the hidden layer), `down` by
 # input features (each rank's slice gives a partial sum of the output; an all-reduce adds them up).
 PLAN = {"up": "colwise", "down": "rowwise"}
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def add_flags(p):
+    """Lesson 09's flags: the mesh's shape (--tp, --dp) and the MLP block stack (--hidden)."""
+    p.add_argument("--tp", type=cli.positive(int), default=None,
+                   help="processes that share every layer (default: all of them, or world / --dp)")
+    p.add_argument("--dp", type=cli.positive(int), default=None,
+                   help="data-parallel replicas (FSDP over them); --dp x --tp must be the "
+                        "number of processes")
+    cli.add_blocks(p, "the tensor-parallel lesson", blocks=2, width=64,
+                   what="MLP blocks in the model")
+    p.add_argument("--hidden", type=cli.positive(int), default=256,
+                   help="hidden features of each block (cut over tp)")
 
 
 def check_shape(args, world_size):
@@ -64,6 +79,12 @@ def parallelize(model, mesh):
             fully_shard(block, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
     return model
+
+
+def one_per_replica(meter, tp_index):
+    """The tp processes of a replica saw the same samples: only one of them counts them in the
+    job's sums (the others give an empty meter)."""
+    return meter if tp_index == 0 else type(meter)()
 
 
 def _local(p):
@@ -150,6 +171,33 @@ class CommCounter(TorchDispatchMode):
             self.calls[key] = (calls + 1, total + size)
         return out
 
+    def on_first_step(self, model, optimizer, device):
+        """Count the collectives of the first training step, by phase, and time it, through hooks:
+        from the model's forward (forward) to its end (backward: the loss starts none), then
+        optimizer.step (step); on a GPU the step's work, not its launch. Returns self."""
+        hooks = []
+
+        def phase(name):
+            return lambda *_: setattr(self, "phase", name)  # a hook that returns None
+
+        def start(module, args):
+            if module.training and len(hooks) == 1:  # the first training forward only
+                self.__enter__()
+                self.phase, self.tick = "forward", time.perf_counter()
+                hooks.append(model.register_forward_hook(phase("backward")))
+                hooks.append(optimizer.register_step_pre_hook(phase("step")))
+                hooks.append(optimizer.register_step_post_hook(finish))
+
+        def finish(*_):
+            synchronize(device)
+            self.step_s = time.perf_counter() - self.tick
+            self.__exit__(None, None, None)
+            for h in hooks:
+                h.remove()
+
+        hooks.append(model.register_forward_pre_hook(start, prepend=True))  # before FSDP's gathers
+        return self
+
     def rows(self):
         """[phase, op, mesh dimension, calls, bytes], one row per kind of collective."""
         return [[phase, op, dim, calls, size] for (phase, op, dim), (calls, size) in self.calls.items()]
@@ -161,6 +209,24 @@ def placement(ctx, tp):
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, dict(rank=ctx.rank, dp=dp_index, tp=tp_index, device=str(ctx.device)))
     return everyone
+
+
+def log_layout(log, model, mesh, ctx, args, tp, dp):
+    """The "tp" record: the mesh, the plan, where every rank sits and the bytes each one holds
+    (all of its parameters, and those cut over 'tp'), and the same two for the whole model."""
+    held = gathered(parameter_bytes(model, mesh))  # what each rank holds
+    log.write("tp", tp=tp, dp=dp, mesh=[dp, tp], blocks=args.blocks, width=args.width,
+              hidden=args.hidden, plan=PLAN, placement=placement(ctx, tp),
+              param_bytes=[h["param_bytes"] for h in held],
+              sharded_bytes=[h["sharded_bytes"] for h in held],
+              full_param_bytes=held[0]["full_param_bytes"],
+              full_sharded_bytes=held[0]["full_sharded_bytes"])
+
+
+def log_comm(log, counter, epoch, per_replica):
+    """The "tp_comm" record: the collectives of the one step the counter counted, every rank's."""
+    log.write("tp_comm", epoch=epoch, step=1, per_replica_batch=per_replica, step_s=counter.step_s,
+              collectives=gathered(counter.rows()))
 
 
 def gathered(value):
