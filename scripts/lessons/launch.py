@@ -154,7 +154,7 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
 LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 110), ("_trainup_cpu.py", "_trainup_gpu.py", 85),
           ("_trainup_gpu.py", "_trainup_dp.py", 65), ("_trainup_gpu.py", "_trainup_ddp.py", 80),
           ("_trainup_ddp.py", "_trainup_ddp_tuned.py", 112), ("_trainup_ddp.py", "_trainup_horovod.py", 79),
-          ("_trainup_ddp.py", "_trainup_lightning.py", 295),
+          ("_trainup_ddp.py", "_trainup_lightning.py", 172),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),

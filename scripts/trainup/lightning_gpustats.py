@@ -2,8 +2,11 @@
 
 nvitop once shipped such a callback (nvitop.callbacks.lightning.GpuStatsLogger); nvitop 1.7 has none, so
 where it is missing this one does the same with nvitop's Device API (trainup.gpumon reads the GPUs the same
-way for the plain scripts). Rank 0 reads its own GPU every `every` training steps.
+way for the plain scripts). Rank 0 reads its own GPU every `every` training steps. monitors() picks
+the callbacks --monitor adds.
 """
+import importlib.util
+
 from pytorch_lightning import Callback
 
 from . import gpumon
@@ -16,6 +19,24 @@ def nvitop_callback():
     except ImportError:
         return None
     return GpuStatsLogger
+
+
+def monitors(args, accelerator):
+    """--monitor: ([callbacks], what was skipped or None): Lightning's DeviceStatsMonitor, and
+    nvitop's GPU readings where a GPU and nvitop exist (nvitop's own Lightning callback if this
+    nvitop has one, else the course's NvitopGpuStats)."""
+    if not args.monitor:
+        return [], None
+    from pytorch_lightning.callbacks import DeviceStatsMonitor
+    callbacks = [DeviceStatsMonitor()]
+    if accelerator != "cuda":
+        return callbacks, ("--monitor on the CPU: DeviceStatsMonitor logs CPU statistics; "
+                           "nvitop's GPU readings skipped (no GPU)")
+    if importlib.util.find_spec("nvitop") is None:
+        return callbacks, ("--monitor: nvitop is not installed (pip install nvitop), so "
+                           "DeviceStatsMonitor alone logs the GPU")
+    nvitop_logger = nvitop_callback()
+    return callbacks + [nvitop_logger() if nvitop_logger else NvitopGpuStats()], None
 
 
 class NvitopGpuStats(Callback):

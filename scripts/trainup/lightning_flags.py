@@ -1,0 +1,63 @@
+"""The Lightning script's flags: the Trainer's own (--accelerator, --devices, --num-nodes,
+--strategy, --precision...), Lightning 1.x's answered in one sentence (lightning_compat), and where
+devices and num_nodes come from when the flags are left out (torchrun's or SLURM's variables)."""
+from . import UserError, cli, distributed, lightning_compat
+
+
+def add(p):
+    """The Trainer's flags, and Lightning 1.x's (check() answers them), on the course's parser."""
+    t = p.add_argument_group("Lightning's Trainer")
+    t.add_argument("--accelerator", default="auto", help="cpu, gpu (cuda), auto, ...")
+    t.add_argument("--devices", default=None,
+                   help="processes per node (default: torchrun's or SLURM's, else 1)")
+    t.add_argument("--num-nodes", type=cli.positive(int), default=None,
+                   help="default: torchrun's or SLURM's, else 1")
+    t.add_argument("--strategy", default="auto",
+                   help="auto, ddp, ddp_spawn, fsdp, deepspeed, ... (this Lightning's)")
+    t.add_argument("--max-epochs", type=cli.positive(int), default=None,
+                   help="Lightning's name for --epochs")
+    t.add_argument("--precision", default="32",
+                   help="32, 64 (64-true: float64, for the proofs), 16 (16-mixed), "
+                        "bf16 (bf16-mixed), or Lightning's names")
+    t.add_argument("--no-sync-dist", action="store_true",
+                   help="self.log without sync_dist: rank 0 logs its shard")
+    t.add_argument("--monitor", action="store_true",
+                   help="DeviceStatsMonitor (and the course's GPU statistics callback, "
+                        "nvitop's readings, on GPUs)")
+    old = p.add_argument_group("Lightning 1.x flags, answered with what Lightning 2 wants")
+    old.add_argument("--gpus", default=None, help="removed in Lightning 2")
+    old.add_argument("--num-processes", default=None, help="removed in Lightning 2")
+    old.add_argument("--tpu-cores", default=None, help="removed in Lightning 2")
+
+
+def check(args):
+    """--max-epochs is --epochs; a Lightning 1.x flag or strategy, or a strategy this Lightning
+    lacks, is one sentence (UserError) before any work."""
+    from pytorch_lightning.strategies import StrategyRegistry
+    if args.max_epochs is not None:
+        args.epochs = args.max_epochs
+    lightning_compat.check_removed(args)
+    lightning_compat.check_strategy(args.strategy, StrategyRegistry.available_strategies())
+    return args
+
+
+def accelerator(args):
+    """What --accelerator names: 'cuda' for gpu, and for auto where torch sees a GPU; one sentence
+    where it asks for a GPU this machine lacks."""
+    import torch
+    name = "cuda" if args.accelerator in ("gpu", "cuda") or (
+        args.accelerator == "auto" and torch.cuda.is_available()) else args.accelerator
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--accelerator {args.accelerator} needs an NVIDIA GPU, and torch sees "
+                        f"none on this machine; use --accelerator cpu (or auto)")
+    return name
+
+
+def devices_and_nodes(args):
+    """devices and num_nodes: the flags, else what torchrun or SLURM set (Lightning checks they
+    agree), else 1."""
+    ctx = distributed.from_env()
+    launched = ctx.launcher in ("torchrun", "slurm")
+    devices = args.devices or (str(ctx.local_world_size) if launched else "1")
+    nodes = args.num_nodes or (ctx.nnodes if launched else 1)
+    return (int(devices) if devices.lstrip("-").isdigit() else devices), nodes
