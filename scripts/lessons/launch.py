@@ -154,7 +154,8 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
 LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           ("_trainup_cpu.py", "_trainup_gpu.py", 85),
           ("_trainup_gpu.py", "_trainup_dp.py", 65), ("_trainup_gpu.py", "_trainup_ddp.py", 80),
-          ("_trainup_ddp.py", "_trainup_ddp_tuned.py", 112), ("_trainup_ddp.py", "_trainup_horovod.py", 160),
+          ("_trainup_ddp.py", "_trainup_ddp_tuned.py", 78),
+          ("_trainup_ddp.py", "_trainup_horovod.py", 160),
           ("_trainup_ddp.py", "_trainup_lightning.py", 295),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
