@@ -4,39 +4,39 @@
     python scripts/_trainup_ddp_tuned.py --quick --optimizer sgd --lr 0.08 --warmup-steps 4
     torchrun --standalone --nproc-per-node 2 scripts/_trainup_ddp_tuned.py --model cnn_bn --sync-bn
 
-Compared with _trainup_ddp.py: --accumulate K (each rank's batch as K micro-batches, no_sync until
-the last, the all-reduces counted by a communication hook); --optimizer sgd, the optimizer of the
-linear scaling rule; --warmup-steps N (the rate raised step by step, kept by a stop); --sync-bn
-(BatchNorm statistics over the global batch, GPUs).
+Against _trainup_gpu.py: join the process group (trainup/distributed.py reads rank, world size
+and the meeting point from torchrun, SLURM or neither); the device from LOCAL_RANK; a
+DistributedSampler with set_epoch; the model wrapped in DDP; --batch-size is the GLOBAL batch (each
+process takes batch/world); metrics summed over the processes before logging; logs and checkpoints
+from rank 0 only; a torchrun restart resumes from the checkpoint; leaving the group together.
+Against _trainup_ddp.py: --accumulate K (K micro-batches a step, no_sync until the last),
+--optimizer sgd, --warmup-steps N (the linear scaling rule's), --sync-bn (GPUs).
 """
 import contextlib
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from trainup import (UserError, checkpoint, cli, data, devices, distributed, evaluation, gpumon,
-                     metrics, models, preempt, profiling, sweeps)
+                     metrics, models, preempt, profiling, sweeps, tuning)
 
 
-def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler, accumulate=1, warmup=None):
+def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler,
+                accumulate=1, warmup=None):
     model.train()
     meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
-    steps = len(loader) if accumulate > 1 else None
     seen = 0  # samples of the step being accumulated
     for i, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress)):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
-        last = (i + 1) % accumulate == 0 or i + 1 == steps  # --accumulate: the micro-batch that steps
-        with (contextlib.nullcontext() if last else model.no_sync()):  # no_sync: gradients add up locally
+        last = (i + 1) % accumulate == 0 or i + 1 == len(loader)  # --accumulate: the step's last
+        with (contextlib.nullcontext() if last else model.no_sync()):  # gradients add up locally
             with devices.autocast(device, precision):
                 logits = model(x)
                 loss = F.cross_entropy(logits, y)
-            # a sum over the micro-batch, divided by the step's samples below: the mean of the whole
-            # batch even when the epoch's last batch is short (loss / accumulate would over-weight it)
+            # summed, divided by the step's samples below (loss / K over-weights a short batch)
             scaler.scale(loss * len(y) if accumulate > 1 else loss).backward()  # fp16: scaled
         seen += len(y)
         if last:
@@ -53,19 +53,9 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, precisio
     return meter
 
 
-def count_allreduces(model):
-    """--accumulate: count the gradient all-reduces (a communication hook doing DDP's own mean)."""
-    calls = [0]
-
-    def hook(state, bucket):
-        calls[0] += 1
-        return default_hooks.allreduce_hook(None, bucket)
-    model.register_comm_hook(None, hook)
-    return calls
-
-
 def optimizer_for(model, args):
-    optimizer = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) if args.optimizer == "sgd"
+    sgd = args.optimizer == "sgd"  # momentum 0.9: the optimizer of the linear scaling rule
+    optimizer = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) if sgd
                  else torch.optim.Adadelta(model.parameters(), lr=args.lr))
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
@@ -75,29 +65,11 @@ def parse_args(argv=None):
     cli.add_loading(p)
     cli.add_sweep(p)
     cli.add_group(p)
-    p.add_argument("--accumulate", type=cli.positive(int), default=None,
-                   help="split each rank's batch into K micro-batches, all-reduced once (no_sync), and count all-reduces")
-    p.add_argument("--optimizer", default="adadelta", choices=("adadelta", "sgd"),
-                   help="sgd: momentum 0.9, the optimizer of the linear scaling rule (set --lr, e.g. 0.01)")
-    p.add_argument("--warmup-steps", type=cli.positive(int), default=None,
-                   help="raise the learning rate linearly from lr/N to lr over the first N steps")
-    p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over the whole global batch (GPUs)")
+    tuning.add_flags(p)  # --accumulate, --optimizer, --warmup-steps, --sync-bn
     profiling.add_flag(p)
     args = cli.parse(p, argv)
-    per_rank = args.batch_size // max(distributed.from_env().world_size, 1)
-    if args.accumulate and per_rank % args.accumulate:
-        p.error(f"--accumulate {args.accumulate} must divide each process's batch ({per_rank} samples)")
-    if args.accumulate and args.sweep:
-        p.error("--accumulate and --sweep do not go together: a sweep times whole steps")
+    tuning.check(args, p)
     return args
-
-
-def check_sync_bn(model, device):
-    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise UserError("--sync-bn changes nothing here: the model has no BatchNorm layer (try --model cnn_bn)")
-    if device.type != "cuda":
-        raise UserError(f"--sync-bn needs GPUs: torch's SyncBatchNorm refuses modules on {device.type} "
-                        f"(DDP raises 'SyncBatchNorm layers only work with GPU modules')")
 
 
 @cli.main_guard
@@ -120,16 +92,18 @@ def main(argv=None):
     args.resume = args.resume or ctx.restart_count > 0  # torchrun restarted us: carry on from the checkpoint
     start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler) if args.resume else 1
     if args.sync_bn:
-        check_sync_bn(model, device)
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics all-gathered over the ranks
+        tuning.check_sync_bn(model, device)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics over all ranks
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # all-reduces gradients
-    allreduces = count_allreduces(model) if args.accumulate else None
-    warmup = (torch.optim.lr_scheduler.LinearLR(optimizer, 1 / args.warmup_steps, total_iters=args.warmup_steps - 1)
+    allreduces = tuning.count_allreduces(model) if args.accumulate else None
+    warmup = (torch.optim.lr_scheduler.LinearLR(optimizer, 1 / args.warmup_steps,
+                                                total_iters=args.warmup_steps - 1)
               if args.warmup_steps and start_epoch == 1 else None)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.flops(model.module, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     log.write("ddp", **distributed.describe(ctx, args))
-    stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler, warmup=warmup)  # what a stop saves, rank 0 writes
+    # what a stop saves, rank 0 writes; the warm-up's step too
+    stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler, warmup=warmup)
     # each node's first process watches that node's GPUs: every rank's
     monitor = gpumon.start_on_node(ctx, log, args)
     if ctx.restart_count and ctx.is_main:
@@ -143,7 +117,8 @@ def main(argv=None):
 
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
     accumulate = args.accumulate or 1
-    train_loader = data.loader(train_set, args.batch_size // ctx.world_size // accumulate, sampler, args, device)
+    micro_batch = args.batch_size // ctx.world_size // accumulate  # --accumulate: K of them a step
+    train_loader = data.loader(train_set, micro_batch, sampler, args, device)
     test_loader = data.loader(test_set, 1000, range(ctx.rank, len(test_set), ctx.world_size), args, device)
     profiler = profiling.start(args, ctx.rank, device)  # --profile STEPS: a trace of a few steps
     for epoch in range(start_epoch, args.epochs + 1):
@@ -151,13 +126,11 @@ def main(argv=None):
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
         train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)),
-                            optimizer, epoch, args.show_progress and ctx.is_main, device, args.precision, scaler,
-                            accumulate, warmup)
+                            optimizer, epoch, args.show_progress and ctx.is_main, device,
+                            args.precision, scaler, accumulate, warmup)
         scheduler.step()
         if allreduces:
-            log.write("accumulate", epoch=epoch, accumulate=accumulate, micro_batch=args.batch_size // ctx.world_size
-                      // accumulate, micro_batches=len(train_loader), allreduce_calls=allreduces[0])
-            allreduces[0] = 0  # counted per epoch
+            allreduces.write(log, epoch, accumulate, micro_batch, len(train_loader))  # then from 0
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.write("ranks", **distributed.per_rank(epoch, train, sampler))  # what each rank alone saw

@@ -3,21 +3,16 @@
     python scripts/_trainup_hogwild.py --quick
     python scripts/_trainup_hogwild.py --num-processes 2 --threads 1    # 2 processes, 1 model
 
-N worker processes train one model in shared memory, each on its share of the data, without locks
-(Hogwild, as in pytorch/examples' mnist_hogwild). Compared with _trainup_cpu.py: the workers.
+N processes train one model in shared memory, each on its share of the data, without locks.
 """
-import atexit
 import os
-import queue
-import time
 
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import (UserError, checkpoint, cli, data, evaluation, metrics, models, preempt,
-                     profiling)
+from trainup import checkpoint, cli, data, evaluation, metrics, models, preempt, profiling, workers
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress):
@@ -38,11 +33,9 @@ def optimizer_for(model, args):
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
 
-def hogwild_worker(rank, args, model, train_set, start_epoch, results, go, parent):
-    """One of N processes: trains the shared model on every N-th sample, then waits for the next
-    epoch."""
-    # a stop signal is for the main process: it ends the workers between epochs
-    preempt.leave_to_main(args)
+def hogwild_worker(rank, args, model, train_set, start_epoch, link):
+    """One of N processes: trains the shared model on every N-th sample, epoch by epoch."""
+    preempt.leave_to_main(args)  # a stop is the main process's: it ends the workers between epochs
     torch.set_num_threads(args.threads)
     sampler = data.ShuffleSampler(len(train_set), args.seed, rank, args.num_processes)
     batch = args.batch_size // args.num_processes
@@ -50,63 +43,23 @@ def hogwild_worker(rank, args, model, train_set, start_epoch, results, go, paren
     optimizer, scheduler = optimizer_for(model, args)
     for _ in range(1, start_epoch):
         scheduler.step()
-    results.put((rank, None))  # ready: the epoch's clock starts once every worker is
-    for epoch in range(start_epoch, args.epochs + 1):
-        # the main process evaluates and logs between epochs
-        if preempt.next_epoch(go, parent) is None:
-            return
+    for epoch in link.epochs(start_epoch, args.epochs):  # each when the main process says
         sampler.set_epoch(epoch)
-        show = rank == 0 and args.show_progress
-        results.put((rank, train_epoch(model, loader, optimizer, epoch, show)))
+        link.done(train_epoch(model, loader, optimizer, epoch, rank == 0 and args.show_progress))
         scheduler.step()
 
 
 def hogwild_epochs(args, model, train_set, start_epoch):
-    """Start the workers; yield (epoch, combined train Meter, seconds) as all workers finish an
-    epoch."""
-    model.share_memory()
+    """Start the workers (as in mnist_hogwild); yield (epoch, their Meters summed, seconds)."""
+    model.share_memory()  # every worker's optimizer steps these very tensors
     ctx = mp.get_context("spawn")  # fork is unsafe once torch has started its thread pools
-    results, go = ctx.Queue(), ctx.Queue()
-    workers = [ctx.Process(target=hogwild_worker, daemon=True,
-                           args=(rank, args, model, train_set, start_epoch, results, go,
-                                 os.getpid()))
-               for rank in range(args.num_processes)]
-    for w in workers:
-        w.start()
-
-    def gather():
-        meters = []
-        while len(meters) < len(workers):  # wait, but notice a worker that died instead of hanging
-            try:
-                meters.append(results.get(timeout=1)[1])
-            except queue.Empty:
-                dead = [w for w in workers if w.exitcode not in (None, 0)]
-                if dead:
-                    raise UserError(f"a worker process exited with status {dead[0].exitcode}")
-        return meters
-
-    def end():  # the workers ignore SIGTERM (a stop is the main process's), so they are told to end
-        if not any(w.is_alive() for w in workers):
-            return
-        for w in workers:
-            go.put(None)
-        for w in workers:
-            w.join(timeout=10)
-            if w.is_alive():
-                w.kill()
-    # also at exit after a stop: before multiprocessing's own exit handler, which would wait
-    atexit.register(end)
-    try:
-        gather()  # every worker has started
-        for epoch in range(start_epoch, args.epochs + 1):
-            tick = time.perf_counter()
-            for _ in workers:
-                go.put(epoch)
-            total = sum(m.as_tensor() for m in gather())
-            yield epoch, metrics.Meter.from_tensor(total), time.perf_counter() - tick
-    finally:
-        atexit.unregister(end)
-        end()
+    link = workers.Link(ctx)  # the main process tells the workers when to train an epoch
+    procs = [ctx.Process(target=hogwild_worker, daemon=True,
+                         args=(rank, args, model, train_set, start_epoch, link))
+             for rank in range(args.num_processes)]
+    for proc in procs:
+        proc.start()
+    yield from workers.epochs(procs, link, start_epoch, args.epochs)
 
 
 def parse_args(argv=None):
