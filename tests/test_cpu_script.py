@@ -42,8 +42,8 @@ def test_quick_run_learns_and_writes_its_log(runs):
     run = report.read_run(log_dir / "q.jsonl")
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
     assert run["epochs"][-1]["loss"] < run["epochs"][0]["loss"]
-    # Hogwild's unlocked updates race, so its accuracy varies from run to run (0.59 to 0.82 over six
-    # runs here, and once below 0.5 on a loaded machine): three times chance says the workers trained it
+    # Hogwild's unlocked updates race, so its accuracy varies from run to run (0.59 to 0.82 over
+    # six runs here, once below 0.5 on a loaded machine): three times chance says they trained it
     assert run["epochs"][-1]["test_accuracy"] > 0.3  # chance is 0.1
     assert run["env"]["world_size"] == 1 and run["config"]["args"]["quick"] is True
     assert (log_dir / "q.stdout").read_text() == runs.straight.stdout  # stdout is kept in logs/<run>.stdout
@@ -88,8 +88,8 @@ def test_two_hogwild_processes_train_one_shared_model(hogwild):
     with torch.no_grad():
         correct = sum((model(x).argmax(1) == y).sum().item() for x, y in DataLoader(test, batch_size=256))
     assert correct / len(test) == pytest.approx(run["epochs"][-1]["test_accuracy"])
-    # Hogwild's unlocked updates race, so its accuracy varies from run to run (0.59 to 0.82 over six
-    # runs here, and once below 0.5 on a loaded machine): three times chance says the workers trained it
+    # Hogwild's unlocked updates race, so its accuracy varies from run to run (0.59 to 0.82 over
+    # six runs here, once below 0.5 on a loaded machine): three times chance says they trained it
     assert run["epochs"][-1]["test_accuracy"] > 0.3  # chance is 0.1
     assert max((model.state_dict()[k] - init[k]).abs().max().item() for k in init) > 1e-2
 

@@ -1,6 +1,6 @@
-"""Lesson 04's tuning of DDP (_trainup_ddp_tuned.py): its flags and their refusals, and the counter of
-gradient all-reduces that shows what --accumulate saves. The tuning itself (no_sync, SGD, the warm-up,
-SyncBatchNorm) is in the script."""
+"""Lesson 04's tuning of DDP (_trainup_ddp_tuned.py): its flags and their refusals, and the
+counter of gradient all-reduces that shows what --accumulate saves. The tuning itself (no_sync,
+SGD, the warm-up, SyncBatchNorm) is in the script."""
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -14,7 +14,8 @@ def add_flags(p):
                    help="split each rank's batch into K micro-batches, all-reduced once (no_sync), "
                         "and count all-reduces")
     p.add_argument("--optimizer", default="adadelta", choices=("adadelta", "sgd"),
-                   help="sgd: momentum 0.9, the optimizer of the linear scaling rule (set --lr, e.g. 0.01)")
+                   help="sgd: momentum 0.9, the optimizer of the linear scaling rule "
+                        "(set --lr, e.g. 0.01)")
     p.add_argument("--warmup-steps", type=positive(int), default=None,
                    help="raise the learning rate linearly from lr/N to lr over the first N steps")
     p.add_argument("--sync-bn", action="store_true",
@@ -26,7 +27,8 @@ def check(args, p):
     and times no --sweep."""
     per_rank = args.batch_size // max(distributed.from_env().world_size, 1)
     if args.accumulate and per_rank % args.accumulate:
-        p.error(f"--accumulate {args.accumulate} must divide each process's batch ({per_rank} samples)")
+        p.error(f"--accumulate {args.accumulate} must divide each process's batch "
+                f"({per_rank} samples)")
     if args.accumulate and args.sweep:
         p.error("--accumulate and --sweep do not go together: a sweep times whole steps")
 
@@ -37,8 +39,8 @@ def check_sync_bn(model, device):
         raise UserError("--sync-bn changes nothing here: the model has no BatchNorm layer "
                         "(try --model cnn_bn)")
     if device.type != "cuda":
-        raise UserError(f"--sync-bn needs GPUs: torch's SyncBatchNorm refuses modules on {device.type} "
-                        f"(DDP raises 'SyncBatchNorm layers only work with GPU modules')")
+        raise UserError(f"--sync-bn needs GPUs: torch's SyncBatchNorm refuses modules on "
+                        f"{device.type} (DDP raises 'SyncBatchNorm layers only work with GPU modules')")
 
 
 class AllReduces:
