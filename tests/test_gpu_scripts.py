@@ -82,7 +82,9 @@ def test_mixed_precision_contexts():
 
 
 def test_autocast_reaches_the_threads_data_parallel_runs_replicas_in():
-    """Autocast is per thread: a replica run in another thread loses it unless its forward turns it on."""
+    """Autocast's state is per thread: a plain thread starts without it (DataParallel's
+    parallel_apply enters it again, but without the dtype), so the replica's forward turns it
+    on with the dtype asked."""
     import threading
     net = torch.nn.Linear(4, 2)
     results = {}

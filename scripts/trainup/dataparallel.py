@@ -33,8 +33,10 @@ def choose(gpus=None):
 
 
 class Autocast(nn.Module):
-    """Runs the model under mixed precision from inside its forward. Autocast is set per thread, and
-    DataParallel runs each replica in a thread of its own, which would otherwise use fp16 whatever was asked."""
+    """Runs the model under mixed precision from inside its forward. Autocast's state is per
+    thread, and DataParallel runs each replica in a thread of its own: parallel_apply enters
+    autocast again there with the on/off switch only, so the dtype falls back to the default
+    (fp16 on CUDA) and bf16 would silently become fp16."""
 
     def __init__(self, net, precision):
         super().__init__()
