@@ -74,8 +74,7 @@ def one_run(args, resume_from, ctx, device, train_set, test_set):
     per_rank = args.batch_size // ctx.world_size
     sampler = DistributedSampler(train_set, ctx.world_size, ctx.rank, seed=args.seed)  # padded
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
-    test_loader = DataLoader(test_set, batch_size=1000,
-                             sampler=range(ctx.rank, len(test_set), ctx.world_size))
+    test_loader = DataLoader(test_set, batch_sampler=sharding.test_batches(len(test_set), ctx))
     sharding.measure_step(log, model, optimizer, len(train_loader), args)  # bytes, collectives
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()

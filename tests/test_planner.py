@@ -29,12 +29,18 @@ def test_the_activation_term_is_what_memtracker_measures(mode):
 def test_memory_by_hand():
     m = planner.Transformer(layers=8, hidden=1024, heads=8, seq=512)
     psi = m.params()
-    # ZeRO-1 over dp 4, bf16 with Adam (2+2+12): weights and gradients whole, the 12 bytes split
+    # ZeRO-1 over dp 4, the ZeRO paper's fp16 with Adam (2+2+12): weights and gradients whole,
+    # the 12 bytes split
     lay = planner.Layout(dp=4, tp=2, pp=2, stage="optimizer", micro=2)
-    mem = planner.memory(m, lay, global_batch=64, precision="bf16")
     owned = psi / 4
-    assert (mem["param"], mem["grad"], mem["optim"]) == pytest.approx((2 * owned, 2 * owned,
-                                                                      12 * owned / 4))
+    paper = planner.memory(m, lay, global_batch=64, precision="16")
+    assert (paper["param"], paper["grad"], paper["optim"]) == pytest.approx(
+        (2 * owned, 2 * owned, 12 * owned / 4))
+    # bf16 as FSDP2's MixedPrecisionPolicy keeps it: fp32 weights and gradients, Adam's 8 split
+    mem = planner.memory(m, lay, global_batch=64, precision="bf16")
+    assert (mem["param"], mem["grad"], mem["optim"]) == pytest.approx((4 * owned, 4 * owned,
+                                                                      8 * owned / 4))
+    assert mem["activations"] == paper["activations"]  # both compute in 16 bits
     # 1F1B: 8 micro-batches of 2, 2 in flight on the first stage, 4 layers each, split over tp 2
     one_layer = 2 * (16 * 512 * 2 * 1024 + 8 * 512 * 512 * 2)
     assert mem["activations"] == pytest.approx(4 * 2 * one_layer / 2)
@@ -74,7 +80,7 @@ def test_the_plan_puts_what_fits_first_and_the_fastest_of_it_first():
     fits = df[df["fits"]]
     assert list(fits["step_s"]) == sorted(fits["step_s"])
     assert (fits["total_gb"] <= 80).all() and (df[~df["fits"]]["total_gb"] > 80).all()
-    # plain DDP holds 16 bytes a parameter (bf16 weights and gradients, fp32 Adam): over 80 GB
+    # plain DDP holds 16 bytes a parameter (bf16 as FSDP2 keeps it: fp32 states): over 80 GB
     ddp = df[(df["tp"] == 1) & (df["pp"] == 1) & (df["zero"] == "DDP")]
     assert (ddp["states_gb"] > 100).all() and not ddp["fits"].any()
     # every layout uses all 8 GPUs, tp within one node and dividing the heads

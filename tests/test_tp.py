@@ -124,6 +124,19 @@ def test_the_lessons_sentences_read_the_runs(runs):
     assert "FSDP over dp added" in " ".join(lesson.about_comm("dp2xtp2", log_dir=runs))
 
 
+def test_when_tp_pays_adds_up_the_measured_step(runs):
+    """The sentence weighing tp's all-reduces against the compute they save: its numbers add up
+    (tp's step is 1/tp of one process's plus the rest, spread over the all-reduces tp_comm counted)
+    and its verdict is the throughput's."""
+    pays = lesson.when_tp_pays("one", "tp2", log_dir=runs)
+    assert pays["calls"] == 2 * BLOCKS
+    assert pays["tp_step_s"] == pytest.approx(pays["one_step_s"] / 2 + pays["extra_s"])
+    rate = lesson.throughput(["one", "tp2"], log_dir=runs)
+    slower = rate["tp2"] < rate["one"]
+    assert (pays["ratio"] > 1) == slower
+    assert ("is slower than one process" if slower else "beats one process") in pays["sentence"]
+
+
 def test_the_exercise_solution_matches_the_measured_bytes(runs):
     path = ROOT / "notebooks" / "solutions" / "09_sharding.py"  # lesson 09's solutions hold the TP exercise's
     spec = importlib.util.spec_from_file_location("solution_09_tp", path)

@@ -8,9 +8,11 @@ per GPU term by term, whether it fits, and its predicted step time; the fastest 
 
 Bytes per GPU (each term is the course's own formula, checked against its measurements by
 tests/test_planner.py):
-- model states: ZeRO's bytes per parameter (trainup.sharding.expected: 4+4+8 in fp32 with Adam,
-  2+2+12 in mixed precision), of the parameters one GPU owns (1/tp of each layer's matrices, 1/pp
-  of the layers), the sharded states divided by dp;
+- model states: ZeRO's bytes per parameter (trainup.sharding.expected), by the recipe a precision
+  names (PER_PARAM): "32" fp32 with Adam, 4+4+8; "bf16" FSDP2's MixedPrecisionPolicy(bf16, reduce
+  fp32), fp32 weight and gradient shards and fp32 Adam, 4+4+8 too; "16" the ZeRO paper's fp16
+  weights and gradients beside an fp32 master copy and Adam, 2+2+12; of the parameters one GPU owns
+  (1/tp of each layer's matrices, 1/pp of the layers), the sharded states divided by dp;
 - activations: trainup.transformer.activation_bytes per layer and micro-batch (16 s b h + a s^2 b
   values), divided by tp (tensor parallelism with sequence parallelism, Korthikanti et al. 2022),
   for the L/pp layers of a stage; 1F1B keeps pp micro-batches in flight on the first stage, so a
@@ -28,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from trainup.flops import PEAK_TFLOPS
-from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, ZERO_STAGE, expected
+from trainup.sharding import FP32_ADAM, FSDP2_BF16, MIXED_ADAM, MODES, ZERO_STAGE, expected
 
 from . import perfmodel as pm
 from .activations import formula as activation_formula
@@ -40,6 +42,8 @@ RECOMPUTE = ("none", "selective", "full")
 GPU_MEMORY_GB = (24, 40, 80, 141)  # an L4/RTX 4090, an A100 40GB, an A100/H100 80GB, an H200
 # The GPUs' memory, GB, from the datasheets (the 80 GB parts of A100 and H100)
 GPU_MEMORY = {"A100": 80, "H100": 80, "H200": 141, "V100": 32, "L4": 24, "T4": 16, "P100": 16}
+# bytes a parameter of (weights, gradients, Adam) for each --precision: see the docstring
+PER_PARAM = {"32": FP32_ADAM, "bf16": FSDP2_BF16, "16": MIXED_ADAM}
 STAGE_LABEL = {"none": "DDP", "optimizer": "ZeRO-1", "gradients": "ZeRO-2", "parameters": "ZeRO-3"}
 
 
@@ -100,7 +104,7 @@ def micro_batches(global_batch, layout):
     return max(1, per_replica // layout.micro)
 
 
-def states(params, layout, per_param=MIXED_ADAM):
+def states(params, layout, per_param=FSDP2_BF16):
     """Bytes per GPU of (parameters, gradients, optimizer state): a GPU owns 1/tp of each layer's
     weights and the layers of 1/pp of the stages; ZeRO shards its stage's states over dp (biases
     and LayerNorms, replicated under tp, are counted as cut: 13h of a layer's 12h^2 + 13h)."""
@@ -108,9 +112,9 @@ def states(params, layout, per_param=MIXED_ADAM):
 
 
 def memory(model, layout, global_batch, precision="bf16"):
-    """Bytes per GPU, term by term: dict(param, grad, optim, activations, total)."""
-    per_param = MIXED_ADAM if precision in ("bf16", "16") else FP32_ADAM
-    param, grad, optim = states(model.params(), layout, per_param)
+    """Bytes per GPU, term by term: dict(param, grad, optim, activations, total); precision: a
+    PER_PARAM recipe (bf16: FSDP2's, 16: the ZeRO paper's mixed precision)."""
+    param, grad, optim = states(model.params(), layout, PER_PARAM[precision])
     value = 2 if precision in ("bf16", "16") else 4  # activations in the compute precision
     one = activation_formula(layout.recompute, 1, model.hidden, model.heads, model.seq,
                              layout.micro, value) / layout.tp

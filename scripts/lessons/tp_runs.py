@@ -165,6 +165,40 @@ def throughput(names, log_dir=LOG_DIR):
     return {n: float(last.loc[n, "samples_per_s"]) for n in names}
 
 
+def when_tp_pays(one, name, log_dir=LOG_DIR):
+    """Why run `name` is slower (or faster) than one process `one`, from their last epochs' steps:
+    the tp run's step against 1/tp of one process's compute (its best case: a perfect cut), the
+    difference spread over the tp all-reduces one step runs (tp_comm), each against the compute
+    it lets a process skip. dict of the numbers and `sentence`."""
+    cfg, rec = layout(name, log_dir), _records(name, "tp_comm", log_dir)[-1]
+    batch = rec["per_replica_batch"] * cfg["dp"]  # samples a step, the same in both runs
+    rate = throughput([one, name], log_dir)
+    one_s, tp_s = batch / rate[one], batch / rate[name]
+    share = one_s / cfg["tp"]  # what each process would compute if cutting cost nothing
+    t = comm_table(name, log_dir)
+    ar = t[(t["op"] == "all_reduce") & (t["dimension"] == "tp")]
+    calls, size = int(ar["calls"].sum()), int(ar["bytes"].sum())
+    extra, saved = tp_s - share, one_s - share
+    ratio = extra / saved
+    verdict = (f"{label(cfg)} is slower than one process" if ratio > 1 else
+               f"{label(cfg)} beats one process")
+    sentence = (
+        f"One process computes a step of {batch} samples in {one_s * 1e3:.2f} ms; cut "
+        f"{cfg['tp']} ways, at best {share * 1e3:.2f} ms a process. {label(cfg)} took "
+        f"{tp_s * 1e3:.2f} ms a step: {extra * 1e3:.2f} ms more, what its {calls} all-reduces "
+        f"of activations a step ({size / calls:,.0f} bytes each) and DTensor's bookkeeping "
+        f"around them cost, {extra / calls * 1e3:.3f} ms an all-reduce, {ratio:.1f}× the "
+        f"{saved / calls * 1e3:.3f} ms of compute each lets a process skip: {verdict}. "
+        f"Tensor parallelism pays when an all-reduce costs less than the compute it saves: a "
+        f"block's products grow with batch × width × hidden ({batch} × {cfg['width']} × "
+        f"{cfg['hidden']} here), its all-reduce with batch × width only, so wide layers on fast "
+        f"links (NVLink) turn the ratio. (Steps from the last epoch's rate: the step tp_comm "
+        f"timed, the first, took {rec['step_s'] * 1e3:.1f} ms, first calls allocating and "
+        f"DTensor working out its layouts.)")
+    return dict(one_step_s=one_s, tp_step_s=tp_s, share_s=share, extra_s=extra, calls=calls,
+                ratio=ratio, sentence=sentence)
+
+
 def processes_note(processes, cores):
     """Whether a job's processes had a core each: the sentence computed from the cores this machine gives."""
     if processes <= cores:

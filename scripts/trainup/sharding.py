@@ -31,6 +31,9 @@ ZERO_STAGE = {"none": 0, "optimizer": 1, "gradients": 2, "parameters": 3}
 # Bytes per parameter of each state: (parameters, gradients, optimizer state)
 FP32_ADAM = (4, 4, 8)          # what runs here: fp32 weights and gradients, Adam's exp_avg and exp_avg_sq
 MIXED_ADAM = (2, 2, 12)        # the ZeRO paper: fp16 weights and gradients; fp32 master weights + Adam (K = 12)
+# FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): fp32 shards of weights and gradients, fp32 Adam;
+# the bf16 weights exist only while a unit is gathered
+FSDP2_BF16 = (4, 4, 8)
 SHARDED = {"none": (False, False, False), "optimizer": (False, False, True),
            "gradients": (False, True, True), "parameters": (True, True, True)}
 
@@ -109,6 +112,14 @@ def runs(args):
                 raise UserError(f"--resume-from {args.resume_from}: no sharded checkpoint "
                                 f"{source.name} in {source.parent}")
         yield run, (source if args.resume or args.resume_from else None)
+
+
+def test_batches(n, ctx, batch_size=1000):
+    """This rank's batches of the n test samples: every sample once over the ranks, and as many
+    batches on every rank, since under FSDP each forward gathers with the others (a rank with a
+    batch fewer would leave them waiting)."""
+    batches = math.ceil(math.ceil(n / ctx.world_size) / batch_size)
+    return [b.tolist() for b in torch.arange(ctx.rank, n, ctx.world_size).tensor_split(batches)]
 
 
 def log_run(log, model, ctx, args, start_epoch):
