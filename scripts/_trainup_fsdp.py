@@ -5,9 +5,9 @@
     python scripts/_trainup_fsdp.py --quick --shard none                 # the baseline: 1 process
 
 Compared with _trainup_blocks.py: Adam, whose state ZeRO counts (--model: the CNN instead);
---shard picks what is split over the ranks (trainup/sharding.py): `none` (DDP), `optimizer`
-(ZeRO-1), `gradients` (ZeRO-2), `parameters` (ZeRO-3: fully_shard), several in turn in one job;
-one step's bytes and collectives logged; checkpoints sharded (DCP), loaded by a job of any size.
+--shard, what is split over the ranks (trainup/sharding.py): `none` (DDP), `optimizer` (ZeRO-1),
+`gradients` (ZeRO-2 by hand), `gradients_fsdp` (as FSDP2 ships it), `parameters` (ZeRO-3), in
+turn in one job; one step's bytes and collectives logged; DCP checkpoints, loaded by any size.
 """
 import time
 

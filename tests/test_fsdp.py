@@ -1,5 +1,6 @@
-"""_trainup_fsdp.py run for real: one 2-process torchrun job running every --shard mode in turn (DDP,
-ZeRO-1, ZeRO-2, ZeRO-3), each ending with the parameters of one process; the sharded (DCP) checkpoints
+"""_trainup_fsdp.py run for real: one 2-process torchrun job running every --shard mode in turn
+(DDP, ZeRO-1, ZeRO-2 by hand and as FSDP2 ships it, ZeRO-3), each ending with the parameters of
+one process, ZeRO-2's parameters whole at the end of forward; the sharded (DCP) checkpoints
 it wrote resumed by 1 process and by 4, continuing as an uninterrupted run; the bytes each rank holds
 within 10 % of the formulas; the collectives each stage adds; bad input. The one-process runs are
 in-process (no new interpreter)."""
@@ -13,7 +14,7 @@ import torch
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
 from lessons import checks, launch, planner, zero_stages as lesson
 from trainup import models
-from trainup.sharding import MODES, RESUMABLE
+from trainup.sharding import MODES, RESUMABLE, STAGES
 
 SCRIPT = str(SCRIPTS / "_trainup_fsdp.py")
 # a tiny model and data set: 4 steps an epoch; 4 processes on 2 cores stay quick
@@ -112,7 +113,7 @@ def test_a_checkpoint_saved_by_2_processes_resumes_in_another_number_and_continu
 def test_each_rank_holds_what_the_formulas_say_within_10_percent(with_resumes):
     runs = with_resumes
     table = lesson.memory_table(["one_1", *(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)], log_dir=runs)
-    assert sorted(set(table["N"])) == [1, 2, 4] and len(table) == 3 * 7
+    assert sorted(set(table["N"])) == [1, 2, 4] and len(table) == 3 * (1 + len(MODES) + 2)
     lesson.check_memory(table)
     by = table.set_index(["shard", "N", "state"])
     psi = int(table["psi"].iloc[0])
@@ -123,6 +124,9 @@ def test_each_rank_holds_what_the_formulas_say_within_10_percent(with_resumes):
     assert by.loc[("gradients", 2, "grad"), "max_bytes"] == pytest.approx(v * psi / 2, rel=0.02)
     assert by.loc[("optimizer", 2, "grad"), "max_bytes"] == v * psi
     assert by.loc[("optimizer", 2, "optim"), "mean_bytes"] == pytest.approx(2 * v * psi / 2, rel=0.02)
+    # FSDP2's ZeRO-2 between steps: its parameters sharded too, as ZeRO-3's
+    z2f = by.loc[("gradients_fsdp", 2, "param"), "max_bytes"]
+    assert z2f == pytest.approx(v * psi / 2, rel=0.02)
     # the check fails on a rank holding 20 % more than its formula
     worse = table.copy()
     worse.loc[worse["shard"] == "parameters", "max_vs_formula"] *= 1.2
@@ -144,9 +148,22 @@ def test_the_planners_model_states_are_what_the_ranks_held(with_resumes):
             assert held == pytest.approx(want, rel=0.10), (run, state, held, want)
 
 
+def test_at_the_end_of_forward_both_zero_2s_hold_whole_parameters_and_zero_3_its_root(runs):
+    """The peak against at rest: FSDP2 without resharding keeps every unit gathered from forward to
+    the end of backward, as the hand-written ZeRO-2 keeps its parameters whole; ZeRO-3 only its
+    root group (stem, head)."""
+    t = lesson.forward_table([f"two_{m}" for m in MODES], log_dir=runs).set_index("zero")
+    formula = t["forward_formula"].to_numpy()
+    assert t["forward_x_model"].to_numpy() == pytest.approx(formula, rel=0.02)
+    z2, z2f, z3 = (t.loc[lesson.LABELS[m]] for m in ("gradients", "gradients_fsdp", "parameters"))
+    assert z2["forward_x_model"] == z2f["forward_x_model"] == 1 == z2["at_rest_x_model"]
+    assert z2f["at_rest_x_model"] == pytest.approx(0.5, rel=0.02)
+    assert z3["at_rest_x_model"] < z3["forward_x_model"] < 1
+
+
 def test_each_stage_runs_the_collectives_it_should(runs):
     comm = lesson.comm_table([f"two_{m}" for m in MODES], log_dir=runs).set_index("zero")
-    ddp, z1, z2, z3 = (comm.loc[lesson.LABELS[m]] for m in MODES)
+    ddp, z1, z2, z3, z2f = (comm.loc[lesson.LABELS[m]] for m in MODES)
     # DDP: the whole gradient all-reduced once a step (one bucket: the model is small)
     assert ddp["all_reduce_x_model"] == pytest.approx(1) and ddp["all_gather_calls"] == 0
     # ZeRO-1: the same all-reduce, then each rank broadcasts the parameters it updated
@@ -156,6 +173,12 @@ def test_each_stage_runs_the_collectives_it_should(runs):
     # ZeRO-3: parameters all-gathered before forward and again before backward (the root group stays gathered)
     assert z3["reduce_scatter_x_model"] == pytest.approx(1) and 1 < z3["all_gather_x_model"] < 2
     assert z3["all_reduce_calls"] == 0
+    # FSDP2's ZeRO-2: parameters gathered once, for forward, kept to the end of backward; gradients
+    # reduce-scattered: what the hand-written ZeRO-2 sends, and DDP
+    assert z2f["all_gather_x_model"] == pytest.approx(1, rel=0.01) and z2f["all_reduce_calls"] == 0
+    assert z2f["reduce_scatter_x_model"] == pytest.approx(1, rel=0.01)
+    assert z2f["sent_x_model"] == pytest.approx(z2["sent_x_model"], rel=0.01)
+    assert z2f["sent_x_model"] == pytest.approx(ddp["sent_x_model"], rel=0.01)
 
 
 def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypatch):
@@ -182,7 +205,8 @@ def test_09_solutions_agree_with_the_lesson():
     spec.loader.exec_module(s)
     fits = s.largest_model(24, 8)
     table = lesson.largest_model(memory_gb=24, ns=(8,), per_param=(2, 2, 12)).set_index("zero")["N=8"]
-    assert [fits[m] / 1e9 for m in MODES] == pytest.approx([table[lesson.LABELS[m]] for m in MODES])
+    assert [fits[m] / 1e9 for m in STAGES] == pytest.approx(
+        [table[lesson.LABELS[m]] for m in STAGES])
     assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(8 * 24e9 / 16)
     assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)
     assert s.ring_bytes("optimizer", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)  # + broadcasts

@@ -5,12 +5,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-from trainup.sharding import MIXED_ADAM, MODES, expected
+from trainup.sharding import MIXED_ADAM, STAGES, expected
 
 
 def largest_model(memory_gb, n, per_param=MIXED_ADAM):
     """Exercise 1: Ψ (parameters) whose model states fit memory_gb per device, by --shard mode, on n devices."""
-    return {mode: memory_gb * 1e9 / sum(expected(mode, 1, n, per_param)) for mode in MODES}
+    return {mode: memory_gb * 1e9 / sum(expected(mode, 1, n, per_param)) for mode in STAGES}
 
 
 def ring_bytes(mode, psi, n, bytes_per_value=4):

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from trainup.flops import PEAK_TFLOPS
-from trainup.sharding import FP32_ADAM, FSDP2_BF16, MIXED_ADAM, MODES, ZERO_STAGE, expected
+from trainup.sharding import FP32_ADAM, FSDP2_BF16, MIXED_ADAM, STAGES, ZERO_STAGE, expected
 
 from . import perfmodel as pm
 from .activations import formula as activation_formula
@@ -166,7 +166,7 @@ def step(model, layout, global_batch, node, precision="bf16", mfu=MFU):
     return dict(compute=compute, dp=dp, tp=tp, bubble=bubble, total=total)
 
 
-def layouts(gpus, model, node, stages=MODES, recompute=RECOMPUTE, micro=1):
+def layouts(gpus, model, node, stages=STAGES, recompute=RECOMPUTE, micro=1):
     """Every dp x tp x pp of `gpus` with tp inside a node and dividing the heads, pp dividing the
     layers; each with every ZeRO stage that applies (below) and every recomputation."""
     out = []

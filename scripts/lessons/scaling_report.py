@@ -126,6 +126,7 @@ STRATEGIES = [
              devices=ABOVE_1), ONE_SHARDING, (("script", "_trainup_fsdp.py"),),
              "the sharding lesson (notebook 09)"),
     _zero(1, "optimizer"), _zero(2, "gradients"), _zero(3, "parameters"),
+    _zero(2, "gradients_fsdp"),
     Strategy("tensor parallel, one process", "tensor parallel", ONE_TP),
     Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py", devices=ABOVE_1, dp=(None, 1)), ONE_TP,
              (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),

@@ -9,14 +9,16 @@
 from pathlib import Path
 
 from trainup import LOG_DIR
-from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, SHARDED, ZERO_STAGE, expected
+from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, SHARDED, STAGES, ZERO_STAGE, expected
 
 from . import checks, jobs, launch
 from .report import QUICK, check, failed, read_run, save
 
 TOLERANCE = 0.10  # measured within 10 % of the formula
 STATES = ("param", "grad", "optim")
-LABELS = {"none": "DDP", "optimizer": "ZeRO-1", "gradients": "ZeRO-2", "parameters": "ZeRO-3 (FSDP)"}
+LABELS = {"none": "DDP", "optimizer": "ZeRO-1", "gradients": "ZeRO-2",
+          "parameters": "ZeRO-3 (FSDP)", "gradients_fsdp": "ZeRO-2 (FSDP)"}
+SHORT = {**{m: LABELS[m].split(" ")[0] for m in STAGES}, "gradients_fsdp": "ZeRO-2\nFSDP"}
 # a tiny block stack: the job is start-up and collectives, the bytes scale with Ψ whatever its size
 MODEL = ("--blocks", "4", "--width", "64")
 
@@ -113,11 +115,12 @@ def plot_memory(table, name):
         bottom = [0.0] * len(modes)
         for state in STATES:
             values = [float(runs.get_group((m, n)).set_index("state").loc[state, "max_bytes"]) / 2**10 for m in modes]
-            ax.bar([LABELS[m].split(" ")[0] for m in modes], values, bottom=bottom, color=colours[state],
+            ax.bar([SHORT[m] for m in modes], values, bottom=bottom, color=colours[state],
                    label={"param": "parameters", "grad": "gradients", "optim": "Adam state"}[state])
             bottom = [b + v for b, v in zip(bottom, values)]
         theory = [float(runs.get_group((m, n))["formula_bytes"].sum()) / 2**10 for m in modes]
-        ax.plot([LABELS[m].split(" ")[0] for m in modes], theory, "k_", markersize=20, mew=2, label="formula (fp32 Adam)")
+        ax.plot([SHORT[m] for m in modes], theory, "k_", markersize=20, mew=2,
+                label="formula (fp32 Adam)")
         ax.set(title=f"N = {n} process(es)", xlabel="")
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("KiB per rank (largest rank)")
@@ -134,7 +137,7 @@ def largest_model(memory_gb=80, ns=(1, 8, 64), per_param=None):
     for label, bytes_ in (("fp32 Adam (4+4+8)", FP32_ADAM), ("mixed Adam (2+2+12)", MIXED_ADAM)):
         if per_param and bytes_ != per_param:
             continue
-        for mode in MODES:
+        for mode in STAGES:  # the paper's four: gradients_fsdp's peak holds whole parameters
             row = dict(precision=label, zero=LABELS[mode])
             for n in ns:
                 per_psi = sum(expected(mode, 1, n, bytes_))
@@ -176,6 +179,26 @@ def started_at(name, log_dir=LOG_DIR):
 
 def zero_stage(mode):
     return ZERO_STAGE[mode]
+
+
+def forward_table(names, log_dir=LOG_DIR):
+    """Per run: the parameter bytes the largest rank holds after the step (at rest) and at the end
+    of a forward (in use), in units of the whole model, beside the formula for the latter: whole,
+    but under ZeRO-3 only the root group (stem, head) is still gathered, each block back to 1/N."""
+    import pandas as pd
+    rows = []
+    for name in names:
+        for r in _records(name, "shard_memory", log_dir):
+            if "forward_param_bytes" not in r:
+                continue
+            whole, n = _value_bytes(name, log_dir) * r["parameters"], r["world_size"]
+            share = block_share(name, log_dir)
+            formula = 1 - share + share / n if r["shard"] == "parameters" else 1.0
+            rows.append(dict(run=name, zero=LABELS[r["shard"]], N=n,
+                             at_rest_x_model=max(r["param_bytes"]) / whole,
+                             forward_x_model=max(r["forward_param_bytes"]) / whole,
+                             forward_formula=formula))
+    return pd.DataFrame(rows)
 
 
 def block_share(name, log_dir=LOG_DIR):

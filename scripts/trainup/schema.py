@@ -60,12 +60,13 @@ TYPES = {
     "restart_count": INT, "timeout_s": NUMBER, "global_batch": INT, "per_rank_batch": INT,
     "first_indices": ("list",),
     "shard": TEXT, "param_bytes": ("list",), "grad_bytes": ("list",), "optim_bytes": ("list",),
-    "expected_bytes": ("list",), "ops": ("dict",),
+    "expected_bytes": ("list",), "forward_param_bytes": ("list",), "ops": ("dict",),
     # optional (logs from before they existed lack them): checked where present
     "cores": INT, "load_start": NUMBER + ("None",), "load_end": NUMBER + ("None",),
     "flops_per_s": NUMBER, "mfu": NUMBER + ("None",), "lr": NUMBER,
 }
 OPTIONAL = {"env": ("cores", "load_start"), "summary": ("load_end",),
+            "shard_memory": ("forward_param_bytes",),
             "epoch": ("flops_per_s", "mfu", "lr")}
 # Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
 # a run without epochs (a sweep) has no loss.

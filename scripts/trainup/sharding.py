@@ -5,6 +5,8 @@ rank holds, the collectives a step runs, and sharded checkpoints that reshard on
     --shard optimizer   ZeRO-1: Adam's state split over the ranks (ZeroRedundancyOptimizer)
     --shard gradients   ZeRO-2: gradients reduce-scattered too, each rank keeps its shard (GradientShards)
     --shard parameters  ZeRO-3: parameters too: FSDP2 fully_shard per block, then on the whole model
+    --shard gradients_fsdp  ZeRO-2 as PyTorch ships it: fully_shard(reshard_after_forward=False),
+                        parameters gathered from forward to the end of backward, else sharded
 """
 import argparse
 import collections
@@ -26,16 +28,21 @@ from . import UserError, checkpoint, cli, distributed
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
-MODES = ("none", "optimizer", "gradients", "parameters")
-ZERO_STAGE = {"none": 0, "optimizer": 1, "gradients": 2, "parameters": 3}
+MODES = ("none", "optimizer", "gradients", "parameters", "gradients_fsdp")
+ZERO_STAGE = {"none": 0, "optimizer": 1, "gradients": 2, "parameters": 3, "gradients_fsdp": 2}
+STAGES = MODES[:4]  # the ZeRO paper's stages, one mode each: what its formulas count
+FULLY_SHARDED = ("parameters", "gradients_fsdp")  # fully_shard per block: the block stack only
 # Bytes per parameter of each state: (parameters, gradients, optimizer state)
 FP32_ADAM = (4, 4, 8)          # what runs here: fp32 weights and gradients, Adam's exp_avg and exp_avg_sq
 MIXED_ADAM = (2, 2, 12)        # the ZeRO paper: fp16 weights and gradients; fp32 master weights + Adam (K = 12)
 # FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): fp32 shards of weights and gradients, fp32 Adam;
 # the bf16 weights exist only while a unit is gathered
 FSDP2_BF16 = (4, 4, 8)
+# what is sharded after the step (where measure_step counts): gradients_fsdp's whole parameters
+# live from forward to the end of backward only (its peak: "forward_param_bytes")
 SHARDED = {"none": (False, False, False), "optimizer": (False, False, True),
-           "gradients": (False, True, True), "parameters": (True, True, True)}
+           "gradients": (False, True, True), "parameters": (True, True, True),
+           "gradients_fsdp": (True, True, True)}
 
 
 def expected(mode, parameters, world_size, per_param=None):
@@ -75,8 +82,9 @@ def check_flags(p, args):
     if (args.resume or args.resume_from) and not set(args.shard) <= set(RESUMABLE):
         p.error(f"--resume: sharded checkpoints are written for --shard {' and '.join(RESUMABLE)} "
                 f"only (get_state_dict knows DDP and FSDP, not ZeRO-1/2's split optimizers)")
-    if args.model != "blocks" and {"gradients", "parameters"} & set(args.shard):
-        p.error(f"--shard {'/'.join(m for m in args.shard if m in ('gradients', 'parameters'))} "
+    blocks_only = ("gradients", *FULLY_SHARDED)
+    if args.model != "blocks" and set(blocks_only) & set(args.shard):
+        p.error(f"--shard {'/'.join(m for m in args.shard if m in blocks_only)} "
                 f"is shown on the block stack (fully_shard per block), and --model {args.model} "
                 f"has no blocks; use --model blocks")
     if args.precision == "bf16" and args.shard != ["parameters"]:
@@ -138,25 +146,32 @@ def parameter_count(model):
 def measure_step(log, model, optimizer, steps, args):
     """Hooks that measure one training step: the second (DDP's buckets are set by then), or the
     only one. The collectives it runs (from its forward to the end of optimizer.step) and the bytes
-    each rank holds after it, gradients still held: the "shard_memory" and "shard_comm" records."""
+    each rank holds after it, gradients still held: the "shard_memory" and "shard_comm" records;
+    and the parameters in use at the end of its forward (FSDP2: whole while a unit is gathered)."""
     parameters, world = parameter_count(model), dist.get_world_size()
-    collectives, seen, hooks = Collectives(), [], []
+    collectives, seen, hooks, in_forward = Collectives(), [], [], []
 
     def start(module, inputs):
         if module.training:
             seen.append(None)
             if len(seen) - 1 == min(1, steps - 1):
                 collectives.__enter__()
+                hooks.append(model.register_forward_hook(end_of_forward))  # after FSDP's own
                 hooks.append(optimizer.register_step_post_hook(finish))
+
+    def end_of_forward(*_):
+        if not in_forward:
+            in_forward.append(sum(local_bytes(p) for p in model.parameters()))
 
     def finish(*_):
         collectives.__exit__(None, None, None)
         everyone = [None] * world  # every rank's bytes, gathered to rank 0's log
-        dist.all_gather_object(everyone, held(model, optimizer))
+        dist.all_gather_object(everyone, (*held(model, optimizer), in_forward[0]))
         log.write("shard_memory", shard=args.shard, world_size=world, parameters=parameters,
                   param_bytes=[h[0] for h in everyone], grad_bytes=[h[1] for h in everyone],
                   optim_bytes=[h[2] for h in everyone],
-                  expected_bytes=list(expected(args.shard, parameters, world)))
+                  expected_bytes=list(expected(args.shard, parameters, world)),
+                  forward_param_bytes=[h[3] for h in everyone])
         log.write("shard_comm", shard=args.shard, world_size=world, parameters=parameters,
                   ops=collectives.record())
         for h in hooks:
@@ -173,10 +188,11 @@ def check_mesh(mesh, world_size):
 
 
 def check_model(mode, model):
-    """ZeRO-3 here shards per block: the model must be the block stack (--model blocks)."""
-    if mode == "parameters" and not hasattr(model, "blocks"):
-        raise UserError(f"--shard parameters wraps each block of the model in fully_shard, and --model "
-                        f"{type(model).__name__} has no blocks; use --model blocks (or --shard none|optimizer|gradients)")
+    """fully_shard here shards per block: the model must be the block stack (--model blocks)."""
+    if mode in FULLY_SHARDED and not hasattr(model, "blocks"):
+        raise UserError(f"--shard {mode} wraps each block of the model in fully_shard, and "
+                        f"--model {type(model).__name__} has no blocks; use --model blocks "
+                        f"(or --shard none|optimizer|gradients)")
 
 
 class GradientShards:
@@ -263,9 +279,13 @@ def shard(model, mode, device, precision="32", optimizer_args=None):
     # bf16 on the GPU: computed and all-gathered in bf16, gradients reduced and the master weights kept in fp32
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if precision == "bf16" else MixedPrecisionPolicy())
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)  # one all-gather per block, just before it runs
-    fully_shard(model, mesh=mesh, mp_policy=policy)      # the rest (stem, head) as one group
+    # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again for
+    # backward; gradients_fsdp keeps them to the end of backward: one all-gather a step, ZeRO-2's
+    again = mode == "parameters"
+    for block in model.blocks:  # one all-gather per block, just before it runs
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again)
+    # the rest (stem, head) as one group; FSDP2's default keeps the root gathered for backward
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model, torch.optim.Adam(model.parameters(), **optimizer_args)
 
 
