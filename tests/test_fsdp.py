@@ -93,6 +93,17 @@ def test_every_mode_ends_with_the_parameters_of_one_process(runs, mode):
     assert two["epochs"][0]["samples"] == 128
 
 
+@pytest.mark.parametrize("n, world", [(64, 2), (65, 2), (2001, 2), (5000, 3), (10, 4)])
+def test_every_rank_evaluates_as_many_batches_and_every_test_sample_once(n, world):
+    """Under FSDP each forward gathers with the other ranks: a rank with a batch fewer would leave
+    them waiting (2001 samples on 2 ranks: 1001 and 1000, 2 batches of 1000 against 1)."""
+    from types import SimpleNamespace
+    from trainup.sharding import test_batches
+    ranks = [test_batches(n, SimpleNamespace(rank=r, world_size=world)) for r in range(world)]
+    assert len({len(b) for b in ranks}) == 1 and max(len(x) for b in ranks for x in b) <= 1000
+    assert sorted(i for b in ranks for x in b for i in x) == list(range(n))
+
+
 def test_the_baseline_trained_far_beyond_the_tolerance(runs):
     torch.manual_seed(1)
     init = models.BlockStack((1, 28, 28), 10, 2, 32).state_dict()
