@@ -40,7 +40,8 @@ def check_sync_bn(model, device):
                         "(try --model cnn_bn)")
     if device.type != "cuda":
         raise UserError(f"--sync-bn needs GPUs: torch's SyncBatchNorm refuses modules on "
-                        f"{device.type} (DDP raises 'SyncBatchNorm layers only work with GPU modules')")
+                        f"{device.type} (DDP raises 'SyncBatchNorm layers only work with GPU "
+                        "modules')")
 
 
 class AllReduces:
