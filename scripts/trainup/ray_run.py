@@ -84,9 +84,9 @@ def cluster(args, gpus=0):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    # the dashboard serves the state API, which Ray Train's own clean-up polls (and the lesson reads)
-    ray.init(address="local", num_cpus=args.ray_workers, num_gpus=gpus, include_dashboard=True,
-             dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", _temp_dir=temp,
+    # the dashboard serves the state API: Ray Train's clean-up polls it, the lesson reads it
+    ray.init(address="local", num_cpus=args.ray_workers, num_gpus=gpus,
+             include_dashboard=True, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", _temp_dir=temp,
              configure_logging=False)
     try:
         yield
