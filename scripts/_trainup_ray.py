@@ -68,7 +68,7 @@ def main(argv=None):
                 name=args.run_name, storage_path=ray_run.storage(args),
                 failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))
-        result = ray_run.fit(trainer)
+        result = ray_run.fit(trainer, args.max_failures)
     print(f"Ray kept the last checkpoint in {result.checkpoint.path}")
 
 

@@ -42,7 +42,7 @@ def command(script, name, folder, *extra):
 
 
 def records(log, kind):
-    """The log's records of one kind, read while the run writes (its last line may be half there)."""
+    """The log's records of one kind, read as the run writes (its last line may be half there)."""
     found = []
     for line in log.read_text().splitlines() if log.exists() else []:
         try:
@@ -123,3 +123,15 @@ def test_workers_that_do_not_split_the_batch_are_one_sentence_before_ray_starts(
                                           "--checkpoint-dir", tmp_path], capsys)
     assert_clean_error(proc, "--batch-size 64", "3 Ray workers")
     assert not (tmp_path / "ray").exists()  # refused before Ray started
+
+
+def test_a_run_ray_gave_up_on_is_one_sentence_naming_each_rank():
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+    from trainup import ray_run
+    error = WorkerGroupError("...", {
+        1: WorkerHealthCheckFailedError("A worker health check failed.\n pid: 7", RuntimeError()),
+        0: RuntimeError("Traceback (most recent call last):\n ...\nRuntimeError: Connection reset "
+                        "by peer")})
+    assert ray_run.why(error) == ("rank 0: another rank is gone (Connection reset by peer); "
+                                  "rank 1: its process died")

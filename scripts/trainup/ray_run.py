@@ -75,8 +75,8 @@ def storage(args):
 @contextmanager
 def cluster(args, gpus=0):
     """A Ray cluster of this machine alone, for the run: no network, no usage report, the
-    dashboard on 127.0.0.1 only, one CPU per worker; its files in a short temporary folder (a socket's path must
-    stay under 108 bytes)."""
+    dashboard on 127.0.0.1 only, one CPU per worker; its files in a short temporary folder (a
+    socket's path must stay under 108 bytes)."""
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # else Ray reports usage over the network
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # else each print shows twice
     # the workers import the train loop's modules: trainup from this checkout
@@ -86,8 +86,8 @@ def cluster(args, gpus=0):
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     # the dashboard serves the state API: Ray Train's clean-up polls it, the lesson reads it
     ray.init(address="local", num_cpus=args.ray_workers, num_gpus=gpus,
-             include_dashboard=True, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", _temp_dir=temp,
-             configure_logging=False)
+             include_dashboard=True, dashboard_host="127.0.0.1",
+             _node_ip_address="127.0.0.1", _temp_dir=temp, configure_logging=False)
     try:
         yield
     finally:
@@ -95,23 +95,28 @@ def cluster(args, gpus=0):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def fit(trainer):
+def fit(trainer, max_failures):
     """trainer.fit(); a run that failed more often than --max-failures allows: one sentence."""
     try:
         return trainer.fit()
     except ray.train.TrainingFailedError as e:
-        raise UserError(f"Ray Train gave up on the run: {why(e)}") from None
+        raise UserError(f"Ray Train gave up on the run after {max_failures} restart(s) "
+                        f"(--max-failures): {why(e)}") from None
 
 
 def why(error):
-    """The first failed rank's own last line (its UserError's sentence, or the exception)."""
-    failures = getattr(error, "worker_failures", None) or {}
-    if failures:
-        rank, cause = min(failures.items())
-        lines = [line for line in str(cause).splitlines() if line.strip()]
-        return f"rank {rank} failed: {lines[-1] if lines else type(cause).__name__}"
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
+    """Each failed rank in a few words: a process that died, or its error's last line (a
+    UserError's sentence, or the exception). A controller's error: its own last line."""
+    failures = getattr(error, "worker_failures", None) or {None: error}
+    parts = []
+    for rank, cause in sorted(failures.items(), key=lambda f: f[0] or 0):
+        lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+        died = type(cause).__name__ == "WorkerHealthCheckFailedError"  # Ray's, not public
+        lost = cli.PEER_GONE.search(str(cause))  # gloo's, when another rank died mid-collective
+        said = ("its process died" if died else f"another rank is gone ({lost.group(0)})" if lost
+                else lines[-1][:300] if lines else type(cause).__name__)
+        parts.append(said if rank is None else f"rank {rank}: {said}")
+    return "; ".join(parts)
 
 
 def context(args):
