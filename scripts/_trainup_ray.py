@@ -69,6 +69,7 @@ def main(argv=None):
                 failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))
         result = ray_run.fit(trainer, args.max_failures)
+        ray_run.show_placement()  # what ran where: the workers' processes, the dead ones too
     print(f"Ray kept the last checkpoint in {result.checkpoint.path}")
 
 

@@ -102,6 +102,10 @@ def test_rays_two_workers_survive_a_kill_and_end_like_one_process(killed):
     assert {s["launcher"] for s in starts} == {"ray"}
     assert killed["killed"] not in {r["pid"] for r in starts[1]["ranks"]}  # new processes
     assert "resuming at epoch" in done.stdout + done.stderr
+    # Ray's state API, read back by the driver: 2 workers per attempt, the killed one dead
+    shown = [line.split() for line in done.stdout.splitlines()
+             if line.startswith("Ray's state API: RayTrainWorker pid")]
+    assert len(shown) == 4 and str(killed["killed"]) in {w[5] for w in shown}
     run = read_run(killed["log"])
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
     assert [e["epoch"] for e in run["epochs"]] == list(range(1, EPOCHS + 1))

@@ -7,6 +7,7 @@
     ctx = ray_run.context(args)        # in a worker: the Context (Ray joined the group)
     start = ray_run.restore(args, ckpt, model, optimizer, scheduler, device, scaler)
     ray_run.report(record, ckpt, ctx)  # every rank, each epoch; rank 0's with the checkpoint
+    ray_run.show_placement()           # in the driver: each actor's process, node and state
 
 Ray is a package like Horovod: where `import ray.train` fails, `ray` is None and check() says
 how to install it. Ray's workers are processes of its own (actors) that do not start in the
@@ -102,6 +103,20 @@ def fit(trainer, max_failures):
     except ray.train.TrainingFailedError as e:
         raise UserError(f"Ray Train gave up on the run after {max_failures} restart(s) "
                         f"(--max-failures): {why(e)}") from None
+
+
+def placement():
+    """What ran where, from Ray's state API (the dashboard serves it): each of the run's actors,
+    its process, node and state, the dead ones too (a killed worker and the group it took down)."""
+    from ray.util.state import list_actors
+    return [dict(actor=a.class_name, pid=a.pid, node=a.node_id[:8], state=a.state)
+            for a in list_actors(detail=True, raise_on_missing_output=False)
+            if a.class_name in ("TrainController", "RayTrainWorker")]
+
+
+def show_placement():
+    for a in placement():
+        print(f"Ray's state API: {a['actor']} pid {a['pid']} on node {a['node']}: {a['state']}")
 
 
 def why(error):
