@@ -156,6 +156,7 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           ("_trainup_gpu.py", "_trainup_dp.py", 65), ("_trainup_gpu.py", "_trainup_ddp.py", 80),
           ("_trainup_ddp.py", "_trainup_ddp_tuned.py", 78),
           ("_trainup_ddp.py", "_trainup_horovod.py", 79),
+          ("_trainup_ddp.py", "_trainup_ray.py", 90),
           ("_trainup_ddp.py", "_trainup_lightning.py", 172),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),

@@ -1,0 +1,179 @@
+"""Ray Train's job of many processes, in the shape of trainup/distributed.py's calls.
+
+    ray_run.add_flags(p)               # --ray-workers, --max-failures, the group's flags
+    gpus = ray_run.check(args)         # Ray there, the batch splits: said before Ray starts
+    with ray_run.cluster(args, gpus):  # a local Ray cluster on this machine, offline
+        result = ray_run.fit(trainer)  # a run Ray gave up on: one sentence
+    ctx = ray_run.context(args)        # in a worker: the Context (Ray joined the group)
+    start = ray_run.restore(args, ckpt, model, optimizer, scheduler, device, scaler)
+    ray_run.report(record, ckpt, ctx)  # every rank, each epoch; rank 0's with the checkpoint
+    ray_run.show_placement()           # in the driver: each actor's process, node and state
+
+Ray is a package like Horovod: where `import ray.train` fails, `ray` is None and check() says
+how to install it. Ray's workers are processes of its own (actors) that do not start in the
+driver's folder: every path handed to them is absolute.
+"""
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import ROOT, UserError, checkpoint, cli
+from .distributed import Context
+
+try:
+    import ray
+    import ray.train
+    import ray.train.torch
+except ImportError as e:  # not installed, or one of its dependencies missing
+    ray, RAY_MISSING = None, str(e).splitlines()[0] if str(e) else "no module named ray"
+
+PIN = "ray[default,train]==2.60.0"
+
+
+def add_flags(p):
+    """--ray-workers, --max-failures, and the group's flags but --backend: Ray picks it."""
+    g = p.add_argument_group("ray")
+    g.add_argument("--ray-workers", type=cli.positive(int), default=2,
+                   help="training processes (Ray workers); one GPU each where there are GPUs")
+    g.add_argument("--max-failures", type=int, default=2,
+                   help="times Ray restarts the workers from the last checkpoint after one dies")
+    cli.add_group(p, backend=False)
+
+
+def check(args):
+    """What must hold before Ray starts: Ray itself, a batch that splits, a GPU per worker.
+    Returns the GPUs the workers take (0 on CPUs)."""
+    if ray is None:
+        raise UserError(f"Ray is not installed in this Python ({RAY_MISSING}); install it with "
+                        f"pip install '{PIN}'")
+    if args.batch_size % args.ray_workers:
+        raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split "
+                        f"evenly over {args.ray_workers} Ray workers; use a multiple of "
+                        f"{args.ray_workers}")
+    gpus = torch.cuda.device_count() if args.device != "cpu" else 0
+    if gpus and args.ray_workers > gpus:
+        raise UserError(f"--ray-workers {args.ray_workers} asks for one GPU each and this machine "
+                        f"has {gpus}; use --ray-workers {gpus} or fewer, or --device cpu")
+    for name in ("log_dir", "checkpoint_dir"):  # the workers do not start in this folder
+        setattr(args, name, str(Path(getattr(args, name)).absolute()))
+    return gpus
+
+
+def storage(args):
+    """Where Ray keeps the run's checkpoints: <checkpoint-dir>/ray/<run>. A run of the same name
+    without --resume starts afresh, as its log does (Ray would otherwise carry the old one on)."""
+    folder = Path(args.checkpoint_dir) / "ray"
+    if not args.resume:
+        shutil.rmtree(folder / args.run_name, ignore_errors=True)
+    return str(folder)
+
+
+@contextmanager
+def cluster(args, gpus=0):
+    """A Ray cluster of this machine alone, for the run: no network, no usage report, the
+    dashboard on 127.0.0.1 only, one CPU per worker; its files in a short temporary folder (a
+    socket's path must stay under 108 bytes)."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # else Ray reports usage over the network
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # else each print shows twice
+    # the workers import the train loop's modules: trainup from this checkout
+    paths = [str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    # the dashboard serves the state API: Ray Train's clean-up polls it, the lesson reads it
+    ray.init(address="local", num_cpus=args.ray_workers, num_gpus=gpus,
+             include_dashboard=True, dashboard_host="127.0.0.1",
+             _node_ip_address="127.0.0.1", _temp_dir=temp, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def fit(trainer, max_failures):
+    """trainer.fit(); a run that failed more often than --max-failures allows: one sentence."""
+    try:
+        return trainer.fit()
+    except ray.train.TrainingFailedError as e:
+        raise UserError(f"Ray Train gave up on the run after {max_failures} restart(s) "
+                        f"(--max-failures): {why(e)}") from None
+
+
+def placement():
+    """What ran where, from Ray's state API (the dashboard serves it): each of the run's actors,
+    its process, node and state, the dead ones too (a killed worker and the group it took down)."""
+    from ray.util.state import list_actors
+    return [dict(actor=a.class_name, pid=a.pid, node=a.node_id[:8], state=a.state)
+            for a in list_actors(detail=True, raise_on_missing_output=False)
+            if a.class_name in ("TrainController", "RayTrainWorker")]
+
+
+def show_placement():
+    for a in placement():
+        print(f"Ray's state API: {a['actor']} pid {a['pid']} on node {a['node']}: {a['state']}")
+
+
+def why(error):
+    """Each failed rank in a few words: a process that died, or its error's last line (a
+    UserError's sentence, or the exception). A controller's error: its own last line."""
+    failures = getattr(error, "worker_failures", None) or {None: error}
+    parts = []
+    for rank, cause in sorted(failures.items(), key=lambda f: f[0] or 0):
+        lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+        died = type(cause).__name__ == "WorkerHealthCheckFailedError"  # Ray's, not public
+        lost = cli.PEER_GONE.search(str(cause))  # gloo's, when another rank died mid-collective
+        said = ("its process died" if died else f"another rank is gone ({lost.group(0)})" if lost
+                else lines[-1][:300] if lines else type(cause).__name__)
+        parts.append(said if rank is None else f"rank {rank}: {said}")
+    return "; ".join(parts)
+
+
+def context(args):
+    """This worker's place in the job, from Ray: Ray joined the process group (gloo, or nccl
+    with GPUs) before the train loop started, so it is not joined again here."""
+    if args.precision == "64":  # cli.parse set it in the driver; this is another process
+        torch.set_default_dtype(torch.float64)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    c = ray.train.get_context()
+    return Context(rank=c.get_world_rank(), world_size=c.get_world_size(),
+                   local_rank=c.get_local_rank(), local_world_size=c.get_local_world_size(),
+                   node_rank=c.get_node_rank(), launcher="ray",
+                   nnodes=max(c.get_world_size() // c.get_local_world_size(), 1),
+                   master_addr=os.environ.get("MASTER_ADDR", ""),
+                   master_port=int(os.environ.get("MASTER_PORT", 0)),
+                   backend=dist.get_backend(),
+                   device=ray.train.torch.get_device(), timeout_s=args.timeout)
+
+
+def restore(args, path, model, optimizer, scheduler, device, scaler=None):
+    """The epoch to start from. After a failure Ray starts every worker again and hands it the last
+    checkpoint it kept: the run goes on from there, its log appended. Else --resume reads the
+    course's own."""
+    kept = ray.train.get_checkpoint()
+    if kept is None:
+        if not args.resume:
+            return 1
+        return checkpoint.load(path, model, optimizer, scheduler, device, scaler)
+    args.resume = True  # the log goes on
+    with kept.as_directory() as folder:
+        saved = Path(folder) / path.name
+        return checkpoint.load(saved, model, optimizer, scheduler, device, scaler)
+
+
+def report(record, path, ctx):
+    """Every rank reports each epoch (Ray waits for all); rank 0's carries a copy of the course's
+    checkpoint, which Ray keeps in its storage (CheckpointConfig: the last num_to_keep)."""
+    metrics = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+    if not ctx.is_main:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy2(path, Path(folder) / path.name)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
