@@ -1,4 +1,4 @@
-"""Lesson 04d, Ray Train: the DDP lesson's training, with Ray starting the processes and restarting
+"""Lesson 04c, Ray Train: the DDP lesson's training, with Ray starting the processes and restarting
 them from its own checkpoints when one dies.
 
     python scripts/_trainup_ray.py --quick                    # 2 workers on a local Ray cluster

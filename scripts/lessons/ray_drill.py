@@ -1,0 +1,171 @@
+"""Lesson 04c's Ray drill: Ray Train's 2 workers lose one, and Ray starts them again.
+
+The run (scripts/_trainup_ray.py, --max-failures 1) trains on a local Ray cluster. Once Ray has
+kept the first epoch's checkpoint, the drill kills rank 1's process (SIGKILL: a machine gone);
+Ray notices, stops the other worker, starts two new ones, and train_loop goes on from Ray's last
+checkpoint. The driver prints what Ray's state API says ran where, the dead workers too.
+
+    from lessons import ray_drill
+    drill = ray_drill.drill("ray")   # the run and the kill: a ray_drill.Drill
+    ray_drill.placement(drill)       # each worker's process and state, from Ray's state API
+    ray_drill.load("ray")            # that drill again, read from its files
+"""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import psutil
+
+from trainup import ROOT
+from . import elastic
+from .launch import environment
+from .report import QUICK, failed
+
+# elastic.FLAGS (float64, no dropout: equal to one process at float64's tolerance), shorter: the
+# kill after the first epoch still lands mid-run, and most of the drill is Ray starting.
+EPOCHS, SAMPLES = 4, 512
+FLAGS = [*elastic.FLAGS, "--epochs", str(EPOCHS), "--train-size", str(SAMPLES)]
+MARK = "TRAINUP_RAY_DRILL"  # inherited by every process Ray starts: how the drill finds them
+WAIT_S = 240  # far beyond a healthy run: reaching it means the run hung
+STATE_LINE = "Ray's state API: "  # how the driver prints each actor (trainup/ray_run.py)
+
+
+@dataclass
+class Drill:
+    log: Path
+    checkpoint_dir: Path
+    killed: int = 0  # the pid of the worker the drill killed
+    killed_at: float = 0.0  # when (time.time())
+    output: str = ""  # the driver's output
+    returncode: int = 0
+    left: list = field(default_factory=list)  # processes of the run still there after its end
+
+
+def available():
+    """(True, Ray's version) where Ray Train imports; else (False, one sentence saying how)."""
+    from trainup import ray_run
+    if ray_run.ray is None:
+        return False, (f"Ray is not installed in this Python ({ray_run.RAY_MISSING}): the Ray "
+                       f"cells print this and go on (pip install '{ray_run.PIN}')")
+    return True, f"Ray {ray_run.ray.__version__}"
+
+
+def storage(run, checkpoint_dir):
+    """Where Ray keeps the run's checkpoints (trainup/ray_run.py's storage)."""
+    return Path(checkpoint_dir) / "ray" / run
+
+
+def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=print):
+    """Run the Ray job, kill rank 1 once Ray kept a checkpoint, wait for the end. Folders relative
+    to the course's top folder. Raises (one sentence first) where the run fails or hangs."""
+    quick = QUICK if quick is None else quick
+    log_dir, checkpoint_dir = ROOT / log_dir, ROOT / checkpoint_dir  # an absolute one stays
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for old in (f"{run}.jsonl", f"{run}.stdout", f"{run}.driver", f"{run}.drill.json"):
+        (log_dir / old).unlink(missing_ok=True)
+    cmd = ["scripts/_trainup_ray.py", *FLAGS, "--max-failures", "1", "--run-name", run,
+           "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir)] + ["--quick"] * quick
+    show("$ python " + shlex.join(cmd))
+    d, mark = Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir), uuid.uuid4().hex
+    kept = storage(run, checkpoint_dir) / "checkpoint_manager_snapshot.json"
+    with open(log_dir / f"{run}.driver", "w") as out:
+        proc = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env=environment({MARK: mark}),
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while not d.killed and time.monotonic() < deadline and proc.poll() is None:
+                # Ray has kept the first epoch's checkpoint (every rank reported it) and the
+                # 'ddp' record names the ranks' pids. Killed earlier, the run starts from nothing.
+                starts = [r for r in elastic.records(d.log) if r["type"] == "ddp"]
+                if kept.exists() and starts:
+                    d.killed = starts[0]["ranks"][1]["pid"]
+                    os.kill(d.killed, signal.SIGKILL)
+                    d.killed_at = time.time()
+                    show(f"rank 1 (pid {d.killed}) killed with SIGKILL after Ray kept epoch 1")
+                time.sleep(0.05)
+            d.returncode = proc.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            d.returncode = None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    d.output = (log_dir / f"{run}.driver").read_text()
+    d.left = marked(mark)
+    if d.returncode is None:
+        raise RuntimeError(f"the Ray run did not end within {WAIT_S} s: it hung\n{d.output[-3000:]}")
+    if d.returncode != 0:
+        raise failed("_trainup_ray.py", d.output, d.returncode)
+    record = log_dir / f"{run}.drill.json"
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(killed=d.killed, killed_at=d.killed_at,
+                                   returncode=d.returncode, left=d.left)))
+    os.replace(tmp, record)  # whole or absent
+    return d
+
+
+def load(run, log_dir="logs", checkpoint_dir="checkpoints"):
+    """The drill `run` as drill() returned it, read back from its files; None where no finished
+    drill of that name is there."""
+    log_dir, checkpoint_dir = ROOT / log_dir, ROOT / checkpoint_dir
+    record = log_dir / f"{run}.drill.json"
+    if not record.exists():
+        return None
+    return Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir,
+                 output=(log_dir / f"{run}.driver").read_text(), **json.loads(record.read_text()))
+
+
+def marked(mark, wait_s=10):
+    """The processes whose environment holds MARK=mark (the driver and all Ray started), once
+    those on their way out have had wait_s seconds to go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get(MARK) == mark:
+                    found.append(proc.pid)
+            except (psutil.Error, OSError):  # gone, or not ours to read
+                pass
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def placement(d):
+    """What the driver's read of Ray's state API said: each actor, its process, node and state."""
+    rows = []
+    for line in d.output.splitlines():
+        if line.startswith(STATE_LINE):  # "<actor> pid <pid> on node <node>: <state>"
+            actor, _, pid, _, _, node, state = line[len(STATE_LINE):].split()
+            rows.append(dict(actor=actor, pid=int(pid), node=node.rstrip(":"), state=state,
+                             killed=int(pid) == d.killed))
+    return pd.DataFrame(rows)
+
+
+def starts(d):
+    """Each start of the worker group: seconds since the first, world size, the ranks' pids."""
+    rows = [r for r in elastic.records(d.log) if r["type"] == "ddp"]
+    return pd.DataFrame([dict(start_s=round(r["time"] - rows[0]["time"], 1),
+                              world_size=r["world_size"],
+                              pids=" ".join(str(rank["pid"]) for rank in r["ranks"]))
+                         for r in rows])
+
+
+def costs(d):
+    """What the kill cost: seconds from the kill to the new group's start (Ray noticing, stopping
+    the survivor, starting two workers, joining them), and the training thrown away (from the
+    last checkpoint Ray kept to the kill: redone)."""
+    rows = elastic.records(d.log)
+    saved = max(r["time"] for r in rows if r["type"] == "epoch" and r["time"] < d.killed_at)
+    again = min(r["time"] for r in rows if r["type"] == "ddp" and r["time"] > d.killed_at)
+    return dict(restart_after_loss_s=again - d.killed_at, training_lost_s=d.killed_at - saved)
