@@ -77,7 +77,8 @@ def report_main(capsys, *argv):
 def test_registry_has_every_strategy_of_the_course():
     names = {s.name for s in EQUIVALENCE_ROWS}
     for must in ("DataParallel", "DDP, 1 rank", "DDP, 2 ranks", "DDP, 4 ranks", "DDP, no_sync accumulation",
-                 "Horovod", "Lightning DDP", "tensor parallel", *[f"pipeline {s}" for s in sr.PIPELINES]):
+                 "Horovod", "Lightning DDP", "tensor parallel", *[f"pipeline {s}" for s in sr.PIPELINES],
+                 "elastic DDP (its world size changed)", "Ray Train (a worker killed, restarted)"):
         assert must in names
     assert sum(s.name.startswith("ZeRO-") for s in EQUIVALENCE_ROWS) == 4
     # one tolerance for all, float64's: no strategy carries a tolerance fitted to its float32 noise
@@ -210,9 +211,13 @@ def test_every_equivalence_row_fails_on_a_run_that_differs(strategy, tmp_path, m
     monkeypatch.setattr(eq, "missing_need", lambda *a: None)  # its script and engine here or not (tested below)
     script, world, flags = _as_run(strategy.where)
     base_script, base_world, base_flags = _as_run(strategy.baseline, world=1)
+    # an elastic job is one whose starts' 'ddp' records differ in world size (lesson 04c)
+    starts = [dict(type="ddp", world_size=n) for n in (2, 1, 2)] if flags.pop("elastic", 0) else []
+    base_flags.pop("elastic", None)
     logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
     write_run(logs, "base", base_script, base_world, state=STATE, checkpoint_dir=ckpt, extra_args=base_flags)
-    write_run(logs, "same", script, world, state=shifted(eq.TOLERANCE / 10), checkpoint_dir=ckpt, extra_args=flags)
+    write_run(logs, "same", script, world, state=shifted(eq.TOLERANCE / 10), checkpoint_dir=ckpt, extra_args=flags,
+              extra_records=starts)
     runs, _ = sr.load(logs)
     assert {r["name"]: r["strategy"] for r in runs}["same"] is strategy
 

@@ -78,6 +78,8 @@ class Strategy:
 
 ONE_DEVICE = dict(script="_trainup_gpu.py", devices=1)
 ONE_STAGE = dict(script="_trainup_pipeline.py", stages=1)
+# one device, or the DDP script alone (its own row proves it equal to one device): lesson 04c's
+ONE_PROCESS = dict(script=("_trainup_gpu.py", "_trainup_ddp.py"), devices=1, elastic=False)
 ABOVE_1 = lambda n: (n or 1) > 1  # noqa: E731
 PIPELINES = ("naive", "gpipe", "1f1b", "interleaved1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
 
@@ -106,12 +108,19 @@ STRATEGIES = [
     Strategy("one device", "one device", ONE_DEVICE),
     Strategy("DataParallel", "DataParallel", dict(script="_trainup_dp.py"), ONE_DEVICE,
              made_by="notebooks/03_data_parallel.ipynb", dropout_off="several devices"),
+    # lesson 04c: before the DDP rows, whose script and final world size it shares
+    Strategy("elastic DDP (its world size changed)", "DDP elastic",
+             dict(script="_trainup_ddp.py", elastic=True), ONE_PROCESS,
+             made_by="notebooks/04c_elastic.ipynb", dropout_off="always"),
     _ddp(1), _ddp(2), _ddp(4),
     Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp_tuned.py",
                                                               accumulate=ABOVE_1),
              ONE_DEVICE, made_by="notebooks/04_ddp.ipynb", dropout_off="always"),
     Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE,
              (("module", "horovod"),), "notebooks/05_horovod.ipynb", dropout_off="always"),
+    Strategy("Ray Train (a worker killed, restarted)", "Ray", dict(script="_trainup_ray.py"),
+             ONE_PROCESS, (("module", "ray"),), "notebooks/04c_elastic.ipynb",
+             dropout_off="always"),
     Strategy("pipeline, one process", "pipeline", ONE_STAGE),
     *[Strategy(f"pipeline {s}", "pipeline", dict(script="_trainup_pipeline.py", schedule=s, stages=ABOVE_1,
                                                   data_parallel=1), ONE_STAGE,
@@ -178,9 +187,12 @@ def facts(run):
     hardware = f"{gpus[0]}" if device == "cuda" and gpus else f"CPU, {env.get('cpu_count', '?')} cores"
     layout = {k: rec[k] for rec in run["extra"] if isinstance(rec, dict) for k in LAYOUT_RECORDS.get(rec.get("type"), ())
               if k in rec}
+    # an elastic job logs a 'ddp' record at each start: one whose world size changed (lesson 04c)
+    sizes = {rec.get("world_size") for rec in run["extra"]
+             if isinstance(rec, dict) and rec.get("type") == "ddp"}
     return {**args, **layout, "model": architecture(script, args), "script": script,
             "world_size": env.get("world_size", 1), "devices": devices, "device": device,
-            "threads": env.get("threads"),
+            "threads": env.get("threads"), "elastic": len(sizes) > 1,
             "hardware": hardware, "measured_on": measured_on(run["path"]), "time": cfg.get("time", 0),
             "schema_version": cfg.get("schema_version")}
 
