@@ -1,4 +1,4 @@
-"""The Kubernetes manifest (k8s/) against what the course's launcher needs. No cluster runs here:
+"""The Kubernetes manifests (k8s/) against what the course's launchers need. No cluster runs here:
 these check the fields, torchrun's reading of them and the training script's, not a deployment.
 
 Kubeflow's training operator turns a PyTorchJob's elasticPolicy into torchrun's PET_* variables
@@ -88,3 +88,63 @@ def test_the_image_holds_the_pinned_packages_and_the_scripts():
     workdir = re.search(r"^WORKDIR (\S+)", dockerfile, re.M).group(1)
     assert f"PYTHONPATH={workdir}/scripts" in dockerfile  # `import trainup`, as in the .venv
     assert all(os.path.exists(ROOT / p) for p in ("requirements.txt", "scripts", "data"))
+
+
+# KubeRay's RayJob (k8s/rayjob.yaml): a Ray cluster of a head pod and worker pods, the script
+# submitted to it (the submitter sets RAY_ADDRESS), the cluster deleted at the end.
+RAYJOB = ROOT / "k8s" / "rayjob.yaml"
+
+
+@pytest.fixture(scope="module")
+def rayjob():
+    return yaml.safe_load(RAYJOB.read_text())
+
+
+def pods(rayjob):
+    spec = rayjob["spec"]["rayClusterSpec"]
+    return [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+
+
+def test_a_rayjob_with_the_courses_ray_and_image(rayjob, job):
+    from trainup import ray_run
+    assert (rayjob["apiVersion"], rayjob["kind"]) == ("ray.io/v1", "RayJob")
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True  # no idle cluster left to pay for
+    pinned = ray_run.PIN.split("==")[1]
+    assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == pinned
+    assert f"ray[default,train]=={pinned}" in (ROOT / "requirements.txt").read_text().split()
+    images = {c["image"] for group in pods(rayjob) for c in group["template"]["spec"]["containers"]}
+    assert images == {container(job)["image"]}  # the one image, built from k8s/Dockerfile
+
+
+def test_the_script_fits_the_cluster_and_checkpoints_where_every_pod_sees(rayjob):
+    import shlex
+    import _trainup_ray
+    words = shlex.split(rayjob["spec"]["entrypoint"])
+    assert words[:2] == ["python", "scripts/_trainup_ray.py"]
+    args = _trainup_ray.parse_args(words[2:])
+    assert args.max_failures >= 1  # a worker lost is started again from the last checkpoint
+    head, *workers = pods(rayjob)
+    assert head["rayStartParams"]["num-cpus"] == "0"  # the head runs only the driver
+    # ScalingConfig asks for 1 CPU per worker: the worker pods must hold them all
+    cpus = sum(int(g["replicas"]) * int(c["resources"]["limits"]["cpu"])
+               for g in workers for c in g["template"]["spec"]["containers"])
+    assert cpus >= args.ray_workers
+    # Ray's storage (<checkpoint-dir>/ray) must be one folder for the driver and every worker
+    for group in pods(rayjob):
+        spec = group["template"]["spec"]
+        mounts = {m["mountPath"]: m["name"] for c in spec["containers"] for m in c["volumeMounts"]}
+        shared = [path for path in mounts if args.checkpoint_dir.startswith(path + "/")]
+        assert shared, f"--checkpoint-dir {args.checkpoint_dir} is on no volume of {group}"
+        volume = next(v for v in spec["volumes"] if v["name"] == mounts[shared[0]])
+        assert "persistentVolumeClaim" in volume
+
+
+def test_a_ray_job_joins_the_running_cluster_and_a_run_alone_starts_its_own():
+    from types import SimpleNamespace
+    from trainup import ray_run
+    args = SimpleNamespace(ray_workers=2)
+    joined = ray_run.init_args(args, 0, "/tmp/r", address="10.0.0.5:6379")
+    assert joined["address"] == "10.0.0.5:6379" and "num_cpus" not in joined  # the cluster's own
+    alone = ray_run.init_args(args, 0, "/tmp/r")
+    assert alone["address"] == "local" and alone["num_cpus"] == 2
+    assert alone["dashboard_host"] == "127.0.0.1"  # offline: nothing listens beyond this machine

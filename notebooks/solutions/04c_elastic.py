@@ -4,7 +4,12 @@ Exercise 1 (kill node A, the agent that holds the rendezvous store): node B's wo
 as before, but its agent's next rendezvous needs the store that died with node A: it cannot reach
 it, waits out its timeout and the whole job fails. Elastic training survives any node but the one
 holding the rendezvous, so production puts the store where nothing is taken away: an etcd server
-(--rdzv-backend etcd-v2), or the first node of a SLURM allocation that lives as long as the job."""
+(--rdzv-backend etcd-v2), or the first node of a SLURM allocation that lives as long as the job.
+
+Exercise 4 (Ray with --max-failures 0): the run ends with "error: Ray Train gave up on the run after
+0 restart(s) (--max-failures): rank 0: another rank is gone (...); rank 1: its process died". The
+killed worker's health check failed; the survivor's next all-reduce lost its peer. With no restart
+allowed, Ray stops the group and hands the failure to the driver (trainup/ray_run.py, why)."""
 
 import torch
 

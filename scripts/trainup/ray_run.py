@@ -75,9 +75,9 @@ def storage(args):
 
 @contextmanager
 def cluster(args, gpus=0):
-    """A Ray cluster of this machine alone, for the run: no network, no usage report, the
-    dashboard on 127.0.0.1 only, one CPU per worker; its files in a short temporary folder (a
-    socket's path must stay under 108 bytes)."""
+    """A Ray cluster of this machine alone for the run (or the running cluster: init_args), no
+    usage report; its files in a short temporary folder (a socket's path must stay under 108
+    bytes)."""
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # else Ray reports usage over the network
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # else each print shows twice
     # the workers import the train loop's modules: trainup from this checkout
@@ -85,15 +85,25 @@ def cluster(args, gpus=0):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    # the dashboard serves the state API: Ray Train's clean-up polls it, the lesson reads it
-    ray.init(address="local", num_cpus=args.ray_workers, num_gpus=gpus,
-             include_dashboard=True, dashboard_host="127.0.0.1",
-             _node_ip_address="127.0.0.1", _temp_dir=temp, configure_logging=False)
+    ray.init(**init_args(args, gpus, temp, os.environ.get("RAY_ADDRESS")))
     try:
         yield
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def init_args(args, gpus, temp, address=None):
+    """ray.init's arguments. A Ray job on a running cluster (`ray job submit`, a RayJob's pod on
+    Kubernetes) finds RAY_ADDRESS set: it joins that cluster, whose machines and dashboard are the
+    cluster's own. Else a cluster of this machine alone, for the run: one CPU per worker, and the
+    dashboard (it serves the state API: Ray Train's clean-up polls it, the lesson reads it) on
+    127.0.0.1."""
+    if address:
+        return dict(address=address, configure_logging=False)
+    return dict(address="local", num_cpus=args.ray_workers, num_gpus=gpus,
+                include_dashboard=True, dashboard_host="127.0.0.1",
+                _node_ip_address="127.0.0.1", _temp_dir=temp, configure_logging=False)
 
 
 def fit(trainer, max_failures):
