@@ -33,7 +33,8 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device):
 
 
 def optimizer_for(model, device, args):
-    model, optimizer = sharding.shard(model, args.shard, device, args.precision, dict(lr=args.lr))
+    model, optimizer = sharding.shard(model, args.shard, device, args.precision, dict(lr=args.lr),
+                                      args.meta_init, args.replicate)  # on its device, wrapped
     inner = getattr(optimizer, "optimizer", optimizer)  # GradientShards steps an Adam of its own
     return model, optimizer, torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=args.gamma)
 
@@ -64,9 +65,10 @@ def main(argv=None):
 def one_run(args, resume_from, ctx, device, train_set, test_set):
     """One run of one --shard mode: its own log and checkpoints, its model from the same seed."""
     torch.manual_seed(args.seed)  # every rank builds the same whole model
-    model = (models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
-             if args.model == "blocks" else models.build(args, train_set))
-    model, optimizer, scheduler = optimizer_for(model.to(device), device, args)
+    with sharding.building(args, ctx):  # --meta-init: only rank 0 builds it in memory
+        model = (models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
+                 if args.model == "blocks" else models.build(args, train_set))
+    model, optimizer, scheduler = optimizer_for(model, device, args)
     start_epoch = sharding.load_sharded(resume_from, model, optimizer, scheduler, args)  # any size
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     sharding.log_run(log, model, ctx, args, start_epoch)

@@ -2,7 +2,8 @@
 (DDP, ZeRO-1, ZeRO-2 by hand and as FSDP2 ships it, ZeRO-3), each ending with the parameters of
 one process, ZeRO-2's parameters whole at the end of forward; the sharded (DCP) checkpoints
 it wrote resumed by 1 process and by 4, continuing as an uninterrupted run; the bytes each rank holds
-within 10 % of the formulas; the collectives each stage adds; bad input. The one-process runs are
+within 10 % of the formulas; the collectives each stage adds; hybrid sharding (HSDP) on a
+2-D mesh of a model built on the meta device; bad input. The one-process runs are
 in-process (no new interpreter)."""
 import importlib
 import os
@@ -56,8 +57,12 @@ def runs(tmp_path_factory):
     one_1: the one-process baseline after 1 epoch."""
     log_dir = tmp_path_factory.mktemp("fsdp") / "logs"
     two = torchrun(log_dir, "two", 2, "--shard", ",".join(MODES), "--epochs", 1)
-    one_process(log_dir, "one_1", "--shard", "none", "--epochs", 1)  # while the job runs
+    # HSDP, 2 replicas x 2 shards, every rank but 0 building the model on the meta device
+    hybrid = torchrun(log_dir, "hybrid", 4, "--shard", "parameters", "--replicate", 2, "--meta-init",
+                      "--epochs", 1)
+    one_process(log_dir, "one_1", "--shard", "none", "--epochs", 1)  # while the jobs run
     ok(finish_job(two))
+    ok(finish_job(hybrid))
     return log_dir
 
 
@@ -102,6 +107,22 @@ def test_every_rank_evaluates_as_many_batches_and_every_test_sample_once(n, worl
     ranks = [test_batches(n, SimpleNamespace(rank=r, world_size=world)) for r in range(world)]
     assert len({len(b) for b in ranks}) == 1 and max(len(x) for b in ranks for x in b) <= 1000
     assert sorted(i for b in ranks for x in b for i in x) == list(range(n))
+
+
+def test_hybrid_sharding_built_on_the_meta_device_ends_like_one_process(runs):
+    """--replicate 2 --meta-init on 4 ranks: only rank 0 built the model in memory; each rank holds
+    half the parameters (sharded over its replica's 2 ranks, not over 4); each step all-gathers and
+    reduce-scatters inside a replica as the 2-rank job does, then all-reduces the gradient shards
+    between replicas; and the run ends with one process's parameters."""
+    assert_same(params(runs, "hybrid"), params(runs, "one_1"))
+    whole = sum(v.numel() * VALUE for v in params(runs, "one_1").values())
+    assert lesson.built("hybrid", runs) == [whole, 0, 0, 0]
+    assert lesson.built("two_parameters", runs) == [whole, whole]
+    memory = lesson._records("hybrid", "shard_memory", runs)[0]
+    assert memory["param_bytes"] == [whole // 2] * 4 == [memory["expected_bytes"][0]] * 4
+    ops, two = (lesson._records(r, "shard_comm", runs)[0]["ops"] for r in ("hybrid", "two_parameters"))
+    assert {k: ops[k] for k in two} == two  # inside a replica: the 2-rank job's collectives
+    assert ops.keys() - two.keys() == {"all_reduce"} and ops["all_reduce"]["bytes"] == whole // 2
 
 
 def test_the_baseline_trained_far_beyond_the_tolerance(runs):
@@ -197,7 +218,10 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypat
     out = ["--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
     cases = [(["--shard", "parameters", "--model", "cnn"], ["--model cnn has no blocks"]),
              (["--shard", "zero4"], ["--shard takes none, optimizer, gradients, parameters"]),
-             (["--shard", "optimizer", "--resume"], ["--resume", "--shard none and parameters only"])]
+             (["--shard", "optimizer", "--resume"], ["--resume", "--shard none and parameters only"]),
+             (["--shard", "none,parameters", "--meta-init"], ["--meta-init", "--shard parameters or "]),
+             (["--shard", "optimizer", "--replicate", "2"], ["--replicate", "--shard parameters or "]),
+             (["--shard", "parameters", "--replicate", "2"], ["--replicate 2", "1 process(es)"])]
     if not torch.cuda.is_available():
         cases.append((["--precision", "bf16"], ["--precision bf16", "on the CPU every state stays fp32"]))
     cases.append((["--precision", "bf16", "--shard", "none,parameters"], ["with --shard parameters alone"]))

@@ -161,7 +161,7 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),
-          ("_trainup_blocks.py", "_trainup_fsdp.py", 82),
+          ("_trainup_blocks.py", "_trainup_fsdp.py", 84),
           ("_trainup_blocks.py", "_trainup_tp.py", 63))
 
 

@@ -52,6 +52,17 @@ def _records(name, kind, log_dir):
     return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
+def built(name, log_dir=LOG_DIR):
+    """Each rank's parameter bytes when it built the model, before sharding (--meta-init: 0 but
+    on rank 0)."""
+    return _records(name, "sharding", log_dir)[0]["built_bytes"]
+
+
+def step_ops(name, log_dir=LOG_DIR):
+    """Rank 0's collectives in one step, as the run logged them: {op: {calls, bytes}}."""
+    return _records(name, "shard_comm", log_dir)[0]["ops"]
+
+
 def memory_table(names, log_dir=LOG_DIR):
     """One row per run and state: bytes per rank (largest and mean over the ranks) beside the fp32 Adam
     formula, their ratio, and the ZeRO paper's mixed-precision formula for the same Ψ and N."""

@@ -10,6 +10,7 @@ rank holds, the collectives a step runs, and sharded checkpoints that reshard on
 """
 import argparse
 import collections
+import contextlib
 import json
 import math
 import os
@@ -69,6 +70,13 @@ def add_flags(p):
     p.add_argument("--mesh", type=cli.positive(int), default=None,
                    help="processes in the device mesh (the job's size)")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--replicate", type=cli.positive(int), default=1, metavar="R",
+                   help="hybrid sharding (HSDP): R replicas, each sharded over world size / R ranks "
+                        "(a 2-D mesh; --shard parameters or gradients_fsdp)")
+    p.add_argument("--meta-init", action="store_true",
+                   help="every rank but 0 builds the model on the meta device (no memory); rank "
+                        "0's values are cut into each rank's shards (--shard parameters or "
+                        "gradients_fsdp)")
 
 
 def check_flags(p, args):
@@ -87,15 +95,36 @@ def check_flags(p, args):
         p.error(f"--shard {'/'.join(m for m in args.shard if m in blocks_only)} "
                 f"is shown on the block stack (fully_shard per block), and --model {args.model} "
                 f"has no blocks; use --model blocks")
+    if args.replicate > 1 and not set(args.shard) <= set(FULLY_SHARDED):
+        p.error(f"--replicate builds fully_shard's 2-D mesh: use it with --shard "
+                f"{' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
+    if args.meta_init and not set(args.shard) <= set(FULLY_SHARDED):
+        p.error(f"--meta-init hands each rank its shards of fully_shard's parameters: use it with "
+                f"--shard {' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
     if args.precision == "bf16" and args.shard != ["parameters"]:
         p.error("--precision bf16 is FSDP's MixedPrecisionPolicy here: use it with --shard "
                 "parameters alone")
     return args
 
 
+BUILT = {}  # what this rank's model held when built, before shard(): "bytes" (log_run's record)
+
+
+def building(args, ctx):
+    """Where this rank builds the model: with --meta-init every rank but 0 builds it on the meta
+    device (shapes, no memory; a model too large for one rank's memory can still be sharded), and
+    shard() hands out rank 0's values; else in memory, the same on every rank (same seed)."""
+    meta = args.meta_init and ctx.rank > 0
+    return torch.device("meta") if meta else contextlib.nullcontext()
+
+
 def check_job(args, world_size):
-    """What the job must be for these flags (--mesh, bf16's GPU); before anyone waits."""
+    """What the job must be for these flags (--mesh, --replicate, bf16's GPU); before anyone waits."""
     check_mesh(args.mesh, world_size)
+    if args.replicate > 1 and (world_size % args.replicate or world_size == args.replicate):
+        raise UserError(f"--replicate {args.replicate} splits the job's {world_size} process(es) "
+                        f"into {args.replicate} replicas of at least 2 ranks each: start a multiple "
+                        f"of {args.replicate} processes, at least {2 * args.replicate}")
     if args.precision == "bf16" and not torch.cuda.is_available():
         raise UserError("--precision bf16 shards with FSDP's MixedPrecisionPolicy on GPUs, and "
                         "this machine has none: on the CPU every state stays fp32 (use "
@@ -133,9 +162,12 @@ def test_batches(n, ctx, batch_size=1000):
 def log_run(log, model, ctx, args, start_epoch):
     """The "ddp" record (how the job was started) and the "sharding" one (this run's stage)."""
     log.write("ddp", **distributed.describe(ctx, args))
+    built = [None] * ctx.world_size  # each rank's bytes when built: 0 where --meta-init
+    dist.all_gather_object(built, BUILT.get("bytes"))
     log.write("sharding", shard=args.shard, zero_stage=ZERO_STAGE[args.shard], mesh=ctx.world_size,
               precision=args.precision, parameters=parameter_count(model), blocks=args.blocks,
-              width=args.width, start_epoch=start_epoch)
+              width=args.width, start_epoch=start_epoch, meta_init=args.meta_init,
+              built_bytes=built, replicate=args.replicate)
 
 
 def parameter_count(model):
@@ -170,7 +202,7 @@ def measure_step(log, model, optimizer, steps, args):
         log.write("shard_memory", shard=args.shard, world_size=world, parameters=parameters,
                   param_bytes=[h[0] for h in everyone], grad_bytes=[h[1] for h in everyone],
                   optim_bytes=[h[2] for h in everyone],
-                  expected_bytes=list(expected(args.shard, parameters, world)),
+                  expected_bytes=list(expected(args.shard, parameters, world // args.replicate)),
                   forward_param_bytes=[h[3] for h in everyone])
         log.write("shard_comm", shard=args.shard, world_size=world, parameters=parameters,
                   ops=collectives.record())
@@ -257,11 +289,18 @@ class GradientShards:
         return self.optimizer.state
 
 
-def shard(model, mode, device, precision="32", optimizer_args=None):
-    """(model, optimizer) for a ZeRO stage: model wrapped as the stage needs, Adam over what this rank updates."""
+def shard(model, mode, device, precision="32", optimizer_args=None, meta_init=False, replicate=1):
+    """(model, optimizer) for a ZeRO stage: model wrapped as the stage needs, Adam over what this rank updates.
+    meta_init: the model was built on the meta device on every rank but 0 (building); replicate:
+    HSDP's replicas (mesh)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
     check_model(mode, model)
+    BUILT["bytes"] = sum(local_bytes(p) for p in model.parameters() if not p.is_meta)
+    # --meta-init: rank 0's whole values, kept before fully_shard moves them into its shards
+    full = model.state_dict() if meta_init and dist.get_rank() == 0 else {}
+    if not meta_init:
+        model = model.to(device)
     optimizer_args = optimizer_args or {}
     ids = [device.index] if device.type == "cuda" else None
     if mode == "none":
@@ -273,9 +312,8 @@ def shard(model, mode, device, precision="32", optimizer_args=None):
     if mode == "gradients":
         shards = GradientShards(model, torch.optim.Adam, **optimizer_args)
         return model, shards
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = device_mesh(device, replicate)
     # bf16 on the GPU: computed and all-gathered in bf16, gradients reduced and the master weights kept in fp32
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if precision == "bf16" else MixedPrecisionPolicy())
@@ -286,7 +324,31 @@ def shard(model, mode, device, precision="32", optimizer_args=None):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again)
     # the rest (stem, head) as one group; FSDP2's default keeps the root gathered for backward
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    if meta_init:
+        materialize(model, full, device)
     return model, torch.optim.Adam(model.parameters(), **optimizer_args)
+
+
+def device_mesh(device, replicate=1):
+    """fully_shard's mesh: 1-D, every rank one shard (FSDP); or 2-D, replicate x shard (HSDP):
+    each unit all-gathered and reduce-scattered inside a row of world/replicate ranks (a node's fast
+    links, on a cluster), its gradients then all-reduced between the rows' counterparts."""
+    from torch.distributed.device_mesh import init_device_mesh
+    world = dist.get_world_size()
+    if replicate == 1:
+        return init_device_mesh(device.type, (world,))
+    return init_device_mesh(device.type, (replicate, world // replicate),
+                            mesh_dim_names=("replicate", "shard"))
+
+
+def materialize(model, full, device):
+    """Memory for this rank's shards only (to_empty: uninitialised), then rank 0's whole values,
+    broadcast and cut into each rank's shards: how torchtitan and torchtune load a checkpoint into
+    a model built on the meta device. full: rank 0's state_dict, {} on the others."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                               broadcast_from_rank0=True))
 
 
 def local_bytes(t):
