@@ -25,12 +25,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error
+from conftest import ROOT, assert_clean_error, notebook_passed
 from lessons import elastic
 from trainup import distributed, preempt
 
 QUIET = dict(show=lambda *_: None)
 TORCHRUN = ("torchrun", "--standalone", "--nproc-per-node", "2")
+# Notebook 04c makes the AWS drill below (its cell el-spot-drill): in a session that runs the
+# notebook, those tests read the notebook's (conftest runs this file after the others).
+READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
 
 
 def _drill(tmp, cloud, **kw):
@@ -40,9 +43,14 @@ def _drill(tmp, cloud, **kw):
 
 
 @pytest.fixture(scope="module")
-def aws(tmp_path_factory):
+def aws(tmp_path_factory, request):
     """Lesson 01's script (one process) under the watcher, AWS's notice once it has started, then
-    --resume on the next machine; the same run never stopped, alongside."""
+    --resume on the next machine; the same run never stopped, alongside. The notebook's drill
+    where this session ran it."""
+    if notebook_passed(request, READS_NOTEBOOK):
+        d = elastic.spot_load("spot", ROOT / "logs")
+        assert d is not None, "notebook 04c passed without leaving its spot drill's record"
+        return SimpleNamespace(d=d, logs=ROOT / "logs", checkpoints=ROOT / "checkpoints")
     return _drill(tmp_path_factory.mktemp("spot_aws"), "aws")
 
 

@@ -275,9 +275,9 @@ def costs(d):
 
 # A spot (preemptible) machine comes with a notice before the cloud takes it back: two minutes on
 # AWS (docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html), 30
-# seconds on Google Cloud (cloud.google.com/compute/docs/instances/spot). Turned into the course's
-# stop signal (SIGTERM, or --stop-signal), the run saves at the next step: what the returning node
-# above showed.
+# seconds on Google Cloud (cloud.google.com/compute/docs/instances/spot). trainup/spot.py turns it
+# into the course's stop signal (SIGTERM, or --stop-signal): the run saves at the next step, what
+# the returning node above showed (spot_drill, below, does it on this machine).
 NOTICE_S = {"AWS EC2 Spot": 120, "Google Cloud Spot VM": 30}
 
 
@@ -313,6 +313,8 @@ SPOT_FLAGS = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-si
               "--epochs", "2", "--threads", "1", "--no-progress"]
 SPOT_EVERY_S = 0.2  # the drill's watcher asks often: the stand-in is local, and the drill short
 LAUNCHERS = {"python": [sys.executable], "torchrun": TORCHRUN}  # as typed -> as run here
+SPOT_OUTPUTS = {"straight": "{run}_straight.out", "stopped": "{run}.spot_stopped.out",
+                "resumed": "{run}.spot_resumed.out"}  # each job's output, in the log folder
 
 
 class Metadata:
@@ -415,12 +417,14 @@ def spot_drill(run, cloud="aws", launcher=("python",), script="scripts/_trainup_
                 *here, "--", *line(run, *extra, typed=typed)]
 
     d, jobs = SpotDrill(), {}
+    out = {name: logs / pattern.format(run=run) for name, pattern in SPOT_OUTPUTS.items()}
+    (logs / f"{run}.spot.json").unlink(missing_ok=True)
     try:
         if straight:
-            jobs["straight"] = _start(line(f"{run}_straight"), logs / f"{run}_straight.out")
+            jobs["straight"] = _start(line(f"{run}_straight"), out["straight"])
         with Metadata(cloud) as stand_in:
             show("$ " + shlex.join(watched(stand_in, typed=True)))
-            jobs["stopped"] = _start(watched(stand_in), logs / f"{run}.spot")
+            jobs["stopped"] = _start(watched(stand_in), out["stopped"])
             d.notice = _notice(jobs["stopped"], stand_in, logs / f"{run}.jsonl")
             d.stopped = jobs["stopped"].wait(timeout=WAIT_S)
         show(f"{cloud}'s notice, served once the run had started: the watcher sent SIGTERM to "
@@ -429,7 +433,7 @@ def spot_drill(run, cloud="aws", launcher=("python",), script="scripts/_trainup_
             with Metadata(cloud) as again:  # the next machine: no notice
                 typed = shlex.join(watched(again, "--resume", typed=True))
                 show(f"$ {typed}  # on the next machine")
-                jobs["resumed"] = _start(watched(again, "--resume"), logs / f"{run}.resumed.spot")
+                jobs["resumed"] = _start(watched(again, "--resume"), out["resumed"])
                 d.resumed = jobs["resumed"].wait(timeout=WAIT_S)
         d.statuses = [r["status"] for r in records(logs / f"{run}.jsonl")
                       if r["type"] == "summary"]
@@ -441,6 +445,24 @@ def spot_drill(run, cloud="aws", launcher=("python",), script="scripts/_trainup_
         for proc in jobs.values():
             _end(proc)
     d.outputs = {name: proc.out_path.read_text() for name, proc in jobs.items()}
+    # what the drill saw beside its log: it can be read again later (spot_load) without redoing it
+    record, tmp = logs / f"{run}.spot.json", logs / f"{run}.spot.tmp"
+    tmp.write_text(json.dumps({k: v for k, v in vars(d).items() if k != "outputs"}))
+    os.replace(tmp, record)  # whole or absent
+    return d
+
+
+def spot_load(run, log_dir="logs"):
+    """The spot drill `run` as spot_drill returned it, read back from its files; None where no
+    finished drill of that name is there."""
+    logs = ROOT / log_dir
+    record = logs / f"{run}.spot.json"
+    if not record.exists():
+        return None
+    d = SpotDrill(**json.loads(record.read_text()))
+    d.outputs = {name: (logs / pattern.format(run=run)).read_text()
+                 for name, pattern in SPOT_OUTPUTS.items()
+                 if getattr(d, name) is not None}
     return d
 
 
