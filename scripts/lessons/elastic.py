@@ -21,8 +21,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
@@ -321,12 +323,10 @@ class Metadata:
     """A stand-in for a cloud's metadata service on 127.0.0.1, in a thread of this process. AWS's
     wants an IMDSv2 token and answers 404 until notice(), then the instance-action JSON; Google's
     wants Metadata-Flavor: Google and answers FALSE until notice(), then TRUE. What the real one
-    would refuse, it refuses. asked: how many times the notice's item was asked for."""
+    would refuse, it refuses. A context manager: closed at the end of the with block."""
 
     def __init__(self, cloud):
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        self.cloud, self.action, self.asked = cloud, None, 0
+        self.cloud, self.action = cloud, None
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -353,13 +353,11 @@ class Metadata:
             ttl = wants("X-aws-ec2-metadata-token-ttl-seconds")
             status, body = (200, AWS_TOKEN) if ttl else (400, "")
         elif self.cloud == "aws" and ask == ("GET", "/latest/meta-data/spot/instance-action"):
-            self.asked += 1
             ahead = time.gmtime(time.time() + NOTICE_S["AWS EC2 Spot"])
             notice = dict(action=self.action, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", ahead))
             status, body = ((401, "") if wants("X-aws-ec2-metadata-token") != AWS_TOKEN else
                             (200, json.dumps(notice)) if self.action else (404, ""))
         elif self.cloud == "gcp" and ask == ("GET", "/computeMetadata/v1/instance/preempted"):
-            self.asked += 1
             status, body = ((403, "") if wants("Metadata-Flavor") != "Google" else
                             (200, "TRUE" if self.action else "FALSE"))
         data = body.encode()

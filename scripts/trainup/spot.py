@@ -94,7 +94,8 @@ def parse(argv=None):
     p = Parser(prog="python -m trainup.spot", description=__doc__.split("\n\n")[0])
     p.add_argument("--cloud", required=True, choices=sorted(ASK), help="whose notices to watch")
     p.add_argument("--signal", default="TERM", choices=SIGNALS,
-                   help="sent on a notice (the scripts need --stop-signal for another than TERM)")
+                   help="sent to the group on a notice: TERM (torchrun's agent handles it too), "
+                        "or the scripts' --stop-signal")
     p.add_argument("--every", type=float, default=5.0, help="seconds between asks (AWS: 5)")
     # The services exist on the cloud's machines only: a drill anywhere else (notebook 04c,
     # tests/test_spot.py) points the watcher at a stand-in that answers as the cloud's does.
