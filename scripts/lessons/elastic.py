@@ -16,11 +16,15 @@ run saves where it is, at the step) and the next rendezvous closes with 2. Every
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
@@ -273,9 +277,9 @@ def costs(d):
 
 # A spot (preemptible) machine comes with a notice before the cloud takes it back: two minutes on
 # AWS (docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html), 30
-# seconds on Google Cloud (cloud.google.com/compute/docs/instances/spot). Turned into the course's
-# stop signal (SIGTERM, or --stop-signal), the run saves at the next step: what the returning node
-# above showed.
+# seconds on Google Cloud (cloud.google.com/compute/docs/instances/spot). trainup/spot.py turns it
+# into the course's stop signal (SIGTERM, or --stop-signal): the run saves at the next step, what
+# the returning node above showed (spot_drill, below, does it on this machine).
 NOTICE_S = {"AWS EC2 Spot": 120, "Google Cloud Spot VM": 30}
 
 
@@ -297,3 +301,221 @@ def spot_cost(hours, on_demand_per_h, spot_per_h, interruptions_per_h, lost_h_pe
         spot_h=spot_hours,
         spot_cost=spot_hours * spot_per_h,
     )
+
+
+# --- A spot notice, simulated on this machine ---------------------------------------------------
+# trainup/spot.py watches the cloud's metadata service, which answers on the cloud's machines only:
+# here a stand-in on the loopback address answers as AWS's or Google's does (the sources are in
+# trainup/spot.py), and the watcher is pointed at it with --metadata-url. Nothing else is
+# simulated: the watcher, its signal to the process group, the stop and the resume are real.
+
+AWS_TOKEN = "drill-token"  # what the stand-in's IMDSv2 hands out, and then wants back
+# The drill's run: tiny, the same in quick mode and out of it (it is about the stop, not training).
+SPOT_FLAGS = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-size", "32",
+              "--epochs", "2", "--threads", "1", "--no-progress"]
+SPOT_EVERY_S = 0.2  # the drill's watcher asks often: the stand-in is local, and the drill short
+LAUNCHERS = {"python": [sys.executable], "torchrun": TORCHRUN}  # as typed -> as run here
+SPOT_OUTPUTS = {"straight": "{run}_straight.out", "stopped": "{run}.spot_stopped.out",
+                "resumed": "{run}.spot_resumed.out"}  # each job's output, in the log folder
+
+
+class Metadata:
+    """A stand-in for a cloud's metadata service on 127.0.0.1, in a thread of this process. AWS's
+    wants an IMDSv2 token and answers 404 until notice(), then the instance-action JSON; Google's
+    wants Metadata-Flavor: Google and answers FALSE until notice(), then TRUE. What the real one
+    would refuse, it refuses. A context manager: closed at the end of the with block."""
+
+    def __init__(self, cloud):
+        self.cloud, self.action = cloud, None
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                stand_in._answer(self, "GET")
+
+            def do_PUT(self):
+                stand_in._answer(self, "PUT")
+
+            def log_message(self, *args):  # quiet: the watcher's sentences tell the story
+                pass
+        self.server = ThreadingHTTPServer((HOST, 0), Handler)
+        self.url = f"http://{HOST}:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def notice(self, action="terminate"):
+        """From now on, the machine is being taken back."""
+        self.action = action
+
+    def _answer(self, request, method):
+        ask, wants = (method, request.path), request.headers.get
+        status, body = 404, ""
+        if self.cloud == "aws" and ask == ("PUT", "/latest/api/token"):
+            ttl = wants("X-aws-ec2-metadata-token-ttl-seconds")
+            status, body = (200, AWS_TOKEN) if ttl else (400, "")
+        elif self.cloud == "aws" and ask == ("GET", "/latest/meta-data/spot/instance-action"):
+            ahead = time.gmtime(time.time() + NOTICE_S["AWS EC2 Spot"])
+            notice = dict(action=self.action, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", ahead))
+            status, body = ((401, "") if wants("X-aws-ec2-metadata-token") != AWS_TOKEN else
+                            (200, json.dumps(notice)) if self.action else (404, ""))
+        elif self.cloud == "gcp" and ask == ("GET", "/computeMetadata/v1/instance/preempted"):
+            status, body = ((403, "") if wants("Metadata-Flavor") != "Google" else
+                            (200, "TRUE" if self.action else "FALSE"))
+        data = body.encode()
+        request.send_response(status)
+        request.send_header("Content-Length", str(len(data)))
+        if self.cloud == "gcp":
+            request.send_header("Metadata-Flavor", "Google")
+        request.end_headers()
+        request.wfile.write(data)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@dataclass
+class SpotDrill:
+    notice: str = ""  # the watcher's sentence on the notice
+    stopped: int = None  # the watcher's exit status: the run's, stopped by the notice
+    resumed: int = None  # the same line with --resume, on "the next machine" (no notice)
+    straight: int = None  # the same run, never stopped (None: not run)
+    statuses: list = field(default_factory=list)  # the run's log's summaries, in order
+    outputs: dict = field(default_factory=dict)  # each job's output (the watcher's included)
+
+
+def spot_drill(run, cloud="aws", launcher=("python",), script="scripts/_trainup_cpu.py",
+               flags=SPOT_FLAGS, straight=True, resume=True, log_dir="logs",
+               checkpoint_dir="checkpoints", show=print):
+    """A spot notice on this machine: the run under `python -m trainup.spot` and a stand-in for
+    the cloud's metadata service (Metadata); the notice once the run has started; then (resume)
+    the same line with --resume on the next machine (a fresh stand-in: no notice). straight: the
+    same run, never stopped, alongside (named run + "_straight"). launcher: as typed ("python",
+    or "torchrun" and its flags). Folders relative to the course's top folder, as the commands
+    show them. Raises (one sentence first) where a job fails to start, hangs or ends too early."""
+    logs, checkpoints = ROOT / log_dir, ROOT / checkpoint_dir  # an absolute folder stays as it is
+    logs.mkdir(parents=True, exist_ok=True)
+    for name in (run, f"{run}_straight"):  # a fresh drill starts from nothing
+        for old in (logs / f"{name}.jsonl", logs / f"{name}.stdout", checkpoints / f"{name}.pt"):
+            old.unlink(missing_ok=True)
+
+    def line(name, *extra, typed=False):
+        start = [x for p in launcher for x in ([p] if typed else LAUNCHERS.get(p, [p]))]
+        return [*start, script, *flags, "--run-name", name, "--log-dir", str(log_dir),
+                "--checkpoint-dir", str(checkpoint_dir), *extra]
+
+    def watched(stand_in, *extra, typed=False):  # typed: as on the cloud's machine, no stand-in
+        here = [] if typed else ["--metadata-url", stand_in.url, "--every", str(SPOT_EVERY_S)]
+        return ["python" if typed else sys.executable, "-m", "trainup.spot", "--cloud", cloud,
+                *here, "--", *line(run, *extra, typed=typed)]
+
+    d, jobs = SpotDrill(), {}
+    out = {name: logs / pattern.format(run=run) for name, pattern in SPOT_OUTPUTS.items()}
+    (logs / f"{run}.spot.json").unlink(missing_ok=True)
+    try:
+        if straight:
+            jobs["straight"] = _start(line(f"{run}_straight"), out["straight"])
+        with Metadata(cloud) as stand_in:
+            show("$ " + shlex.join(watched(stand_in, typed=True)))
+            jobs["stopped"] = _start(watched(stand_in), out["stopped"])
+            d.notice = _notice(jobs["stopped"], stand_in, logs / f"{run}.jsonl")
+            d.stopped = jobs["stopped"].wait(timeout=WAIT_S)
+        show(f"{cloud}'s notice, served once the run had started: the watcher sent SIGTERM to "
+             f"the run's process group; exit {d.stopped}")
+        if resume:
+            with Metadata(cloud) as again:  # the next machine: no notice
+                typed = shlex.join(watched(again, "--resume", typed=True))
+                show(f"$ {typed}  # on the next machine")
+                jobs["resumed"] = _start(watched(again, "--resume"), out["resumed"])
+                d.resumed = jobs["resumed"].wait(timeout=WAIT_S)
+        d.statuses = [r["status"] for r in records(logs / f"{run}.jsonl")
+                      if r["type"] == "summary"]
+        if resume:
+            show(f"exit {d.resumed}; the run's log says: {', then '.join(d.statuses)}")
+        if straight:
+            d.straight = jobs["straight"].wait(timeout=WAIT_S)
+    finally:
+        for proc in jobs.values():
+            _end(proc)
+    d.outputs = {name: proc.out_path.read_text() for name, proc in jobs.items()}
+    # what the drill saw beside its log: it can be read again later (spot_load) without redoing it
+    record, tmp = logs / f"{run}.spot.json", logs / f"{run}.spot.tmp"
+    tmp.write_text(json.dumps({k: v for k, v in vars(d).items() if k != "outputs"}))
+    os.replace(tmp, record)  # whole or absent
+    return d
+
+
+def spot_load(run, log_dir="logs"):
+    """The spot drill `run` as spot_drill returned it, read back from its files; None where no
+    finished drill of that name is there."""
+    logs = ROOT / log_dir
+    record = logs / f"{run}.spot.json"
+    if not record.exists():
+        return None
+    d = SpotDrill(**json.loads(record.read_text()))
+    d.outputs = {name: (logs / pattern.format(run=run)).read_text()
+                 for name, pattern in SPOT_OUTPUTS.items()
+                 if getattr(d, name) is not None}
+    return d
+
+
+def _notice(watcher, stand_in, log):
+    """Serve the notice once the run has written its first log record (its Stopper is set by
+    then: it stops, not dies). The run is held still (SIGSTOP to its group) from the notice until
+    the watcher has signalled, so that the signal lands mid-run on any machine, however fast (a
+    real notice leaves 30 s or 2 minutes). Returns the watcher's sentence."""
+    group = int(_said(watcher, r"process group (\d+)", "the watcher's start").group(1))
+    _until(watcher, lambda: records(log), "the run's first log record")
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        stand_in.notice()
+        said = _said(watcher, r"notice from .*|no \w+ metadata service answers.*", "the notice")
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    if not said.group(0).startswith("notice"):
+        raise RuntimeError(f"the watcher did not take the stand-in's answers: {said.group(0)}")
+    return said.group(0)
+
+
+def _start(cmd, out_path):
+    with open(out_path, "w") as out:  # the job writes to its own copy
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env=environment(), start_new_session=True)
+    proc.out_path = out_path
+    return proc
+
+
+def _end(proc):
+    """A job still running once the drill is over (it hung, or the drill failed): its group
+    ended, and the group the watcher started the run in."""
+    if proc.poll() is None:
+        said = re.search(r"process group (\d+)", proc.out_path.read_text())
+        for group in (proc.pid, int(said.group(1)) if said else None):
+            try:
+                if group:
+                    os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+def _until(proc, done, what):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        found = done()
+        if found:
+            return found
+        if proc.poll() is not None:
+            raise RuntimeError(f"the spot drill's job ended (status {proc.returncode}) before "
+                               f"{what}:\n{proc.out_path.read_text()[-3000:]}")
+        time.sleep(0.02)
+    raise RuntimeError(f"the spot drill did not reach {what} within {WAIT_S} s: it hung")
+
+
+def _said(proc, pattern, what):
+    return _until(proc, lambda: re.search(pattern, proc.out_path.read_text()), what)

@@ -7,6 +7,8 @@
 - metrics:    the JSON-lines run log (schema in logs/README.md), timing, stdout tee
 - checkpoint: atomic save and resume
 - gpumon:     GPU utilisation and memory sampled in the background during a run (nvitop)
+- preempt, spot: stop at a step to resume later (SIGTERM, --stop-signal); on a spot cloud machine,
+              the cloud's notice turned into that signal (python -m trainup.spot -- <command>)
 - dataparallel, distributed: the plumbing of nn.DataParallel and of DDP (ranks, backends, ports, failures)
 - one module per lesson's mechanism, so that a script's diff against its parent is its lesson:
   workers (Hogwild's processes), tuning (lesson 04's tuned DDP), hvd_group (Horovod's job),
