@@ -35,7 +35,7 @@ def drill(tmp_path_factory, request):
 def test_the_job_loses_a_node_goes_on_alone_and_takes_it_back(drill):
     drill, _ = drill
     starts = elastic.membership(drill.log)
-    killed = drill.events["node B killed"] - drill.events["node A started"]
+    killed = elastic.kill_s(drill)  # on the clock of membership's start_s
     before, after = starts[starts.start_s < killed], starts[starts.start_s > killed]
     assert before.world_size.iloc[-1] == 2  # the kill hit a job of 2 nodes
     assert after.world_size.tolist() == [1, 2]  # alone, then both again

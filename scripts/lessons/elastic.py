@@ -256,6 +256,13 @@ def membership(log):
     )
 
 
+def kill_s(d):
+    """Seconds from the job's first start (its first 'ddp' record, membership's zero) to the kill:
+    on the log's clock, not from node A's launch, which a loaded machine starts seconds earlier."""
+    first = next(r["time"] for r in records(d.log) if r["type"] == "ddp")
+    return d.events["node B killed"] - first
+
+
 def costs(d):
     """What the node's loss and return cost, from the drill's times and the log: seconds from the
     kill to the job training again alone (noticing, restarting, re-rendezvous, loading), the
