@@ -145,7 +145,7 @@ def test_a_checkpoint_saved_by_2_processes_resumes_in_another_number_and_continu
 def test_each_rank_holds_what_the_formulas_say_within_10_percent(with_resumes):
     runs = with_resumes
     table = lesson.memory_table(["one_1", *(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)], log_dir=runs)
-    assert sorted(set(table["N"])) == [1, 2, 4] and len(table) == 3 * (1 + len(MODES) + 2)
+    assert sorted(set(table["N"])) == [1, 2, 4] and len(table) == 3 * (1 + len(MODES) + len(RESUMABLE))
     lesson.check_memory(table)
     by = table.set_index(["shard", "N", "state"])
     psi = int(table["psi"].iloc[0])
@@ -218,7 +218,7 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypat
     out = ["--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
     cases = [(["--shard", "parameters", "--model", "cnn"], ["--model cnn has no blocks"]),
              (["--shard", "zero4"], ["--shard takes none, optimizer, gradients, parameters"]),
-             (["--shard", "optimizer", "--resume"], ["--resume", "--shard none and parameters only"]),
+             (["--shard", "gradients", "--resume"], ["--resume", "--shard none, optimizer, parameters only"]),
              (["--shard", "none,parameters", "--meta-init"], ["--meta-init", "--shard parameters or "]),
              (["--shard", "optimizer", "--replicate", "2"], ["--replicate", "--shard parameters or "]),
              (["--shard", "parameters", "--replicate", "2"], ["--replicate 2", "1 process(es)"])]

@@ -88,8 +88,8 @@ def check_flags(p, args):
         p.error(f"--shard takes {', '.join(MODES)} (each once, comma-separated), "
                 f"got {','.join(args.shard)}")
     if (args.resume or args.resume_from) and not set(args.shard) <= set(RESUMABLE):
-        p.error(f"--resume: sharded checkpoints are written for --shard {' and '.join(RESUMABLE)} "
-                f"only (get_state_dict knows DDP and FSDP, not ZeRO-1/2's split optimizers)")
+        p.error(f"--resume: sharded checkpoints are written for --shard {', '.join(RESUMABLE)} "
+                f"only (ZeRO-2 by hand, GradientShards, has no checkpoint format)")
     blocks_only = ("gradients", *FULLY_SHARDED)
     if args.model != "blocks" and set(blocks_only) & set(args.shard):
         p.error(f"--shard {'/'.join(m for m in args.shard if m in blocks_only)} "
@@ -423,7 +423,10 @@ def save_full(path, state, epoch, args):
         os.replace(tmp, path)
 
 
-RESUMABLE = ("none", "parameters")  # get_state_dict knows DDP and FSDP2, not ZeroRedundancyOptimizer nor GradientShards
+# DCP's get_state_dict knows DDP and FSDP2; ZeroRedundancyOptimizer's state is consolidated on rank 0
+# beside DCP's files (ZERO1_FILE); GradientShards (ZeRO-2 by hand) keeps no checkpoint format
+RESUMABLE = ("none", "optimizer", "parameters")
+ZERO1_FILE = "zero1_optimizer.pt"
 
 
 ARGS_FILE = "trainup_args.json"  # beside DCP's files: the flags of the run that saved, for a resume to check
@@ -435,13 +438,14 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
     folder, then renamed by rank 0: a reader sees the old checkpoint or the new one."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict
     folder = Path(folder)
     tmp = folder.with_name(f".{folder.name}.tmp")
     if dist.get_rank() == 0 and tmp.exists():
         shutil.rmtree(tmp)
     dist.barrier()
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = states(model, optimizer)
+    if is_zero1(optimizer):  # every rank sends its part of Adam's state to rank 0 (a collective)
+        optimizer.consolidate_state_dict(to=0)
     try:
         dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": epoch},
                  checkpoint_id=str(tmp))
@@ -458,6 +462,8 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
     if dist.get_rank() == 0 and args is not None:
         with checkpoint.whole(folder, tmp):
             (tmp / ARGS_FILE).write_text(json.dumps(checkpoint.plain(args)))
+            if is_zero1(optimizer):  # the whole state, as one process's Adam would save it
+                torch.save(optimizer.state_dict(), tmp / ZERO1_FILE)
     dist.barrier()
     if dist.get_rank() == 0:
         old = folder.with_name(f".{folder.name}.old")
@@ -466,6 +472,20 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
         os.replace(tmp, folder)
         shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
+
+
+def is_zero1(optimizer):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    return isinstance(optimizer, ZeroRedundancyOptimizer)
+
+
+def states(model, optimizer):
+    """(model, optimizer) state dicts for DCP, in this job's layout; ZeRO-1's optimizer state goes
+    apart (ZERO1_FILE): DCP's get_state_dict does not know ZeroRedundancyOptimizer."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    if is_zero1(optimizer):
+        return get_model_state_dict(model), {}
+    return get_state_dict(model, optimizer)
 
 
 def _why(e):
@@ -482,7 +502,7 @@ def load_sharded(folder, model, optimizer, scheduler, args=None):
     args: this run's flags, checked against those the saving run wrote (checkpoint.SAME_ON_RESUME)."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
     if folder is None or not Path(folder).exists():
         return 1
     saved = Path(folder) / ARGS_FILE
@@ -491,13 +511,18 @@ def load_sharded(folder, model, optimizer, scheduler, args=None):
             checkpoint.same_run(folder, json.loads(saved.read_text()), args)
         except ValueError:  # torn or foreign: DCP's own load below says whether the rest is whole
             pass
-    model_state, optim_state = get_state_dict(model, optimizer)  # this job's layout: DCP fills it from the files
+    model_state, optim_state = states(model, optimizer)  # this job's layout: DCP fills it from the files
     state = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": 0}
     try:
         dcp.load(state, checkpoint_id=str(folder))
     except (Exception, CheckpointException) as e:  # DCP's, every rank's failure in one: a BaseException
         raise UserError(f"checkpoint {folder} cannot be loaded into this run ({_why(e)}): it is damaged, or "
                         f"holds another model or mode; resume with the flags it was saved with") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if is_zero1(optimizer):  # each rank keeps its partition of the whole state, for this job's size
+        set_model_state_dict(model, state["model"])
+        optimizer.load_state_dict(torch.load(Path(folder) / ZERO1_FILE, weights_only=True))
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
     scheduler.load_state_dict(state["scheduler"])
     return state["epoch"] + 1
