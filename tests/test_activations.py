@@ -25,6 +25,15 @@ def test_recomputation_keeps_less_and_its_formula_holds():
     df = activations.recompute_table(seq=64, batch=4, timed=False).set_index("recompute")
     assert df.loc["full", "held_kb"] < df.loc["selective", "held_kb"] < df.loc["none", "held_kb"]
     assert ((df["held_kb"] / df["formula_kb"] - 1).abs() < 0.10).all(), df
+    # FSDP's checkpoint_wrapper around each layer keeps what full recomputation keeps
+    assert df.loc["wrapped", "held_kb"] == df.loc["full", "held_kb"]
+
+
+def test_the_wrapper_wraps_every_layer_and_nothing_else():
+    model = transformer.recompute(transformer.stack(3, 8, 2), "wrapped")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    assert [type(m) for m in model] == [CheckpointWrapper] * 3
+    assert all(type(m._checkpoint_wrapped_module) is transformer.Layer for m in model)
 
 
 def test_recomputation_leaves_the_gradients_as_they_were():

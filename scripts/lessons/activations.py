@@ -3,7 +3,7 @@ saves.
 
     activations.held("none", layers=2, hidden=64, heads=4, seq=32, batch=8)  # kept after forward
     activations.table(seqs=(32, 64, 128))      # measured against transformer.activation_bytes
-    activations.recompute_table()              # none / selective / full: bytes kept, step seconds
+    activations.recompute_table()              # none / selective / full / wrapped: bytes, seconds
     activations.largest_gradient_difference()  # each mode's gradients against none's, float64
 
 The bytes are measured by PyTorch's own MemTracker (torch.distributed._tools.mem_tracker, which
@@ -50,7 +50,7 @@ def formula(mode, layers, hidden, heads, seq, batch, bytes_per_value=4):
         "none": every,
         "selective": every - softmax,
         "full": bytes_per_value * seq * batch * hidden,
-    }[mode]
+    }[mode if mode != "wrapped" else "full"]  # the same tensors kept, by a wrapper
     return layers * one
 
 

@@ -4,6 +4,7 @@ counted.
     layers = transformer.stack(layers=4, hidden=64, heads=4)            # nn.Sequential of Layers
     transformer.recompute(layers, "full")       # each layer's activations recomputed in backward
     transformer.recompute(layers, "selective")  # attention's softmax part alone (Korthikanti)
+    transformer.recompute(layers, "wrapped")    # full, by wrapping each layer (checkpoint_wrapper)
 
 A pre-norm layer of GPT's shape: x + attention(LN(x)), then x + MLP(LN(x)) with a 4x GELU MLP; no
 dropout (its masks are the only activations training adds beyond these). Activation checkpointing
@@ -17,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "wrapped")
 
 
 def activation_bytes(seq, batch, hidden, heads, bytes_per_value=4):
@@ -76,9 +77,17 @@ def stack(layers, hidden, heads, seed=0, dtype=torch.float32):
 
 
 def recompute(model, mode):
-    """Set every Layer's activation recomputation: none, selective or full."""
+    """Set every Layer's activation recomputation: none, selective or full; or wrapped: full, by
+    wrapping every Layer in checkpoint_wrapper (apply_activation_checkpointing), as it is applied
+    to a model before fully_shard (torchtitan does so), without changing the Layer's code."""
     if mode not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, not {mode!r}")
+    if mode == "wrapped":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            apply_activation_checkpointing)
+        # its default wrapper is non-reentrant torch.utils.checkpoint, as full's
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Layer))
+        return model
     for m in model.modules():
         if isinstance(m, Layer):
             m.recompute = mode
