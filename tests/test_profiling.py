@@ -197,5 +197,13 @@ def test_the_exercise_solutions(runs, tmp_path):
     trace = traces.load(traces.traces("ddp", runs)[0])
     assert s.communication_share(trace) == pytest.approx(real["communication"], abs=1e-9)
     assert s.exposed_communication(trace) == pytest.approx(real["communication only"], abs=1e-9)
+    cpu = traces.load(traces.traces("cpu", runs)[0])
+    shares, table = s.phase_shares(cpu), traces.phase_table(cpu)
+    assert list(shares) == list(profiling.PHASES)
+    total = (table[[f"{p}_ms" for p in profiling.PHASES]].sum(axis=1) + table["other_ms"]).sum()
+    for phase, p in shares.items():
+        assert p["share"] == pytest.approx(table[f"{phase}_ms"].sum() / total, rel=1e-9)
+    kept = traces.memory_by_phase(cpu).set_index("phase")["kept_mb"] * 2**20
+    assert {p: v["kept_bytes"] for p, v in shares.items()} == pytest.approx(kept.to_dict())
     back = s.ranks_to_tensorboard("ddp", tmp_path / "tb", runs)
     assert sorted(back) == [0, 1] and all(len(points) == 1 for points in back.values())

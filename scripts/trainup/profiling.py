@@ -94,11 +94,9 @@ class _On:
 
 # The key_averages tables written beside a trace: (title, sort key, group by input shapes)
 TABLES = (("by self CPU time", "self_cpu_time_total", False),
-          ("by total CPU time (the ranges, which hold the operators, come first)", "cpu_time_total",
-           False),
-          ("by operator and input shapes, by self CPU time", "self_cpu_time_total", True),
-          ("by self CPU memory (allocated less freed inside the operator itself)",
-           "self_cpu_memory_usage", False))
+          ("by total CPU time", "cpu_time_total", False),  # the ranges first: they hold operators
+          ("by input shapes", "self_cpu_time_total", True),  # one row per operator and shapes
+          ("by self CPU memory", "self_cpu_memory_usage", False))
 GPU_TABLES = (("by self GPU time", "self_device_time_total", False),)
 
 
