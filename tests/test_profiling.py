@@ -79,8 +79,8 @@ def test_top_operators_are_the_model_s_own(runs):
 
 @pytest.mark.parametrize("run, rank", [("cpu", 0), ("ddp", 1)])
 def test_each_step_holds_one_range_per_phase(runs, run, rank):
-    """The ranges trainup/profiling.py's hooks open (data, forward, backward, optimizer): one of each per
-    recorded step, in that order, on the step's thread, inside the step."""
+    """The ranges trainup/profiling.py's hooks open (data, forward, backward, optimizer): one of
+    each per recorded step, in that order, on the step's thread, inside the step."""
     trace = traces.load(traces.traces(run, runs)[rank])
     table = traces.phase_table(trace)
     assert len(table) == STEPS
@@ -112,13 +112,16 @@ def test_the_profiler_s_own_tables_beside_the_trace(runs):
 
 
 def test_the_hooks_are_gone_after_the_run(tmp_path):
-    """The phases' hooks (and the wrapped Tensor.backward) last as long as the profiler: after stop(),
-    a model, its backward and its optimizer run as without --profile."""
+    """The phases' hooks (and the wrapped Tensor.backward) last as long as the profiler: after
+    stop(), a model, its backward and its optimizer run as without --profile."""
     import argparse
     import torch
     from torch.nn.modules import module
     from torch.optim import optimizer
-    before = (torch.Tensor.backward, len(module._global_forward_hooks), len(optimizer._global_optimizer_pre_hooks))
+    def state():
+        return (torch.Tensor.backward, len(module._global_forward_hooks),
+                len(optimizer._global_optimizer_pre_hooks))
+    before = state()
     args = argparse.Namespace(profile=1, log_dir=tmp_path, run_name="hooks")
     on = profiling.start(args)
     assert torch.Tensor.backward is not before[0]
@@ -128,8 +131,7 @@ def test_the_hooks_are_gone_after_the_run(tmp_path):
         model(x).sum().backward()
         opt.step()
     on.stop()
-    after = (torch.Tensor.backward, len(module._global_forward_hooks), len(optimizer._global_optimizer_pre_hooks))
-    assert after == before
+    assert state() == before
     assert (tmp_path / "profiles" / "hooks" / "hooks.rank0.key_averages.txt").exists()
 
 

@@ -76,8 +76,9 @@ def ranks_to_tensorboard(run, tb_dir, log_dir):
 
 
 def phase_shares(trace):
-    """Exercise 4: per phase (the phase:* ranges inside the ProfilerStep#N ranges), its share of the
-    steps' time and the bytes it kept: its [memory] events' Bytes (allocations positive, frees negative)."""
+    """Exercise 4: per phase (the phase:* ranges inside the ProfilerStep#N ranges), its share of
+    the steps' time and the bytes it kept: its [memory] events' Bytes (allocations positive, frees
+    negative)."""
     ev = trace["traceEvents"]
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev
              if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
@@ -100,4 +101,5 @@ if __name__ == "__main__":
         print(f"{path}: communication {communication_share(trace):.0%} of the steps, "
               f"not hidden behind computation {exposed_communication(trace):.0%}")
         for phase, p in phase_shares(trace).items():
-            print(f"  {phase}: {p['share']:.0%} of the steps, kept {p['kept_bytes'] / 2**20:.1f} MiB")
+            mib = p["kept_bytes"] / 2**20
+            print(f"  {phase}: {p['share']:.0%} of the steps, kept {mib:.1f} MiB")

@@ -5,7 +5,7 @@ GPU samples of the course's logs beside the training statistics.
     from lessons import traces
     traces.top_operators("prof_cpu")       # the operators that took the most time, per step
     traces.key_averages("prof_cpu")        # the profiler's own tables, as the run wrote them
-    traces.phase_table(trace)              # each step's phases (data, forward, backward, optimizer)
+    traces.phase_table(trace)              # each step's phases: data, forward, backward, optimizer
     traces.memory_by_phase(trace)          # bytes allocated and freed in each phase
     traces.split_table("prof_ddp")         # one row per rank: computation, communication, overlap, idle
     traces.to_tensorboard(["prof_ddp"])    # the course's logs as TensorBoard scalars
@@ -265,21 +265,22 @@ def top_operators(run, rank=0, n=10, log_dir=LOG_DIR):
                              self_share=g["self_us"] / len(window) / per_step))
 
 
-# --- the profiler's own tables, the step's phases, memory ------------------------------------------------
+# --- the profiler's own tables, the step's phases, memory -----------------------------------------
 
 def key_averages(run, rank=0, log_dir=LOG_DIR):
-    """{title: table}: the key_averages tables a --profile run wrote beside its trace (trainup/profiling.py,
-    one per '## <title>' line of <run>.rank<R>.key_averages.txt)."""
+    """{title: table}: the key_averages tables a --profile run wrote beside its trace
+    (trainup/profiling.py, one per '## <title>' line of <run>.rank<R>.key_averages.txt)."""
     path = trace_dir(log_dir, run) / f"{run}.rank{rank}.key_averages.txt"
     if not path.exists():
-        raise AssertionError(f"{run}: no {path.name} under profiles/{run}/ (was it run with --profile?)")
+        raise AssertionError(f"{run}: no {path.name} under profiles/{run}/ "
+                             "(was it run with --profile?)")
     parts = path.read_text().split("## ")[1:]
     return {title: table for title, _, table in (p.partition("\n") for p in parts)}
 
 
 def table_rows(table):
-    """A key_averages table as a DataFrame of its text cells, one column per header (Name, Self CPU,
-    CPU Mem, ..., # of Calls as an int): the columns are where the table's rule line has dashes."""
+    """A key_averages table as a DataFrame of its text cells, one column per header (Name,
+    Self CPU, CPU Mem, ..., # of Calls as an int): the columns are where the rule line has dashes."""
     import re
     import pandas as pd
     lines = table.splitlines()
@@ -291,14 +292,16 @@ def table_rows(table):
 
 
 def phase_ranges(trace):
-    """The phase ranges (phase:data, phase:forward, ...) of the recorded steps: (phase, start, end)."""
-    return sorted(((e["name"][len("phase:"):], e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
-                   if e.get("ph") == "X" and e.get("name", "").startswith("phase:")), key=lambda r: r[1])
+    """The phase ranges (phase:data, phase:forward, ...) of the trace: (phase, start, end)."""
+    return sorted(((e["name"][len("phase:"):], e["ts"], e["ts"] + e["dur"])
+                   for e in trace["traceEvents"]
+                   if e.get("ph") == "X" and e.get("name", "").startswith("phase:")),
+                  key=lambda r: r[1])
 
 
 def phase_table(trace):
-    """One row per recorded step: how many ranges of each phase it holds, and their milliseconds; 'other'
-    is the rest of the step (zero_grad, the loss's metrics, the profiler's own step)."""
+    """One row per recorded step: how many ranges of each phase it holds, and their milliseconds;
+    'other' is the rest of the step (zero_grad, the loss's metrics, the profiler's own step)."""
     import pandas as pd
     ranges, rows = phase_ranges(trace), []
     for n, (start, end) in enumerate(steps(trace), 1):
@@ -312,7 +315,8 @@ def phase_table(trace):
 
 def memory_by_phase(trace):
     """Per phase, over the recorded steps: bytes allocated and freed ('[memory]' events, which
-    profile_memory records, any thread of the process) while its ranges were open, and the difference."""
+    profile_memory records, any thread of the process) while its ranges were open, and the
+    difference."""
     import pandas as pd
     ranges = phase_ranges(trace)
     totals = {p: [0, 0] for p in PHASES}
@@ -321,7 +325,8 @@ def memory_by_phase(trace):
             for p, a, b in ranges:
                 if a <= e["ts"] < b:
                     totals[p][e["args"]["Bytes"] < 0] += abs(e["args"]["Bytes"])
-    return pd.DataFrame([dict(phase=p, allocated_mb=a / 2**20, freed_mb=f / 2**20, kept_mb=(a - f) / 2**20)
+    mb = 2**20
+    return pd.DataFrame([dict(phase=p, allocated_mb=a / mb, freed_mb=f / mb, kept_mb=(a - f) / mb)
                          for p, (a, f) in totals.items()])
 
 

@@ -112,8 +112,9 @@ def write_tables(prof, path, gpu=False):
 
 
 class _Phases:
-    """The named ranges of a training step (PHASES), opened and closed by hooks on the main thread,
-    one at a time: a range must end on the thread it began on, and ranges on one thread must nest."""
+    """The named ranges of a training step (PHASES), opened and closed by hooks on the main
+    thread, one at a time: a range must end on the thread it began on, and ranges on one thread
+    must nest."""
 
     def __init__(self):
         self.open, self.depth, self.in_step = None, 0, False
