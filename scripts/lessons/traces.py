@@ -265,7 +265,7 @@ def top_operators(run, rank=0, n=10, log_dir=LOG_DIR):
                              self_share=g["self_us"] / len(window) / per_step))
 
 
-# --- the profiler's own tables, the step's phases, memory -----------------------------------------
+# --- the profiler's own tables, the step's phases, memory ----------------------------------------
 
 def key_averages(run, rank=0, log_dir=LOG_DIR):
     """{title: table}: the key_averages tables a --profile run wrote beside its trace
@@ -280,7 +280,7 @@ def key_averages(run, rank=0, log_dir=LOG_DIR):
 
 def table_rows(table):
     """A key_averages table as a DataFrame of its text cells, one column per header (Name,
-    Self CPU, CPU Mem, ..., # of Calls as an int): the columns are where the rule line has dashes."""
+    Self CPU, CPU Mem, ..., # of Calls as an int): columns lie where the rule line has dashes."""
     import re
     import pandas as pd
     lines = table.splitlines()
