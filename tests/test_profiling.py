@@ -9,6 +9,7 @@ import pytest
 
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
 from lessons import launch, report, traces
+from trainup import profiling
 
 # 320 samples: 5 steps an epoch (batch 64, or 32 a rank); the first 2 are not recorded, the next 2 are
 TINY = ["--quick", "--train-size", "320", "--test-size", "64", "--epochs", "1", "--profile", "2", "--no-progress"]
@@ -76,6 +77,64 @@ def test_top_operators_are_the_model_s_own(runs):
     assert cpu["self_share"].sum() <= 1 + 1e-9  # one thread: its operators' self times fit in the steps
 
 
+@pytest.mark.parametrize("run, rank", [("cpu", 0), ("ddp", 1)])
+def test_each_step_holds_one_range_per_phase(runs, run, rank):
+    """The ranges trainup/profiling.py's hooks open (data, forward, backward, optimizer): one of
+    each per recorded step, in that order, on the step's thread, inside the step."""
+    trace = traces.load(traces.traces(run, runs)[rank])
+    table = traces.phase_table(trace)
+    assert len(table) == STEPS
+    for phase in profiling.PHASES:
+        assert (table[f"{phase}_ranges"] == 1).all(), table.to_string()
+        assert (table[f"{phase}_ms"] > 0).all()
+    assert (table["other_ms"] >= 0).all()  # the phases fit in their step, one after the other
+    for start, end in traces.steps(trace):
+        order = [p for p, a, b in traces.phase_ranges(trace) if start <= a and b <= end]
+        assert order == list(profiling.PHASES)
+    memory = traces.memory_by_phase(trace).set_index("phase")
+    # forward keeps its activations for backward; backward frees them (profile_memory)
+    assert memory.loc["forward", "kept_mb"] > 0 and memory.loc["backward", "freed_mb"] > 0
+
+
+def test_the_profiler_s_own_tables_beside_the_trace(runs):
+    tables = traces.key_averages("cpu", log_dir=runs)
+    assert len(tables) == len(profiling.TABLES)
+    by_self, by_total, by_shapes, by_memory = (traces.table_rows(t) for t in tables.values())
+    assert {"aten::convolution_backward", "aten::mkldnn_convolution"} <= set(by_self["Name"])
+    assert len(by_self) == profiling.TABLE_ROWS
+    calls = dict(zip(by_total["Name"], by_total["# of Calls"]))
+    assert all(calls[f"phase:{p}"] == STEPS for p in profiling.PHASES if f"phase:{p}" in calls)
+    assert calls["phase:backward"] == calls["phase:forward"] == STEPS  # the costliest ranges
+    assert by_shapes["Input Shapes"].str.startswith("[[").any()  # record_shapes
+    assert "Self CPU Mem" in by_memory.columns and by_memory["Self CPU Mem"].iloc[0].endswith("B")
+    with pytest.raises(AssertionError, match="no nothing.rank0.key_averages.txt"):
+        traces.key_averages("nothing", log_dir=runs)
+
+
+def test_the_hooks_are_gone_after_the_run(tmp_path):
+    """The phases' hooks (and the wrapped Tensor.backward) last as long as the profiler: after
+    stop(), a model, its backward and its optimizer run as without --profile."""
+    import argparse
+    import torch
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+    def state():
+        return (torch.Tensor.backward, len(module._global_forward_hooks),
+                len(optimizer._global_optimizer_pre_hooks))
+    before = state()
+    args = argparse.Namespace(profile=1, log_dir=tmp_path, run_name="hooks")
+    on = profiling.start(args)
+    assert torch.Tensor.backward is not before[0]
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in on.steps([torch.ones(1, 2)] * 3):
+        model(x).sum().backward()
+        opt.step()
+    on.stop()
+    assert state() == before
+    assert (tmp_path / "profiles" / "hooks" / "hooks.rank0.key_averages.txt").exists()
+
+
 def X(name, ts, dur, tid=1, cat="cpu_op"):
     return dict(ph="X", name=name, ts=ts, dur=dur, pid=7, tid=tid, cat=cat)
 
@@ -140,5 +199,13 @@ def test_the_exercise_solutions(runs, tmp_path):
     trace = traces.load(traces.traces("ddp", runs)[0])
     assert s.communication_share(trace) == pytest.approx(real["communication"], abs=1e-9)
     assert s.exposed_communication(trace) == pytest.approx(real["communication only"], abs=1e-9)
+    cpu = traces.load(traces.traces("cpu", runs)[0])
+    shares, table = s.phase_shares(cpu), traces.phase_table(cpu)
+    assert list(shares) == list(profiling.PHASES)
+    total = (table[[f"{p}_ms" for p in profiling.PHASES]].sum(axis=1) + table["other_ms"]).sum()
+    for phase, p in shares.items():
+        assert p["share"] == pytest.approx(table[f"{phase}_ms"].sum() / total, rel=1e-9)
+    kept = traces.memory_by_phase(cpu).set_index("phase")["kept_mb"] * 2**20
+    assert {p: v["kept_bytes"] for p, v in shares.items()} == pytest.approx(kept.to_dict())
     back = s.ranks_to_tensorboard("ddp", tmp_path / "tb", runs)
     assert sorted(back) == [0, 1] and all(len(points) == 1 for points in back.values())

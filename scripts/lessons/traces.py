@@ -4,6 +4,9 @@ GPU samples of the course's logs beside the training statistics.
 
     from lessons import traces
     traces.top_operators("prof_cpu")       # the operators that took the most time, per step
+    traces.key_averages("prof_cpu")        # the profiler's own tables, as the run wrote them
+    traces.phase_table(trace)              # each step's phases: data, forward, backward, optimizer
+    traces.memory_by_phase(trace)          # bytes allocated and freed in each phase
     traces.split_table("prof_ddp")         # one row per rank: computation, communication, overlap, idle
     traces.to_tensorboard(["prof_ddp"])    # the course's logs as TensorBoard scalars
     traces.scalars(profiling.TB_DIR)       # read back with tensorboard's EventAccumulator
@@ -16,7 +19,7 @@ import json
 from pathlib import Path
 
 from trainup import LOG_DIR, ROOT
-from trainup.profiling import trace_dir
+from trainup.profiling import PHASES, trace_dir
 
 from .report import read_run, save
 
@@ -260,6 +263,71 @@ def top_operators(run, rank=0, n=10, log_dir=LOG_DIR):
                              self_ms_per_step=g["self_us"] / len(window) / 1e3,
                              total_ms_per_step=g["total_us"] / len(window) / 1e3,
                              self_share=g["self_us"] / len(window) / per_step))
+
+
+# --- the profiler's own tables, the step's phases, memory ----------------------------------------
+
+def key_averages(run, rank=0, log_dir=LOG_DIR):
+    """{title: table}: the key_averages tables a --profile run wrote beside its trace
+    (trainup/profiling.py, one per '## <title>' line of <run>.rank<R>.key_averages.txt)."""
+    path = trace_dir(log_dir, run) / f"{run}.rank{rank}.key_averages.txt"
+    if not path.exists():
+        raise AssertionError(f"{run}: no {path.name} under profiles/{run}/ "
+                             "(was it run with --profile?)")
+    parts = path.read_text().split("## ")[1:]
+    return {title: table for title, _, table in (p.partition("\n") for p in parts)}
+
+
+def table_rows(table):
+    """A key_averages table as a DataFrame of its text cells, one column per header (Name,
+    Self CPU, CPU Mem, ..., # of Calls as an int): columns lie where the rule line has dashes."""
+    import re
+    import pandas as pd
+    lines = table.splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("---")]
+    spans = [m.span() for m in re.finditer(r"-+", lines[rules[0]])]
+    cells = [[line[a:b].strip() for a, b in spans] for line in lines[rules[0] + 1:rules[2]]]
+    t = pd.DataFrame(cells[2:], columns=cells[0])
+    return t.assign(**{"# of Calls": t["# of Calls"].astype(int)})
+
+
+def phase_ranges(trace):
+    """The phase ranges (phase:data, phase:forward, ...) of the trace: (phase, start, end)."""
+    return sorted(((e["name"][len("phase:"):], e["ts"], e["ts"] + e["dur"])
+                   for e in trace["traceEvents"]
+                   if e.get("ph") == "X" and e.get("name", "").startswith("phase:")),
+                  key=lambda r: r[1])
+
+
+def phase_table(trace):
+    """One row per recorded step: how many ranges of each phase it holds, and their milliseconds;
+    'other' is the rest of the step (zero_grad, the loss's metrics, the profiler's own step)."""
+    import pandas as pd
+    ranges, rows = phase_ranges(trace), []
+    for n, (start, end) in enumerate(steps(trace), 1):
+        mine = [(p, a, b) for p, a, b in ranges if start <= a < end]
+        row = dict(step=n, **{f"{p}_ranges": sum(q == p for q, _, _ in mine) for p in PHASES})
+        row.update({f"{p}_ms": sum(b - a for q, a, b in mine if q == p) / 1e3 for p in PHASES})
+        row["other_ms"] = (end - start) / 1e3 - sum(row[f"{p}_ms"] for p in PHASES)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def memory_by_phase(trace):
+    """Per phase, over the recorded steps: bytes allocated and freed ('[memory]' events, which
+    profile_memory records, any thread of the process) while its ranges were open, and the
+    difference."""
+    import pandas as pd
+    ranges = phase_ranges(trace)
+    totals = {p: [0, 0] for p in PHASES}
+    for e in trace["traceEvents"]:
+        if e.get("name") == "[memory]":
+            for p, a, b in ranges:
+                if a <= e["ts"] < b:
+                    totals[p][e["args"]["Bytes"] < 0] += abs(e["args"]["Bytes"])
+    mb = 2**20
+    return pd.DataFrame([dict(phase=p, allocated_mb=a / mb, freed_mb=f / mb, kept_mb=(a - f) / mb)
+                         for p, (a, f) in totals.items()])
 
 
 # --- TensorBoard ------------------------------------------------------------------------------------------
