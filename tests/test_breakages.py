@@ -4,11 +4,13 @@ For each breakage, scripts/ is copied to a scratch folder, ONE small textual pat
 (the patch must apply exactly once, so a rewritten script cannot silently make a breakage a no-op), and
 the cheapest test that guards that claim runs in a fresh pytest against the copy (conftest honours
 TRAINUP_SCRIPTS_DIR). The test must fail, by an assertion, not by an error. Nothing in scripts/ carries a
-test-only switch for this. The fresh pytests run side by side, as many at a time as this process has cores
-(most of each is starting Python and importing torch, on one core): one that trains beside one that does not.
+test-only switch for this. The fresh pytests (forks of one interpreter that imported pytest and torch
+once: PYTESTS) run side by side, as many at a time as this process has cores: one that trains beside one
+that does not.
 Each target must pass on the unbroken course: the suite runs this module last (conftest) and reads how its
 targets did; run alone, it runs them unbroken first.
 """
+import json
 import os
 import re
 import shutil
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -127,24 +130,83 @@ def broken_copy(name, folder):
     return copy
 
 
-def run_its_test(name, copy):
-    """The breakage's test in a fresh pytest against the broken copy (no notebook plugin: it tests no notebook);
-    a pytest that did not end in time is returned as its TimeoutExpired."""
-    try:
-        return _pytest(name, copy)
-    except subprocess.TimeoutExpired as e:
-        return e
+# The breakages' pytests are forks of one interpreter that has imported pytest and torch, as each
+# of them does first (its test module imports torch): 2 to 3 CPU-seconds a pytest, spent once.
+# Nothing of the course is imported before the forks: each fork's conftest reads its copy's
+# TRAINUP_SCRIPTS_DIR and imports that copy's trainup and lessons, as a fresh pytest does. At most
+# `most` run at once; one still running after its timeout is killed, as subprocess.run kills it.
+PYTESTS = r'''
+import json, os, signal, sys, time
+import pytest
+import torch  # noqa: F401
+runs, most = json.loads(sys.argv[1]), int(sys.argv[2])
+running = {}
 
 
-def _pytest(name, copy):
-    return pytest_of(["-x", f"tests/{BREAKAGES[name][3]}"], copy, copy.parent / "tmp")
+def reap():
+    while True:
+        for pid, (run, deadline) in list(running.items()):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            run, deadline = running.pop(pid)
+            late = time.monotonic() > deadline
+            print(json.dumps([run["name"], os.waitstatus_to_exitcode(status), late]), flush=True)
+            return
+        time.sleep(0.1)
+
+
+for run in runs:
+    while len(running) >= most:
+        reap()
+    pid = os.fork()
+    if pid == 0:
+        for fd, path in ((1, run["out"]), (2, run["err"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        os.environ.update(run["env"])
+        code = pytest.main(run["args"])
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(int(code))
+    running[pid] = run, time.monotonic() + run["timeout"]
+while running:
+    reap()
+'''
+PYTEST_FLAGS = ["-q", "-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:anyio",
+                "-o", "addopts="]
+
+
+def run_their_tests(copies, most, timeout=600):
+    """Each breakage's test (-x) in a pytest of its own against its broken copy, forked from
+    PYTESTS: name -> its CompletedProcess, or its TimeoutExpired where it did not end in time."""
+    runs = [dict(name=name, args=[*PYTEST_FLAGS, "--basetemp", str(copy.parent / "tmp"), "-x",
+                                  f"tests/{BREAKAGES[name][3]}"],
+                 env={"TRAINUP_SCRIPTS_DIR": str(copy)}, out=str(copy.parent / "pytest.out"),
+                 err=str(copy.parent / "pytest.err"), timeout=timeout)
+            for name, copy in copies.items()]
+    if not runs:
+        return {}
+    cmd = [sys.executable, "-c", PYTESTS, json.dumps(runs), str(most)]
+    zygote = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL)
+    assert zygote.returncode == 0, zygote.stderr[-3000:]
+    out = {}
+    for line in zygote.stdout.splitlines():
+        name, code, late = json.loads(line)
+        run = next(r for r in runs if r["name"] == name)
+        if late:
+            out[name] = subprocess.TimeoutExpired(run["args"], timeout)
+        else:
+            out[name] = subprocess.CompletedProcess(
+                run["args"], code, Path(run["out"]).read_text(), Path(run["err"]).read_text())
+    assert out.keys() == copies.keys(), zygote.stdout
+    return out
 
 
 def pytest_of(targets, scripts, basetemp, timeout=600):
     """A fresh pytest of these test ids against that scripts/ folder (no notebook plugin: no notebook)."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:anyio",
-         "-o", "addopts=", "--basetemp", str(basetemp), *targets],
+        [sys.executable, "-m", "pytest", *PYTEST_FLAGS, "--basetemp", str(basetemp), *targets],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "TRAINUP_SCRIPTS_DIR": str(scripts)})
 
 
@@ -211,17 +273,19 @@ def outcomes(tmp_path_factory, request):
     # alone reuses the run
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     targets = sorted({f"tests/{BREAKAGES[name][3]}" for name in copies})
-    # one more thread than cores: the unbroken check mostly waits (for the other xdist worker)
-    with ThreadPoolExecutor(max_workers=max(1, cores) + 1) as pool:
+    # beside the breakages' pytests, cores at a time: the unbroken check, which mostly waits (for
+    # the other xdist worker)
+    with ThreadPoolExecutor(max_workers=1) as pool:
         here = {plain_id(item.nodeid) for item in request.session.items}  # each worker collects all
         ids = {t: found for t, found in session_ids(targets, here).items() if found}
         xdist = SHARED_OUTCOMES in getattr(request.config, "workerinput", {})
         elsewhere = {t for t in ids if not all(i in OUTCOMES for i in ids[t])} if xdist else set()
         clean = pool.submit(failing_unbroken, targets, tmp_path_factory.mktemp("unbroken"), OUTCOMES,
                             elsewhere, lambda: shared_outcomes(request.config), ids)
-        procs = {name: pool.submit(run_its_test, name, copy) for name, copy in copies.items() if copy}
+        applied = {name: copy for name, copy in copies.items() if copy}
+        procs = run_their_tests(applied, max(1, cores))
         failing = clean.result()
-        return {name: (copies[name], procs[name].result() if name in procs else None,
+        return {name: (copies[name], procs.get(name),
                        [f for f in failing if f.endswith(BREAKAGES[name][3]) or BREAKAGES[name][3] in f])
                 for name in copies}
 

@@ -8,15 +8,20 @@ outside the script, by a sitecustomize), --threads splits the sums. Under each c
 checks.FLOAT64_ATOL; and so must every pair across choices, as two machines would. A float32
 baseline under each choice shows that the choices really change the sums: without that, this test
 would prove nothing.
+
+Each choice's 4 processes (one process in float64 and in float32, the 2 ranks) are forks of one
+interpreter started under that choice's environment (FORKS): each runs the script's own main().
 """
 import itertools
+import json
 import sys
 
 import pytest
 import torch
 
-from conftest import SCRIPTS, Ranks, finish_job, start_job
-from lessons import checks, launch
+from conftest import SCRIPTS, finish_job, srun_env, start_job
+from lessons import checks, launch, report
+from trainup import distributed
 
 SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
 # Short runs: float64 noise does not grow with steps the way a defect does; 4 steps of 64 samples.
@@ -41,6 +46,50 @@ def choices():
     return out
 
 
+# One interpreter a kernel choice, started under its environment (each choice is read when torch
+# loads or first computes), imports the script, torch and torch._dynamo (which each run's optimizer
+# imports), then forks the choice's runs, each calling main() with its flags and variables. 24
+# fresh interpreters cost about 130 CPU-seconds, most of it these imports, repeated in every one.
+# No parallel region may have run before the forks (OpenMP's threads do not survive a fork): the
+# interpreter checks that it has no thread but its own.
+FORKS = r'''
+import json, os, sys, traceback
+scripts, name, out, runs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+sys.path.insert(0, scripts)
+script = __import__(name)
+import torch._dynamo  # noqa: F401
+assert os.listdir("/proc/self/task") == [str(os.getpid())], "threads before the forks"
+pids = {}
+for run, argv, env in runs:
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(os.path.join(out, f"{run}.out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1), os.dup2(log, 2)
+        os.environ.update(env)
+        code = 0
+        try:
+            script.main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)  # the interpreter's own exit is test_exit.py's matter
+    pids[pid] = run
+for pid, run in pids.items():
+    print(run, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+'''
+
+
+def forked(runs, choice_env, out):
+    """Start FORKS: runs, (name, flags, variables) each, forked from one interpreter under
+    choice_env."""
+    cmd = [sys.executable, "-c", FORKS, str(SCRIPTS), "_trainup_ddp", str(out),
+           json.dumps([(name, [str(f) for f in flags], env) for name, flags, env in runs])]
+    return start_job(cmd, choice_env)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("kernels")
@@ -51,27 +100,41 @@ def runs(tmp_path_factory):
     out = ["--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
     jobs = []
     for i, (name, (env, flags)) in enumerate(choices().items()):
-        env = launch.environment({"PYTHONPATH": str(site), **env})
-        one = [sys.executable, SCRIPT, *SHORT, *flags, *out]
-        jobs += [(start_job(one + [*checks.PROOF, "--run-name", f"one64_{i}"], env), name),
-                 # started as srun starts them: no launcher, which no kernel choice reaches
-                 (Ranks([sys.executable, SCRIPT, *SHORT, *flags, *out, *checks.PROOF, "--run-name",
-                         f"ddp64_{i}"], env), name),
-                 (start_job(one + ["--run-name", f"one32_{i}"], env), name)]
-        if len(jobs) >= 6:  # two choices at a time: 2 cores
-            [_ok(finish_job(p), n) for p, n in jobs]
+        # OpenMP reads OMP_NUM_THREADS as it loads, and a pool it started would not survive the
+        # forks: the interpreter starts with 1 thread, and each run's --threads sets its own
+        threads = {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+        env = launch.environment({"PYTHONPATH": str(site), **env, "OMP_NUM_THREADS": "1"})
+        run = [*SHORT, *flags, *out]
+        port = distributed.free_port()
+        # the ranks with srun's variables: no launcher, which no kernel choice reaches
+        ranks = [(f"ddp64_{i}_rank{r}", [*run, *checks.PROOF, "--run-name", f"ddp64_{i}"],
+                  {**threads, **srun_env(r, 2, port)}) for r in (0, 1)]
+        jobs.append((forked([(f"one64_{i}", [*run, *checks.PROOF, "--run-name", f"one64_{i}"], threads),
+                             *ranks, (f"one32_{i}", [*run, "--run-name", f"one32_{i}"], threads)],
+                            env, base), name))
+        if len(jobs) >= 2:  # two choices at a time: 2 cores
+            [_ok(finish_job(p), n, base) for p, n in jobs]
             jobs = []
-    [_ok(finish_job(p), n) for p, n in jobs]
+    [_ok(finish_job(p), n, base) for p, n in jobs]
     return log_dir / "checkpoints", list(choices())
 
 
-def _ok(proc, name):
+def _ok(proc, name, base):
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    codes = dict(line.split() for line in proc.stdout.splitlines())
+    assert len(codes) == 4, f"{name}: {proc.stdout}"
+    for run, code in codes.items():
+        output = (base / f"{run}.out").read_text()[-3000:]
+        assert code == "0", f"{name}: {run} exit {code}\n{output}"
 
 
 def test_under_every_kernel_choice_two_ranks_end_like_one_process_in_float64(runs):
     ckpt, names = runs
     for i, name in enumerate(names):
+        # each run used the threads its choice gives it (a fork keeps the interpreter's)
+        want = int(choices()[name][0].get("OMP_NUM_THREADS", 1))
+        for run in (f"one64_{i}", f"ddp64_{i}", f"one32_{i}"):
+            assert report.read_run(ckpt.parent / f"{run}.jsonl")["env"]["threads"] == want, run
         worst = checks.same_parameters(f"ddp64_{i}", f"one64_{i}", checkpoint_dir=ckpt)
         assert worst <= checks.FLOAT64_ATOL, name
 
