@@ -97,6 +97,10 @@ def test_a_miss_is_said_with_its_cost_per_call_and_the_better_overlap_is_compute
     [sentence] = ph.about_misses(table, alpha)
     assert sentence.startswith(f"two (ZeRO-2): {r.error:+.0%}; the model missed {gap_ms:.2f} ms")
     assert "each of its 10 collective calls" in sentence
+    # predicted too much: the 1-process run computed longer than the whole measured epoch
+    write(tmp_path, "slow", "_trainup_fsdp.py", 1, 32, [9.0, 9.0], shard="gradients")
+    table, alpha, _ = ph.predictions(tmp_path, [("two", "slow")])
+    assert "that run computed slower than a rank of this one" in ph.about_misses(table, alpha)[0]
     assert "better without overlap" in ph.about_overlap(table)  # no all-reduce: the same
 
 

@@ -128,17 +128,28 @@ def within(table, goal=GOAL):
 
 def about_misses(table, alpha, goal=GOAL):
     """One sentence per run outside the goal, worked out from it: how much of each step the model
-    missed, and that per collective call against alpha (a cost per call the sweep's one large
-    all-reduce at a time does not show), or the compute it took as the step."""
+    missed, and that per collective call against alpha (a cost per call that the sweep, one
+    all-reduce at a time, does not show); or, where it predicted too much, whether its compute
+    alone (the 1-process run) already took longer than the measured step."""
     out = []
     for r in table[~within(table, goal)].itertuples():
         gap = (r.measured_s - r.predicted_s) / r.steps
-        per_call = gap / r.calls_per_step if r.calls_per_step else float("nan")
-        where = (f"{per_call * 1e6:,.0f} us for each of its {r.calls_per_step} collective calls a "
-                 f"step, against alpha {alpha * 1e6:,.0f} us" if r.calls_per_step else
-                 "with no collective to blame")
-        out.append(f"{r.run} ({r.strategy}): {r.error:+.0%}; the model "
-                   f"{'missed' if gap > 0 else 'added'} {abs(gap) * 1e3:.2f} ms a step, {where}.")
+        head = f"{r.run} ({r.strategy}): {r.error:+.0%}"
+        if gap > 0 and r.calls_per_step:
+            out.append(f"{head}; the model missed {gap * 1e3:.2f} ms a step, "
+                       f"{gap / r.calls_per_step * 1e6:,.0f} us for each of its "
+                       f"{r.calls_per_step} collective calls, against alpha "
+                       f"{alpha * 1e6:,.0f} us.")
+        elif gap > 0:
+            out.append(f"{head}; the model missed {gap * 1e3:.2f} ms a step, no collective in it.")
+        elif r.compute_s > r.measured_s:
+            out.append(f"{head}; its compute alone, from the 1-process run, is "
+                       f"{r.compute_s / r.steps * 1e3:.2f} ms a step against "
+                       f"{r.measured_s / r.steps * 1e3:.2f} ms measured: that run computed slower "
+                       f"than a rank of this one.")
+        else:
+            out.append(f"{head}; the model added {-gap * 1e3:.2f} ms a step: its "
+                       f"{r.calls_per_step} collective calls cost less than alpha and beta say.")
     return out
 
 

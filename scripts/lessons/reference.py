@@ -117,6 +117,9 @@ def make(folder=None, runs=RUNS, say=print):
     (folder / "machine.json").write_text(json.dumps(about, indent=1) + "\n")
     say(f"{folder}: {len(list(folder.glob('*.jsonl')))} logs; load average {load_before} before, "
         f"{load_after} after, on {cores} cores")
+    if not quiet(folder):  # notebook 11 asserts its goal on a quiet set only
+        say(f"The load average rose to {max(loads(folder)):.1f} on {cores} cores: other programs "
+            f"took turns with these runs. Stop them and make the set again before committing it.")
     return folder
 
 
