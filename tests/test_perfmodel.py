@@ -26,6 +26,22 @@ def test_the_collectives_cost_what_the_alpha_beta_model_says():
     assert pm.ring_all_reduce(n, 1024, A, B) < pm.tree_all_reduce(n, 1024, A, B)
 
 
+def test_a_step_of_collectives_costs_each_calls_latency_and_all_its_bytes():
+    n = 1e9
+    # a tree broadcast over 2 ranks is one message; over 8, three rounds of the whole buffer
+    assert pm.tree_broadcast(n, 2, A, B) == pytest.approx(1e-5 + 1)
+    assert pm.tree_broadcast(n, 8, A, B) == pytest.approx(3 * (1e-5 + 1))
+    assert pm.tree_broadcast(n, 1, A, B) == 0
+    # 2 ranks: 4 all-reduce calls of 1 GB in all (2 latencies each, the bytes once), then 10
+    # broadcasts of 1 KB in all (a latency each, every byte)
+    ops = {"all_reduce": {"calls": 4, "bytes": n}, "broadcast": {"calls": 10, "bytes": 1000},
+           "all_gather": {"calls": 0, "bytes": 0}}
+    by_hand = 4 * 2 * A + n / B + 10 * A + 1000 / B
+    assert pm.collectives(ops, 2, A, B) == pytest.approx(by_hand)
+    assert pm.collectives(ops, 1, A, B) == 0  # one rank sends nothing
+    assert pm.collectives({}, 2, A, B) == 0
+
+
 def test_a_hierarchical_all_reduce_is_the_node_rings_plus_one_ring_across_nodes():
     n, intra, inter = 1e9, (1e-6, 100e9), (A, B)
     inside = 2 * (3 * 1e-6 + 0.75 * n / 100e9)  # reduce-scatter and all-gather over 4 GPUs

@@ -48,6 +48,27 @@ def ring_all_gather(n_bytes, p, alpha, beta):
 ring_reduce_scatter = ring_all_gather
 
 
+def tree_broadcast(n_bytes, p, alpha, beta):
+    """Binomial-tree broadcast of n bytes from one rank: ceil(log2 p) (alpha + n/beta) (Thakur et
+    al. 2005): on 2 ranks one message, whose every byte the root sends."""
+    if p == 1:
+        return 0.0
+    return math.ceil(math.log2(p)) * (alpha + n_bytes / beta)
+
+
+COLLECTIVES = {"all_reduce": ring_all_reduce, "all_gather": ring_all_gather,
+               "reduce_scatter": ring_reduce_scatter, "broadcast": tree_broadcast}
+
+
+def collectives(ops, p, alpha, beta):
+    """Seconds of the collectives of one step, one after another: ops as lesson 09's shard_comm
+    record counts them, {op: {"calls": k, "bytes": b}} (b: every call's buffer, summed). Each call
+    pays its latency; the formulas are linear in the bytes, so k calls cost k times one call of
+    b/k bytes."""
+    return sum(c["calls"] * COLLECTIVES[op](c["bytes"] / c["calls"], p, alpha, beta)
+               for op, c in ops.items() if c.get("calls"))
+
+
 def hierarchical_all_reduce(n_bytes, nodes, gpus_per_node, intra, inter):
     """All-reduce over nodes x gpus_per_node GPUs as NCCL does it across nodes: a reduce-scatter
     inside each node, then gpus_per_node all-reduces of n/g bytes across the nodes at once (sharing

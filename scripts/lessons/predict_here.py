@@ -1,0 +1,161 @@
+"""Lesson 11: this machine's runs of 2 processes, predicted from its runs of 1 and its all-reduce
+sweep (a reference set that lessons/reference.py made), and the prediction checked against them.
+
+    an epoch of a rank = its compute + steps x (the collectives of one step)
+
+- compute: the 1-process run of the same script, stage and model at the per-rank batch (each
+  step then does what a rank of 2 does: the same per-step costs, the optimizer step, the stage's
+  own hooks and copies), scaled to the rank's share of the samples;
+- collectives: what a step runs (lesson 09's shard_comm record; for lesson 04's DDP script, its
+  gradients in DDP's buckets), each costed by the alpha-beta model (lessons/perfmodel.py) with
+  the alpha and beta fitted to the sweep: the only fitted numbers, from runs not predicted;
+- no overlap: see predict_run.
+"""
+import math
+from pathlib import Path
+
+from . import perfmodel as pm
+from .collectives import bandwidth_table
+from .log_reader import read_run
+from .predict import fit_alpha_beta
+from .zero_stages import LABELS
+
+GOAL = 0.15  # each prediction within 15 % of the measured epoch
+SWEEP = "ref_bandwidth"
+STAGES = ("none", "optimizer", "gradients", "parameters")
+# each predicted run of 2 processes, and the 1-process run at its per-rank batch
+PREDICTED = [("ref_ddp_n2", "ref_ddp_n1_b32")] + [
+    (f"ref_fsdp_n2_{m}", f"ref_fsdp_n1_b32_{m}") for m in STAGES]
+FIRST_BUCKET, BUCKET_CAP = 2**20, 25 * 2**20  # DDP's bucket_cap_mb and its smaller first bucket
+
+
+def read(folder, name):
+    run = read_run(Path(folder) / f"{name}.jsonl")
+    assert not run["problems"] and (run["summary"] or {}).get("status") == "finished", \
+        f"{name}: not a finished run in the schema: {run['problems']}"
+    return run
+
+
+def epoch_s(run):
+    """The run's epoch, measured: the median over its epochs after the first (the first warms up,
+    and there the sharding script counts one step's collectives and gathers every rank's bytes:
+    a step the course disturbs)."""
+    import statistics
+    timed = [e["wall_s"] for e in run["epochs"][1:]]
+    assert timed, f"{run['path'].stem}: one epoch only, none timed"
+    return statistics.median(timed)
+
+
+def rank_share(run):
+    """(samples a rank trains in an epoch, steps it takes): DistributedSampler pads the data to a
+    multiple of the ranks; the last batch may be short."""
+    world = run["env"]["world_size"]
+    per_rank = math.ceil(run["epochs"][-1]["samples"] / world)
+    return per_rank, math.ceil(per_rank / (run["config"]["args"]["batch_size"] // world))
+
+
+def ddp_buckets(sizes, first=FIRST_BUCKET, cap=BUCKET_CAP):
+    """Bytes of each of DDP's gradient buckets: parameters in reverse order (backward computes
+    the last first), a bucket closed once it holds cap bytes (the first: 1 MiB, so an all-reduce
+    starts early)."""
+    buckets, current, limit = [], 0, first
+    for n in reversed(sizes):
+        current += n
+        if current >= limit:
+            buckets.append(current)
+            current, limit = 0, cap
+    return buckets + ([current] if current else [])
+
+
+def ddp_ops(run):
+    """One step's collectives of lesson 04's DDP script: its model's gradients (float32, built as
+    the script builds it), all-reduced bucket by bucket."""
+    from types import SimpleNamespace
+
+    from trainup import models
+    args = run["config"]["args"]
+    shape = SimpleNamespace(shape=tuple(args["image_shape"]), num_classes=args["num_classes"])
+    model = models.build(SimpleNamespace(**args), shape)
+    sizes = ddp_buckets([p.numel() * 4 for p in model.parameters()])
+    return {"all_reduce": {"calls": len(sizes), "bytes": sum(sizes)}}
+
+
+def step_ops(run):
+    """What one step communicates: the sharding script counted it (shard_comm); the DDP script's
+    gradients otherwise."""
+    counted = [r["ops"] for r in run["extra"] if r.get("type") == "shard_comm"]
+    return counted[-1] if counted else ddp_ops(run)
+
+
+def predict_run(folder, name, one, alpha, beta):
+    """One 2-process run against its prediction: a row of the table."""
+    run, alone = read(folder, name), read(folder, one)
+    per_rank, steps = rank_share(run)
+    # the 1-process run did every sample at the per-rank batch: a rank does its share of them
+    compute = epoch_s(alone) * per_rank / alone["epochs"][-1]["samples"]
+    ops = step_ops(run)
+    world = run["env"]["world_size"]
+    comm = steps * pm.collectives(ops, world, alpha, beta)
+    calls = sum(c.get("calls", 0) for c in ops.values())
+    buckets = ops.get("all_reduce", {}).get("calls", 1)
+    # No communication hidden: both cores compute (a rank each, one thread each), gloo moves CPU
+    # memory with those same cores, and most collectives here wait for each call (ZeRO-1's
+    # broadcasts, the by-hand ZeRO-2's reduce-scatters). `overlapped` is what DDP's bucket overlap
+    # (perfmodel.exposed) would predict instead; the measured runs decide (about_overlap).
+    predicted = compute + comm
+    overlapped = compute + steps * pm.exposed(comm / steps, 2 / 3 * compute / steps, buckets)
+    shard = run["config"]["args"].get("shard", "none")
+    measured = epoch_s(run)
+    return dict(run=name, strategy=LABELS[shard], processes=world, steps=steps,
+                calls_per_step=calls, measured_s=measured, compute_s=compute, comm_s=comm,
+                predicted_s=predicted, error=predicted / measured - 1,
+                overlapped_s=overlapped, overlapped_error=overlapped / measured - 1)
+
+
+def predictions(folder, pairs=PREDICTED, sweep=SWEEP):
+    """Every predicted run of a reference folder: measured and predicted epoch (seconds), the
+    compute and communication parts, the error; and alpha, beta fitted to the folder's sweep."""
+    import pandas as pd
+    alpha, beta, _ = fit_alpha_beta(bandwidth_table(sweep, folder))
+    rows = [predict_run(folder, name, one, alpha, beta) for name, one in pairs
+            if (Path(folder) / f"{name}.jsonl").exists()]
+    return pd.DataFrame(rows), alpha, beta
+
+
+def within(table, goal=GOAL):
+    return table["error"].abs() <= goal
+
+
+def about_misses(table, alpha, goal=GOAL):
+    """One sentence per run outside the goal, worked out from it: how much of each step the model
+    missed, and that per collective call against alpha (a cost per call that the sweep, one
+    all-reduce at a time, does not show); or, where it predicted too much, whether its compute
+    alone (the 1-process run) already took longer than the measured step."""
+    out = []
+    for r in table[~within(table, goal)].itertuples():
+        gap = (r.measured_s - r.predicted_s) / r.steps
+        head = f"{r.run} ({r.strategy}): {r.error:+.0%}"
+        if gap > 0 and r.calls_per_step:
+            out.append(f"{head}; the model missed {gap * 1e3:.2f} ms a step, "
+                       f"{gap / r.calls_per_step * 1e6:,.0f} us for each of its "
+                       f"{r.calls_per_step} collective calls, against alpha "
+                       f"{alpha * 1e6:,.0f} us.")
+        elif gap > 0:
+            out.append(f"{head}; the model missed {gap * 1e3:.2f} ms a step, no collective in it.")
+        elif r.compute_s > r.measured_s:
+            out.append(f"{head}; its compute alone, from the 1-process run, is "
+                       f"{r.compute_s / r.steps * 1e3:.2f} ms a step against "
+                       f"{r.measured_s / r.steps * 1e3:.2f} ms measured: that run computed slower "
+                       f"than a rank of this one.")
+        else:
+            out.append(f"{head}; the model added {-gap * 1e3:.2f} ms a step: its "
+                       f"{r.calls_per_step} collective calls cost less than alpha and beta say.")
+    return out
+
+
+def about_overlap(table):
+    """Which of the two, no overlap or DDP's bucket overlap, the measured runs side with."""
+    plain, hidden = table["error"].abs().mean(), table["overlapped_error"].abs().mean()
+    better = "without overlap" if plain <= hidden else "with DDP's bucket overlap"
+    return (f"Mean error {plain:.1%} with no communication hidden, {hidden:.1%} had DDP's buckets "
+            f"overlapped backward: these runs are predicted better {better}.")

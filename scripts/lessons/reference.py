@@ -1,0 +1,177 @@
+"""Lesson 11: a reference set of this machine's runs, the ones lesson 11's model predicts.
+
+    cd scripts && python -m lessons.reference          # into logs/reference/<host>_<YYYY-MM-DD>/
+
+Made on a quiet machine, one job after another (two jobs side by side would time each other):
+lesson 04's DDP script on 1 and 2 processes, the sharding script's ZeRO stages on 1 and 2, and
+lesson 04's all-reduce sweep, so the model's alpha and beta come from the same machine and day.
+The 1-process runs are made at the global batch (the scaling report's strong-scaling baseline)
+and at the per-rank batch (the compute a rank of 2 does: lessons/predict_here.py). Only logs
+are kept (the checkpoints go to a temporary folder); machine.json says where, when and under
+what load.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from trainup import LOG_DIR, ROOT
+from trainup.metrics import machine_load
+
+from . import checks, jobs, launch
+from .log_reader import read_run
+from .report import failed
+
+REFERENCE_DIR = LOG_DIR / "reference"
+BATCH = 64  # the global batch of every training run; a rank of 2 takes 32
+EPOCHS = 4  # the first is not timed by the model (warm-up; the sharding script's counted step)
+CPU = ["--device", "cpu", "--threads", 1, "--epochs", EPOCHS]  # one thread a process: a core each
+STAGES = ("none", "optimizer", "gradients", "parameters")  # DDP, ZeRO-1, ZeRO-2, ZeRO-3
+BLOCKS = ["--blocks", 4, "--width", 256, "--shard", ",".join(STAGES)]  # lesson 09's stack, wider
+SIZES = "1K,4K,16K,64K,256K,1M,4M,16M"  # lesson 04's sweep, past the largest gradient here
+# (name, script, processes, flags); a sharding job with several --shard modes names each run
+# <name>_<mode>.
+RUNS = (
+    ("ref_bandwidth", "_trainup_collectives.py", 2, ["--show", "bandwidth", "--sizes", SIZES]),
+    ("ref_ddp_n1", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH]),
+    ("ref_ddp_n1_b32", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH // 2]),
+    ("ref_ddp_n2", "_trainup_ddp.py", 2, [*CPU, "--batch-size", BATCH]),
+    ("ref_fsdp_n1", "_trainup_fsdp.py", 1, [*CPU, *BLOCKS[:4], "--shard", "none",
+                                             "--batch-size", BATCH]),
+    ("ref_fsdp_n1_b32", "_trainup_fsdp.py", 1, [*CPU, *BLOCKS, "--batch-size", BATCH // 2]),
+    ("ref_fsdp_n2", "_trainup_fsdp.py", 2, [*CPU, *BLOCKS, "--batch-size", BATCH]),
+)
+
+
+def names(name, script, flags):
+    """The runs one job makes: one per --shard mode of a sharding job of several."""
+    flags = [str(f) for f in flags]
+    modes = flags[flags.index("--shard") + 1].split(",") if "--shard" in flags else []
+    return [f"{name}_{m}" for m in modes] if len(modes) > 1 else [name]
+
+
+def command(name, script, nproc, flags, folder, checkpoints):
+    """(argv, the command as printed): python for one process, torchrun for several; from the
+    course's top folder, as every job of the lessons."""
+    part = [f"scripts/{script}", *map(str, flags), "--run-name", name, "--log-dir",
+            os.path.relpath(folder, ROOT), "--no-progress"]
+    if script != "_trainup_collectives.py":  # the collectives save no checkpoint
+        part += ["--checkpoint-dir", str(checkpoints)]
+    if nproc == 1:
+        return [sys.executable, *part], "$ python " + shlex.join(part)
+    flags = launch.torchrun_flags(nproc=nproc)
+    return launch.TORCHRUN + flags + part, launch.shown(flags, part)
+
+
+def cpu_model():
+    """The processor's name as /proc/cpuinfo gives it (elsewhere, what Python knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host():
+    """This machine's name, as a plain file name."""
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())
+
+
+def label(day=None):
+    """<host>_<YYYY-MM-DD>: the folder's name, which the reports show as measured_on."""
+    return f"{host()}_{day or datetime.date.today().isoformat()}"
+
+
+def make(folder=None, runs=RUNS, say=print):
+    """Every run of RUNS into folder, one after another, each checked finished and in the
+    schema; then machine.json. Returns the folder."""
+    folder = Path(folder or REFERENCE_DIR / label())
+    folder.mkdir(parents=True, exist_ok=True)
+    load_before, cores = machine_load()
+    commands = []
+    with tempfile.TemporaryDirectory(prefix="trainup_reference_") as checkpoints:
+        for name, script, nproc, flags in runs:
+            argv, shown = command(name, script, nproc, flags, folder, checkpoints)
+            say(shown)
+            proc = jobs.run(argv, timeout=1800, env=launch.environment())
+            if proc.returncode != 0:
+                raise failed(name, proc.stdout[-1000:] + proc.stderr, proc.returncode)
+            for run in names(name, script, flags):
+                checks.finished(run, folder)
+            commands.append(shown[2:].replace(checkpoints, "<a temporary folder>"))
+    load_after, _ = machine_load()
+    shutil.rmtree(folder / "tensorboard", ignore_errors=True)  # the logs hold the same scalars
+    about = dict(machine=host(), cpu=cpu_model(), cores=cores,
+                 date=datetime.date.today().isoformat(), load_before=load_before,
+                 load_after=load_after, command="cd scripts && python -m lessons.reference",
+                 runs=commands)
+    (folder / "machine.json").write_text(json.dumps(about, indent=1) + "\n")
+    say(f"{folder}: {len(list(folder.glob('*.jsonl')))} logs; load average {load_before} before, "
+        f"{load_after} after, on {cores} cores")
+    if not quiet(folder):  # notebook 11 asserts its goal on a quiet set only
+        say(f"The load average rose to {max(loads(folder)):.1f} on {cores} cores: other programs "
+            f"took turns with these runs. Stop them and make the set again before committing it.")
+    return folder
+
+
+def complete(folder):
+    """The folder holds this lesson's set: a machine.json and every run of RUNS."""
+    want = [n for name, script, _, flags in RUNS for n in names(name, script, flags)]
+    folder = Path(folder)
+    return (folder / "machine.json").exists() and all((folder / f"{n}.jsonl").exists()
+                                                      for n in want)
+
+
+def newest(reference_dir=REFERENCE_DIR):
+    """The newest folder of logs/reference/ that holds this lesson's set, by its date; None where
+    there is none."""
+    found = [f for f in Path(reference_dir).glob("*_*") if f.is_dir() and complete(f)]
+    return max(found, key=lambda f: (f.name.rsplit("_", 1)[1], f.name), default=None)
+
+
+def about(folder):
+    """machine.json: the machine, the date, the load before and after, the commands."""
+    return json.loads((Path(folder) / "machine.json").read_text())
+
+
+def loads(folder):
+    """Every one-minute load average the set recorded: before and after it, and at each run's
+    start and end (its log's env and summary)."""
+    info = about(folder)
+    seen = [info["load_before"], info["load_after"]]
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        run = read_run(path)
+        seen += [(run["env"] or {}).get("load_start"), (run["summary"] or {}).get("load_end")]
+    return [v for v in seen if v is not None]
+
+
+def quiet(folder):
+    """No load average above the machine's cores, the course's one threshold (lessons/claims.py):
+    nothing else took turns with the runs."""
+    return max(loads(folder)) <= about(folder)["cores"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m lessons.reference",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--folder", default=None, help="default: logs/reference/<host>_<date>")
+    p.add_argument("--replace", action="store_true", help="empty the folder first")
+    a = p.parse_args(argv)
+    folder = Path(a.folder or REFERENCE_DIR / label())
+    if a.replace and folder.exists():
+        shutil.rmtree(folder)
+    make(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
