@@ -11,7 +11,7 @@ hvd.DistributedOptimizer (it all-reduces and AVERAGES the gradients; --fp16-allr
 travels; --accumulate K all-reduces once every K backward passes) instead of the model in DDP;
 parameters and optimizer state broadcast from rank 0; metrics summed with hvd.allreduce. Horovod
 leaves the learning rate alone (its docs: times hvd.size(), with a warm-up): --batch-size is GLOBAL
-here, so --lr stays. No restarts: horovodrun is not elastic.
+here, so --lr stays. Not elastic: a lost rank ends the job (hvd.elastic is not used).
 Horovod is built from source for the course (tools/build_horovod.sh, run by tools/setup_env.sh).
 """
 import time

@@ -121,6 +121,11 @@ def test_05_learning_rate_ring_and_timeline(tmp_path):
     # by hand: the leaves inside the ALLREDUCE (40 us): 30, 5 and 5; the negotiation waits: out
     assert shares == {"GLOO_ALLREDUCE": 0.75, "MEMCPY_IN_FUSION_BUFFER": 0.125,
                       "MEMCPY_OUT_FUSION_BUFFER": 0.125}
+    # by hand: equal micro-batches weigh alike either way; a short last one (4 of 36 samples) gets
+    # 1/3 when each loss is divided by K, 3 times its share of 1/9
+    assert s.micro_weights([16] * 4, "divide_by_k") == s.micro_weights([16] * 4) == [0.25] * 4
+    assert s.micro_weights([16, 16, 4], "divide_by_k") == [1 / 3] * 3
+    assert s.micro_weights([16, 16, 4]) == [16 / 36, 16 / 36, 4 / 36]
 
 
 def test_06_bubble_activations_and_memory():

@@ -48,8 +48,22 @@ def allreduce_share(timeline_path):
     return dict(sorted(((k, v / whole) for k, v in total.items()), key=lambda kv: -kv[1]))
 
 
+def micro_weights(sizes, how="samples"):
+    """Exercise 4: the weight each micro-batch's MEAN gradient gets in one accumulated step of
+    micro-batches of these sizes: "divide_by_k" (Horovod's examples divide each loss by the number
+    of sub-batches K: 1/K each) or "samples" (this course: n_i / sum(n), the mean over the step's
+    samples). Equal sizes give the same weights; a short micro-batch gets more than its share
+    with 1/K."""
+    if how == "divide_by_k":
+        return [1 / len(sizes)] * len(sizes)
+    if how == "samples":
+        return [n / sum(sizes) for n in sizes]
+    raise ValueError(f"how is 'divide_by_k' or 'samples', not {how!r}")
+
+
 if __name__ == "__main__":
     print([round(scaled_lr(0.1, 4, e), 3) for e in range(7)])
     print(f"{ring_bytes(1_199_882, 2) / 1e6:.1f} MB a step for the course's CNN on 2 ranks")
+    print(micro_weights([16, 16, 4], "divide_by_k"), micro_weights([16, 16, 4]))
     if len(sys.argv) > 1:
         print(allreduce_share(sys.argv[1]))

@@ -70,6 +70,30 @@ def run(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_ms=N
     return name
 
 
+# --- Gradient accumulation: backward_passes_per_step -------------------------------------------
+
+def gradient_allreduces(t):
+    """How many times Horovod all-reduced each gradient, from a timeline_events() table: {name: n}
+    (the DistributedOptimizer names them allreduce.<parameter>; allreduce.meter is the metrics')."""
+    done = t[(t.phase == "ALLREDUCE") & t.tensor.str.startswith("allreduce.")
+             & (t.tensor != "allreduce.meter")]
+    return {k.removeprefix("allreduce."): int(n) for k, n in done.tensor.value_counts().items()}
+
+
+def accumulation(name, timeline, log_dir=LOG_DIR):
+    """A run's backward passes and optimizer steps on each rank, worked out from its log (samples a
+    rank saw each epoch, its batch, --accumulate), beside the all-reduces of each gradient that
+    Horovod's timeline recorded: one dict."""
+    run = read_run(Path(log_dir) / f"{name}.jsonl")
+    k = run["config"]["args"].get("accumulate") or 1
+    batch = next(r for r in run["extra"] if r["type"] == "ddp")["per_rank_batch"]
+    seen = [r["samples"][0] for r in run["extra"] if r["type"] == "ranks"]  # rank 0's, each epoch
+    counts = gradient_allreduces(timeline_events(timeline))
+    micro = batch // k
+    return dict(accumulate=k, micro_batch=micro, backward_passes=sum(-(-n // micro) for n in seen),
+                steps=sum(-(-n // batch) for n in seen), allreduces=counts)  # -(-a // b): ceil
+
+
 # --- Uneven inputs: hvd.join() ----------------------------------------------------------------
 
 def uneven_join(batches=(3, 5)):
