@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, start_baseline, start_job,
-                      start_wanted)
+                      start_script, start_wanted)
 from lessons import checks, horovod, report, slurm
 from trainup import models
 
@@ -21,6 +21,9 @@ SCRIPT = str(SCRIPTS / "_trainup_horovod.py")  # the copy under test (tests/test
 SBATCH = ROOT / "slurm" / "horovod" / "cpu.sbatch"
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
+# 84 samples a rank: steps of 32, 32 and 20, so with --accumulate 2 (micro-batches of 16) the last
+# step's are 16 and 4: a mean of the micro-batches' means (loss / K) would weigh the 4 as the 16
+SHORT_LAST = ["--train-size", 168]
 
 
 def require_horovod():
@@ -92,8 +95,10 @@ def jobs(tmp_path_factory, request, inject):
     done = start_wanted(request, dict(
         hvd2=lambda: horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF),
         # 2 micro-batches of 16 a rank a step; Horovod's timeline shows each gradient's all-reduces
-        acc2=lambda: horovodrun(log_dir, "acc2", "--batch-size", 64, *checks.PROOF,
+        acc2=lambda: horovodrun(log_dir, "acc2", "--batch-size", 64, *checks.PROOF, *SHORT_LAST,
                                 "--accumulate", 2, timeline=log_dir.parent / "acc2_timeline.json"),
+        one_short=lambda: start_script("_trainup_gpu.py", *TINY, "--batch-size", 64, *checks.PROOF,
+                                       *SHORT_LAST, "--run-name", "one_short", log_dir=log_dir),
         apart=lambda: horovodrun(log_dir, "apart", "--batch-size", 64, *checks.PROOF,
                                  env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
                                       "TRAINUP_APART_MARK": str(site / "rank1_started_apart")}),
@@ -124,27 +129,28 @@ def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_
         assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
 
 
-@pytest.mark.jobs("one", "acc2")
+@pytest.mark.jobs("one_short", "acc2")
 def test_accumulating_2_micro_batches_ends_like_one_process_with_one_allreduce_a_step(jobs):
     """--accumulate 2: DistributedOptimizer(backward_passes_per_step=2) all-reduces each gradient
     after every 2nd backward pass only; with the loss weighed by its samples and the sum divided by
-    the step's, 2 ranks x 2 micro-batches of 16 end as one process with batches of 64 (float64)."""
-    ok(jobs.one), ok(jobs.acc2)
-    one, acc = params(jobs.log_dir, "one"), params(jobs.log_dir, "acc2")
+    the step's, 2 ranks x 2 micro-batches of 16 end as one process with batches of 64 (float64),
+    the short last step (micro-batches of 16 and 4 a rank) included."""
+    ok(jobs.one_short), ok(jobs.acc2)
+    one, acc = params(jobs.log_dir, "one_short"), params(jobs.log_dir, "acc2")
     for k in one:
         torch.testing.assert_close(acc[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)
     run = report.read_run(jobs.log_dir / "acc2.jsonl")
     assert run["problems"] == [] and run["config"]["args"]["accumulate"] == 2
-    base = report.read_run(jobs.log_dir / "one.jsonl")["epochs"]
+    base = report.read_run(jobs.log_dir / "one_short.jsonl")["epochs"]
     for e1, e2 in zip(base, run["epochs"], strict=True):
-        assert e2["samples"] == 512
+        assert e2["samples"] == 168
         assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
-    # by hand: 2 epochs of 256 samples a rank, micro-batches of 16: 32 backward passes a rank, and
-    # 2 x 256 / 32 = 16 optimizer steps; Horovod's own timeline (rank 0's) holds each gradient's
-    # all-reduces: one a step, half the backward passes
+    # by hand: 2 epochs of 84 samples a rank, micro-batches of 16: 6 backward passes an epoch
+    # (5 of 16, 1 of 4) and 3 optimizer steps (2 of 32, 1 of 20); Horovod's own timeline (rank 0's)
+    # holds each gradient's all-reduces: one a step, half the backward passes
     got = horovod.accumulation("acc2", jobs.log_dir.parent / "acc2_timeline.json", jobs.log_dir)
-    assert got["allreduces"] == {k: 16 for k in one}, got
-    assert (got["micro_batch"], got["backward_passes"], got["steps"]) == (16, 32, 16)
+    assert got["allreduces"] == {k: 6 for k in one}, got
+    assert (got["micro_batch"], got["backward_passes"], got["steps"]) == (16, 12, 6)
 
 
 @pytest.mark.jobs("one", "apart")
