@@ -8,9 +8,10 @@
 Compared with _trainup_ddp.py: hvd.init() instead of a process group (horovodrun or mpirun tells
 each process its rank); the device pinned by hvd.local_rank(); the optimizer wrapped in
 hvd.DistributedOptimizer (it all-reduces and AVERAGES the gradients; --fp16-allreduce halves what
-travels) instead of the model in DDP; parameters and optimizer state broadcast from rank 0; metrics
-summed with hvd.allreduce. Horovod leaves the learning rate alone (its docs: times hvd.size(), with
-a warm-up): --batch-size is GLOBAL here, so --lr stays. No restarts: horovodrun is not elastic.
+travels; --accumulate K all-reduces once every K backward passes) instead of the model in DDP;
+parameters and optimizer state broadcast from rank 0; metrics summed with hvd.allreduce. Horovod
+leaves the learning rate alone (its docs: times hvd.size(), with a warm-up): --batch-size is GLOBAL
+here, so --lr stays. Not elastic: a lost rank ends the job (hvd.elastic is not used).
 Horovod is built from source for the course (tools/build_horovod.sh, run by tools/setup_env.sh).
 """
 import time
@@ -27,18 +28,21 @@ from trainup.hvd_group import hvd  # import horovod.torch as hvd (None where it 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):
     model.train()
     meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
+    step = hvd_group.Accumulation(optimizer, loader)  # --accumulate K: K micro-batches a step
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
-        optimizer.zero_grad()
         with devices.autocast(device, precision):
             logits = model(x)
             loss = F.cross_entropy(logits, y)
-        scaler.scale(loss).backward()  # fp16 needs its loss scaled so small gradients survive
-        optimizer.synchronize()  # wait for Horovod's all-reduces, so that the scaler unscales averaged gradients
-        scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize():  # already synchronized: step() must not all-reduce again
-            scaler.step(optimizer)
-        scaler.update()
+        scaler.scale(step.weigh(loss, len(y))).backward()  # fp16: scaled, small gradients survive
+        if step.last():  # Horovod all-reduced only now (backward_passes_per_step=K)
+            optimizer.synchronize()  # wait for the all-reduces: the scaler unscales averages
+            step.average()  # the summed micro-batches' gradients over the step's samples: a mean
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():  # synchronized: step() must not all-reduce again
+                scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()  # after the step: between passes Horovod refuses it (a race)
         meter.add(loss, logits, y)
     return meter
 
@@ -48,6 +52,7 @@ def optimizer_for(model, args):
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     # Its hooks all-reduce each gradient as soon as backward produces it; step() waits for them (average).
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=args.accumulate or 1,
                                          compression=compression, op=hvd.Average)
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
 
@@ -56,7 +61,7 @@ def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="horovod", precisions=tuple(devices.PRECISIONS))
     cli.add_loading(p)
     cli.add_sweep(p)
-    hvd_group.add_flags(p)  # --fp16-allreduce; the group's flags but --backend (Horovod picks)
+    hvd_group.add_flags(p)  # --fp16-allreduce, --accumulate; the group's flags but --backend
     profiling.add_flag(p)
     args = cli.parse(p, argv)
     return args
@@ -100,7 +105,7 @@ def main(argv=None):
         return
 
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
-    train_loader = data.loader(train_set, args.batch_size // ctx.world_size, sampler, args, device)
+    train_loader = data.loader(train_set, hvd_group.micro_batch(args, ctx), sampler, args, device)
     test_loader = data.loader(test_set, 1000, range(ctx.rank, len(test_set), ctx.world_size), args, device)
     profiler = profiling.start(args, ctx.rank, device)  # --profile STEPS: a trace of a few steps
     for epoch in range(start_epoch, args.epochs + 1):

@@ -106,14 +106,26 @@ def test_05_learning_rate_ring_and_timeline(tmp_path):
     assert abs(s.scaled_lr(0.1, 4, 2.5) - 0.25) < 1e-12 and s.scaled_lr(0.1, 4, 0, warmup_epochs=0) == 0.4
     assert s.ring_bytes(1000, 2) == 4000 and s.ring_bytes(1000, 4) == 6000
     assert s.ring_bytes(1000, 4, fp16_allreduce=True) == 3000
-    # a timeline as Horovod writes it: an open JSON list, B/E pairs per row
-    events = [dict(ph="B", name="NEGOTIATE_ALLREDUCE", ts=0, pid=1, tid=0), dict(ph="E", ts=30, pid=1, tid=0),
-              dict(ph="B", name="ALLREDUCE", ts=30, pid=1, tid=0), dict(ph="E", ts=40, pid=1, tid=0),
-              dict(ph="M", name="process_name", pid=1)]
+    # a timeline as Horovod writes it: an open JSON list, B/E pairs per row, nested in ALLREDUCE
+    def span(name, start, end):
+        return [dict(ph="B", name=name, ts=start, pid=1, tid=0),
+                dict(ph="E", ts=end, pid=1, tid=0)]
+    events = [dict(ph="M", name="process_name", pid=1), *span("NEGOTIATE_ALLREDUCE", 0, 30),
+              dict(ph="B", name="ALLREDUCE", ts=30, pid=1, tid=0),
+              *span("MEMCPY_IN_FUSION_BUFFER", 30, 35),
+              *span("GLOO_ALLREDUCE", 35, 65), *span("MEMCPY_OUT_FUSION_BUFFER", 65, 70),
+              dict(ph="E", ts=70, pid=1, tid=0)]
     path = tmp_path / "timeline.json"
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
     shares = s.allreduce_share(path)
-    assert list(shares) == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"] and abs(shares["ALLREDUCE"] - 0.25) < 1e-12
+    # by hand: the leaves inside the ALLREDUCE (40 us): 30, 5 and 5; the negotiation waits: out
+    assert shares == {"GLOO_ALLREDUCE": 0.75, "MEMCPY_IN_FUSION_BUFFER": 0.125,
+                      "MEMCPY_OUT_FUSION_BUFFER": 0.125}
+    # by hand: equal micro-batches weigh alike either way; a short last one (4 of 36 samples) gets
+    # 1/3 when each loss is divided by K, 3 times its share of 1/9
+    assert s.micro_weights([16] * 4, "divide_by_k") == s.micro_weights([16] * 4) == [0.25] * 4
+    assert s.micro_weights([16, 16, 4], "divide_by_k") == [1 / 3] * 3
+    assert s.micro_weights([16, 16, 4]) == [16 / 36, 16 / 36, 4 / 36]
 
 
 def test_06_bubble_activations_and_memory():

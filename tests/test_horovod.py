@@ -3,6 +3,7 @@
 Horovod is built from source by tools/build_horovod.sh (part of the set-up). Where it is not installed these
 tests skip and say why, except with TRAINUP_REQUIRE_HOROVOD=1 (CI), where a missing Horovod fails them.
 """
+import json
 import os
 import subprocess
 import sys
@@ -12,14 +13,17 @@ import pytest
 import torch
 
 from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, start_baseline, start_job,
-                      start_wanted)
+                      start_script, start_wanted)
 from lessons import checks, horovod, report, slurm
-from trainup import distributed, models
+from trainup import models
 
 SCRIPT = str(SCRIPTS / "_trainup_horovod.py")  # the copy under test (tests/test_breakages.py)
 SBATCH = ROOT / "slurm" / "horovod" / "cpu.sbatch"
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
+# 84 samples a rank: steps of 32, 32 and 20, so with --accumulate 2 (micro-batches of 16) the last
+# step's are 16 and 4: a mean of the micro-batches' means (loss / K) would weigh the 4 as the 16
+SHORT_LAST = ["--train-size", 168]
 
 
 def require_horovod():
@@ -37,8 +41,8 @@ def start(cmd, env=None):
 finish = finish_job
 
 
-def horovodrun(log_dir, name, *args, env=None):
-    flags, _ = horovod.command(name=name, np=2, quick=False)
+def horovodrun(log_dir, name, *args, env=None, timeline=None):
+    flags, _ = horovod.command(name=name, np=2, quick=False, timeline=timeline)
     return start(horovod.HOROVODRUN + flags + [sys.executable, SCRIPT, *TINY, *map(str, args), "--run-name", name,
                                                "--log-dir", str(log_dir), "--checkpoint-dir",
                                                str(log_dir / "checkpoints")], env)
@@ -90,6 +94,11 @@ def jobs(tmp_path_factory, request, inject):
     (site / "sitecustomize.py").write_text(APART)
     done = start_wanted(request, dict(
         hvd2=lambda: horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF),
+        # 2 micro-batches of 16 a rank a step; Horovod's timeline shows each gradient's all-reduces
+        acc2=lambda: horovodrun(log_dir, "acc2", "--batch-size", 64, *checks.PROOF, *SHORT_LAST,
+                                "--accumulate", 2, timeline=log_dir.parent / "acc2_timeline.json"),
+        one_short=lambda: start_script("_trainup_gpu.py", *TINY, "--batch-size", 64, *checks.PROOF,
+                                       *SHORT_LAST, "--run-name", "one_short", log_dir=log_dir),
         apart=lambda: horovodrun(log_dir, "apart", "--batch-size", 64, *checks.PROOF,
                                  env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
                                       "TRAINUP_APART_MARK": str(site / "rank1_started_apart")}),
@@ -118,6 +127,30 @@ def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_
     for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):  # metrics summed over both ranks
         assert e2["samples"] == e1["samples"] == 512
         assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
+
+
+@pytest.mark.jobs("one_short", "acc2")
+def test_accumulating_2_micro_batches_ends_like_one_process_with_one_allreduce_a_step(jobs):
+    """--accumulate 2: DistributedOptimizer(backward_passes_per_step=2) all-reduces each gradient
+    after every 2nd backward pass only; with the loss weighed by its samples and the sum divided by
+    the step's, 2 ranks x 2 micro-batches of 16 end as one process with batches of 64 (float64),
+    the short last step (micro-batches of 16 and 4 a rank) included."""
+    ok(jobs.one_short), ok(jobs.acc2)
+    one, acc = params(jobs.log_dir, "one_short"), params(jobs.log_dir, "acc2")
+    for k in one:
+        torch.testing.assert_close(acc[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)
+    run = report.read_run(jobs.log_dir / "acc2.jsonl")
+    assert run["problems"] == [] and run["config"]["args"]["accumulate"] == 2
+    base = report.read_run(jobs.log_dir / "one_short.jsonl")["epochs"]
+    for e1, e2 in zip(base, run["epochs"], strict=True):
+        assert e2["samples"] == 168
+        assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
+    # by hand: 2 epochs of 84 samples a rank, micro-batches of 16: 6 backward passes an epoch
+    # (5 of 16, 1 of 4) and 3 optimizer steps (2 of 32, 1 of 20); Horovod's own timeline (rank 0's)
+    # holds each gradient's all-reduces: one a step, half the backward passes
+    got = horovod.accumulation("acc2", jobs.log_dir.parent / "acc2_timeline.json", jobs.log_dir)
+    assert got["allreduces"] == {k: 6 for k in one}, got
+    assert (got["micro_batch"], got["backward_passes"], got["steps"]) == (16, 12, 6)
 
 
 @pytest.mark.jobs("one", "apart")
@@ -163,6 +196,68 @@ def test_a_rank_that_dies_ends_the_job_with_a_nonzero_exit(jobs):
     assert raised.returncode != 0 and "injected fault" in raised.stdout + raised.stderr
     for name in ("died", "raised"):
         assert report.read_run(log_dir / f"{name}.jsonl")["summary"] is None  # it did not claim to finish
+
+
+def test_accumulate_that_does_not_divide_the_batch_is_one_sentence(tmp_path):
+    require_horovod()
+    proc = subprocess.run([sys.executable, SCRIPT, *TINY, "--batch-size", "64",
+                           "--accumulate", "3", "--log-dir", str(tmp_path)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120, env=horovod.environment())
+    assert_clean_error(proc, "--accumulate 3 must divide each process's batch (64 samples)")
+
+
+def test_uneven_shards_joined_end_without_a_hang():
+    """hvd.join(): rank 0 has 3 batches, rank 1 has 5. Joined, rank 0 answers rank 1's last 2
+    all-reduces with zeros (Average still divides by 2: rank 1's gradient halves), the job ends,
+    and a broadcast from the last rank to join gives rank 0 the weights of all 5 steps."""
+    require_horovod()
+    r0, r1 = horovod.join_run(np=2, timeout=120)
+    assert (r0["steps"], r1["steps"]) == (3, 5) and r0["last_joined"] == r1["last_joined"] == 1
+    assert r1["ratios"][3:] == [0.5, 0.5]  # by hand: (g + 0) / 2
+    assert r0["before"] != r1["before"]  # rank 0 missed 2 steps...
+    assert r0["after"] == r1["after"] == r1["before"]  # ...until the broadcast from rank 1
+
+
+def test_the_timeline_summary_counts_each_nesting_level_once(tmp_path):
+    """A hand-made timeline of two fused gradients: ALLREDUCE holds its inner phases, so a sum over
+    every span would count the same microseconds twice. Counted by hand below."""
+    def span(pid, name, start, end):  # ms in the table, us in the file
+        return [dict(ph="B", name=name, ts=start * 1000, pid=pid),
+                dict(ph="E", ts=end * 1000, pid=pid)]
+    events = [dict(name="process_name", ph="M", pid=1, args=dict(name="allreduce.fc.weight")),
+              dict(name="process_name", ph="M", pid=2, args=dict(name="allreduce.fc.bias")),
+              dict(ph="B", name="NEGOTIATE_ALLREDUCE", ts=0, pid=1),
+              dict(ph="X", name="0", ts=1000, pid=1, dur=0),
+              dict(ph="X", name="1", ts=9000, pid=1, dur=0),
+              dict(ph="E", ts=10000, pid=1), *span(2, "NEGOTIATE_ALLREDUCE", 5, 10),
+              dict(ph="i", name="CYCLE_START", ts=11000, s="g")]
+    for pid, waits in ((1, True), (2, False)):
+        events += [dict(ph="B", name="ALLREDUCE", ts=10000, pid=pid),
+                   *(span(pid, "WAIT_FOR_DATA", 10, 12) if waits else []),
+                   *span(pid, "MEMCPY_IN_FUSION_BUFFER", 12, 20),
+                   *span(pid, "GLOO_ALLREDUCE", 20, 45),
+                   *span(pid, "MEMCPY_OUT_FUSION_BUFFER", 45, 50), dict(ph="E", ts=50000, pid=pid)]
+    path = tmp_path / "timeline.json"
+    # left open, as Horovod leaves it while it runs
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
+    t = horovod.timeline_events(path)
+    got = {r.phase: (r.kind, r.count, r.tensor_ms, r.wall_ms)
+           for r in horovod.timeline_summary(t).itertuples()}
+    assert got == {"NEGOTIATE_ALLREDUCE": ("waiting", 2, 15, 10),
+                   "WAIT_FOR_DATA": ("waiting", 1, 2, 2),
+                   "MEMCPY_IN_FUSION_BUFFER": ("work", 2, 16, 8),
+                   "GLOO_ALLREDUCE": ("work", 2, 50, 25),
+                   "MEMCPY_OUT_FUSION_BUFFER": ("work", 2, 10, 5)}
+    top = {r.phase: (r.count, r.tensor_ms, r.wall_ms)
+           for r in horovod.timeline_summary(t, "top").itertuples()}
+    assert top == {"NEGOTIATE_ALLREDUCE": (2, 15, 10), "ALLREDUCE": (2, 80, 40)}
+    # the leaves of a row add up to no more than its top-level spans: nothing counted twice
+    leaves, tops = t[t.leaf & ~t.phase.str.isdigit()], t[(t.depth == 0) & ~t.phase.str.isdigit()]
+    for tensor in ("allreduce.fc.weight", "allreduce.fc.bias"):
+        ms = [(d.end_ms - d.start_ms)[d.tensor == tensor].sum() for d in (leaves, tops)]
+        assert ms[0] <= ms[1] + 1e-9
+    with pytest.raises(ValueError, match="leaf"):
+        horovod.timeline_summary(t, "all")
 
 
 def test_without_horovod_one_sentence_says_how_to_install_it(tmp_path, log_dir):

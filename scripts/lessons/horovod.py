@@ -70,6 +70,84 @@ def run(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_ms=N
     return name
 
 
+# --- Gradient accumulation: backward_passes_per_step -------------------------------------------
+
+def gradient_allreduces(t):
+    """How many times Horovod all-reduced each gradient, from a timeline_events() table: {name: n}
+    (DistributedOptimizer names them allreduce.<parameter>; allreduce.meter is the metrics')."""
+    done = t[(t.phase == "ALLREDUCE") & t.tensor.str.startswith("allreduce.")
+             & (t.tensor != "allreduce.meter")]
+    return {k.removeprefix("allreduce."): int(n) for k, n in done.tensor.value_counts().items()}
+
+
+def accumulation(name, timeline, log_dir=LOG_DIR):
+    """A run's backward passes and optimizer steps on each rank, worked out from its log (samples a
+    rank saw each epoch, its batch, --accumulate), beside the all-reduces of each gradient that
+    Horovod's timeline recorded: one dict."""
+    run = read_run(Path(log_dir) / f"{name}.jsonl")
+    k = run["config"]["args"].get("accumulate") or 1
+    batch = next(r for r in run["extra"] if r["type"] == "ddp")["per_rank_batch"]
+    seen = [r["samples"][0] for r in run["extra"] if r["type"] == "ranks"]  # rank 0's, each epoch
+    counts = gradient_allreduces(timeline_events(timeline))
+    micro = batch // k
+    return dict(accumulate=k, micro_batch=micro, backward_passes=sum(-(-n // micro) for n in seen),
+                steps=sum(-(-n // batch) for n in seen), allreduces=counts)  # -(-a // b): ceil
+
+
+# --- Uneven inputs: hvd.join() ----------------------------------------------------------------
+
+def uneven_join(batches=(3, 5)):
+    """Run by join_run() under horovodrun: rank r trains a small linear model on batches[r] batches
+    (a shard shorter than the others'), then calls hvd.join(). Without it the ranks still training
+    would wait in their next all-reduce for a rank that never comes (until gloo's timeout kills the
+    job); a joined rank instead answers every all-reduce of the others with zeros until all have
+    joined, and join() returns the rank that joined last. Prints one JSON line per rank: its steps,
+    the last to join, for each step the ratio of the averaged gradient to its own (after the other
+    rank joined: 1/size, as Horovod's Average divides by all ranks, joined ones too), and its
+    weights before and after a broadcast from the last to join (the only rank that took every
+    step)."""
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False).double()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), op=hvd.Average)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    gen = torch.Generator().manual_seed(rank)  # each rank its own data
+    ratios = []
+    for _ in range(batches[rank % len(batches)]):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4, generator=gen, dtype=torch.float64)).pow(2).mean().backward()
+        own = model.weight.grad.clone()  # this rank's gradient, before the all-reduce replaces it
+        optimizer.synchronize()
+        ratios.append((model.weight.grad / own).mean().item())
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    last = hvd.join()  # out of batches: stand in for the others' all-reduces until all joined
+    before = model.weight.detach().flatten().tolist()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)  # as the rank that did all
+    print("JOIN " + json.dumps(dict(rank=rank, size=hvd.size(), steps=len(ratios),
+                                    last_joined=last, ratios=ratios, before=before,
+                                    after=model.weight.detach().flatten().tolist())), flush=True)
+    hvd.shutdown()
+
+
+def join_run(np=2, timeout=300):
+    """uneven_join() under horovodrun on this machine: the ranks' JSON records, by rank."""
+    cmd = [*HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-c",
+           "from lessons import horovod; horovod.uneven_join()"]
+    print("$ horovodrun -np 2 -H localhost:2 --gloo python -c 'from lessons import horovod; "
+          "horovod.uneven_join()'")
+    proc = jobs.run(cmd, timeout=timeout, env=environment())
+    if proc.returncode != 0:
+        raise failed("horovodrun (join)", proc.stdout + proc.stderr, proc.returncode)
+    records = [json.loads(line.split("JOIN ", 1)[1]) for line in proc.stdout.splitlines()
+               if "JOIN {" in line]
+    return sorted(records, key=lambda r: r["rank"])
+
+
 # --- Horovod against DDP ----------------------------------------------------------------------------
 
 def sweeps(runs, log_dir=LOG_DIR):
@@ -107,6 +185,9 @@ def versus_plot(table, name="horovod_vs_ddp"):
     ax.set(title="The same job under Horovod and DDP (2 processes, gloo, CPU)", xlabel="global batch size",
            ylabel="samples/s (whole job)", xscale="log", xticks=sorted(table.batch_size.unique()))
     ax.set_xticklabels([str(b) for b in sorted(table.batch_size.unique())])
+    # from 0: heights compare as throughputs do (a cut axis magnifies gaps); room above the top
+    ax.set_ylim(0, 1.1 * table.samples_per_s.max())
+    ax.minorticks_off()  # the log axis's minor labels (6x10^1, 2x10^2) overprint the batch sizes
     ax.legend(), ax.grid(alpha=0.3)
     save(fig, name)
     return fig
@@ -138,8 +219,11 @@ CYCLES = "(cycle starts)"  # the timeline's CYCLE_START markers (--timeline-mark
 
 def timeline_events(path):
     """Horovod's timeline (chrome-trace JSON, written by the coordinator) as a table of phases:
-    tensor, phase, start and end in ms from the first event. Instant events (each rank's 'ready' during
-    negotiation) are kept with end == start, their phase named after the rank."""
+    tensor, phase, start and end in ms from the first event, depth and leaf. Spans nest on a
+    tensor's row: ALLREDUCE holds WAIT_FOR_DATA, MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE... (depth
+    1 inside a depth-0 span); leaf is True for a span with none inside it. Instant events (each
+    rank's 'ready' during negotiation) are kept with end == start, their phase named after the
+    rank."""
     import pandas as pd
     text = Path(path).read_text().strip()
     if not text.endswith("]"):  # Horovod leaves the JSON array open while it runs; it may end with a comma
@@ -149,13 +233,16 @@ def timeline_events(path):
     open_, rows = {}, []
     for e in events:
         tensor = names.get(e.get("pid"), CYCLES if "pid" not in e else str(e["pid"]))  # markers have no tensor
+        stack = open_.setdefault((e.get("pid"), e.get("tid", 0)), [])  # the row's open spans
         if e.get("ph") == "B":
-            open_.setdefault((e["pid"], e.get("tid", 0)), []).append((e["name"], e["ts"]))
-        elif e.get("ph") == "E" and open_.get((e["pid"], e.get("tid", 0))):
-            phase, ts = open_[(e["pid"], e.get("tid", 0))].pop()
-            rows.append(dict(tensor=tensor, phase=phase, start_us=ts, end_us=e["ts"]))
+            if stack:
+                stack[-1]["leaf"] = False  # its parent holds a span: not a leaf
+            stack.append(dict(phase=e["name"], start_us=e["ts"], depth=len(stack), leaf=True))
+        elif e.get("ph") == "E" and stack:
+            rows.append(dict(stack.pop(), tensor=tensor, end_us=e["ts"]))
         elif e.get("ph") in ("i", "I", "X") and "ts" in e:
-            rows.append(dict(tensor=tensor, phase=e["name"], start_us=e["ts"], end_us=e["ts"] + e.get("dur", 0)))
+            rows.append(dict(tensor=tensor, phase=e["name"], start_us=e["ts"],
+                             end_us=e["ts"] + e.get("dur", 0), depth=len(stack), leaf=True))
     t = pd.DataFrame(rows)
     t0 = t.start_us.min()
     t["start_ms"], t["end_ms"] = (t.start_us - t0) / 1000, (t.end_us - t0) / 1000
@@ -204,11 +291,36 @@ def timeline_plot(t, name="horovod_timeline"):
     return fig
 
 
-def timeline_summary(t):
-    """Time in each phase, over the table given (ms, summed over tensors), as a small table."""
-    spans = t[~t.phase.str.isdigit() & (t.tensor != CYCLES)].assign(ms=lambda d: d.end_ms - d.start_ms)
-    return spans.groupby("phase", as_index=False).agg(count=("ms", "size"), total_ms=("ms", "sum")) \
-        .sort_values("total_ms", ascending=False, ignore_index=True)
+WAITING = ("NEGOTIATE_", "WAIT_FOR_")  # phases that wait for other ranks or for data: no work
+
+
+def wall_ms(spans):
+    """The time covered by any of these spans, each instant once (the length of their union)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(zip(spans.start_ms, spans.end_ms)):
+        total += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    return total
+
+
+def timeline_summary(t, spans="leaf"):
+    """Time in each phase over the table given, counting ONE level of the nesting, so that no time
+    counts twice: spans="leaf" (the default) the innermost spans, where the time went
+    (NEGOTIATE_ALLREDUCE, then the phases inside ALLREDUCE: WAIT_FOR_*, MEMCPY_*, GLOO_ALLREDUCE),
+    "top" the outermost (NEGOTIATE_ALLREDUCE and ALLREDUCE, each holding its inner phases).
+    tensor_ms sums over the tensors' rows: a fused all-reduce is drawn on the row of every tensor
+    it carried, so it counts once per tensor; wall_ms counts each instant once (the union of the
+    phase's spans). kind: 'waiting' (negotiation, waits) or 'work'."""
+    if spans not in ("leaf", "top"):
+        raise ValueError(f"spans is 'leaf' or 'top', not {spans!r}")
+    level = t.leaf if spans == "leaf" else t.depth == 0
+    s = t[level & ~t.phase.str.isdigit() & (t.tensor != CYCLES)]
+    rows = [dict(phase=phase, kind="waiting" if phase.startswith(WAITING) else "work",
+                 count=len(g), tensor_ms=(g.end_ms - g.start_ms).sum(), wall_ms=wall_ms(g))
+            for phase, g in s.groupby("phase")]
+    import pandas as pd
+    return pd.DataFrame(rows, columns=["phase", "kind", "count", "tensor_ms", "wall_ms"]) \
+        .sort_values("tensor_ms", ascending=False, ignore_index=True)
 
 
 # --- The learning rate, and what Lightning 2.x offers ---------------------------------------------

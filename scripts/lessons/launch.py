@@ -155,7 +155,9 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           ("_trainup_cpu.py", "_trainup_gpu.py", 85),
           ("_trainup_gpu.py", "_trainup_dp.py", 65), ("_trainup_gpu.py", "_trainup_ddp.py", 80),
           ("_trainup_ddp.py", "_trainup_ddp_tuned.py", 78),
-          ("_trainup_ddp.py", "_trainup_horovod.py", 79),
+          # Horovod's --accumulate (backward_passes_per_step) costs 10: the step only at the K-th
+          # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)
+          ("_trainup_ddp.py", "_trainup_horovod.py", 89),
           ("_trainup_ddp.py", "_trainup_ray.py", 90),
           ("_trainup_ddp.py", "_trainup_lightning.py", 172),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson

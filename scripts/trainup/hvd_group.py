@@ -4,6 +4,7 @@
     hvd.init()                    # in the script: the lesson
     ctx = hvd_group.setup(args)   # the DDP script's Context, from Horovod's rank, size, local rank
     hvd_group.describe(ctx, args), hvd_group.per_rank(...), hvd_group.reduce(meter)  # log records
+    step = hvd_group.Accumulation(optimizer, loader)  # --accumulate: when to step, and the mean
 
 Horovod is built from source for the course (tools/build_horovod.sh); where `import horovod.torch`
 fails, `hvd` is None and before_init() says how to build it.
@@ -15,6 +16,7 @@ import sys
 import torch
 
 from . import UserError, cli
+from .cli import positive
 from .distributed import Context
 from .meter import Meter
 
@@ -25,10 +27,13 @@ except ImportError as e:  # not built, or built against another torch
 
 
 def add_flags(p):
-    """--fp16-allreduce, and the group's flags but --backend: Horovod picks its own (gloo, MPI,
-    NCCL)."""
+    """--fp16-allreduce, --accumulate, and the group's flags but --backend: Horovod picks its own
+    (gloo, MPI, NCCL)."""
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the all-reduce")
+    p.add_argument("--accumulate", type=positive(int), default=None,
+                   help="split each rank's batch into K micro-batches; Horovod all-reduces once "
+                        "a step, after the K-th backward pass (backward_passes_per_step)")
     cli.add_group(p, backend=False)
 
 
@@ -56,7 +61,57 @@ def setup(args):
         raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split "
                         f"evenly over {ctx.world_size} processes; use a multiple of "
                         f"{ctx.world_size}")
+    per_rank = args.batch_size // ctx.world_size
+    if args.accumulate and per_rank % args.accumulate:
+        raise UserError(f"--accumulate {args.accumulate} must divide each process's batch "
+                        f"({per_rank} samples)")
+    if args.accumulate and args.sweep:
+        raise UserError("--accumulate and --sweep do not go together: a sweep times whole steps")
     return ctx
+
+
+def micro_batch(args, ctx):
+    """What the loader gives each rank at a time: its share of the global batch, cut in K with
+    --accumulate K (K backward passes a step)."""
+    return args.batch_size // ctx.world_size // (args.accumulate or 1)
+
+
+class Accumulation:
+    """--accumulate K under Horovod. hvd.DistributedOptimizer(backward_passes_per_step=K) counts
+    each gradient's backward passes and starts its all-reduce at the K-th only: the K passes add up
+    in .grad locally, then ONE all-reduce AVERAGES the sums over the ranks. It divides by the ranks
+    alone, never by K, and optimizer.zero_grad() between passes fails (an all-reduce might be in
+    flight), so the loop zeroes after the step. Each micro-batch's mean loss is weighted by its
+    samples and the step's gradient divided by the samples it saw: the mean over the whole step,
+    as one process's batch gives, a short last batch included. (DDP's no_sync, lesson 04, is the
+    same idea: _trainup_ddp_tuned.py.) With K = 1 it steps every batch and weighs nothing."""
+
+    def __init__(self, optimizer, loader):
+        self.optimizer, self.k = optimizer, optimizer.backward_passes_per_step
+        # the epoch's last batch ends a step however many passes it had; a sweep's batches have no
+        # len(), and it never accumulates
+        self.batches = len(loader) if self.k > 1 else None
+        self.passes = self.seen = 0
+
+    def weigh(self, loss, samples):
+        """The loss to backward: summed over the micro-batch's samples when accumulating."""
+        self.passes, self.seen = self.passes + 1, self.seen + samples
+        return loss * samples if self.k > 1 else loss
+
+    def last(self):
+        """True at the step's last backward pass: K of them, or the epoch's end."""
+        return self.passes % self.k == 0 or self.passes == self.batches
+
+    def average(self):
+        """After optimizer.synchronize(): the ranks' average of summed gradients, divided by the
+        samples each rank saw this step (the same on every rank: DistributedSampler pads the
+        shards evenly) is the mean gradient over the step's global batch."""
+        if self.k > 1:
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.div_(self.seen)
+        self.seen = 0
 
 
 def gpu_ops(requested):
