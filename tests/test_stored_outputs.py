@@ -112,3 +112,27 @@ def test_notebook_06s_stored_sweep_shows_the_bubble_shrinking_or_says_why_not():
         if m >= 4:
             line = next(s for s in out.splitlines() if s.startswith(f"{schedule}, {m} micro-batch(es)"))
             assert "(within 10%)" in line or "because" in line, line
+
+
+# a path that names one machine's folders: the course's checkout or its environment
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:[\w.-]+/)*(?:\.venv|site-packages)/|/(?:home|Users)/\w")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_stored_output_names_a_folder_of_the_machine_that_stored_it(path):
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    texts = ["".join(o.get("text") or o.get("data", {}).get("text/plain", ""))
+             for c in cells for o in c.get("outputs", [])]
+    found = [m.group(0) for t in texts for m in MACHINE_PATH.finditer(t)]
+    found += [str(ROOT) for t in texts if str(ROOT) in t]
+    assert not found, f"{path.name} stores this machine's paths: {sorted(set(found))[:5]}"
+
+
+def test_the_path_check_finds_a_machines_folder(tmp_path):
+    path = tmp_path / "x.ipynb"
+    for leaked in ("/srv/course/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: Warning",
+                   f"$ python scripts/_trainup_ray.py --log-dir {ROOT}/logs"):
+        path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [], "outputs": [
+            {"output_type": "stream", "name": "stderr", "text": [leaked]}]}]}))
+        with pytest.raises(AssertionError, match="this machine's paths"):
+            test_no_stored_output_names_a_folder_of_the_machine_that_stored_it(path)

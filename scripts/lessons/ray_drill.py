@@ -51,7 +51,10 @@ class Drill:
 
 def available():
     """(True, Ray's version) where Ray Train imports; else (False, one sentence saying how)."""
-    from trainup import ray_run
+    import warnings
+    with warnings.catch_warnings():  # Ray imports tqdm.auto, which warns in a notebook without
+        warnings.filterwarnings("ignore", message="IProgress not found")  # ipywidgets: noise here
+        from trainup import ray_run
     if ray_run.ray is None:
         return False, (f"Ray is not installed in this Python ({ray_run.RAY_MISSING}): the Ray "
                        f"cells print this and go on (pip install '{ray_run.PIN}')")
@@ -67,12 +70,13 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     """Run the Ray job, kill rank 1 once Ray kept a checkpoint, wait for the end. Folders relative
     to the course's top folder. Raises (one sentence first) where the run fails or hangs."""
     quick = QUICK if quick is None else quick
+    # the command as a learner types it, from the course's top folder (where it runs)
+    cmd = ["scripts/_trainup_ray.py", *FLAGS, "--max-failures", "1", "--run-name", run,
+           "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir)] + ["--quick"] * quick
     log_dir, checkpoint_dir = ROOT / log_dir, ROOT / checkpoint_dir  # an absolute one stays
     log_dir.mkdir(parents=True, exist_ok=True)
     for old in (f"{run}.jsonl", f"{run}.stdout", f"{run}.driver", f"{run}.drill.json"):
         (log_dir / old).unlink(missing_ok=True)
-    cmd = ["scripts/_trainup_ray.py", *FLAGS, "--max-failures", "1", "--run-name", run,
-           "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir)] + ["--quick"] * quick
     show("$ python " + shlex.join(cmd))
     d, mark = Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir), uuid.uuid4().hex
     kept = storage(run, checkpoint_dir) / "checkpoint_manager_snapshot.json"

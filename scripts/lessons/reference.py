@@ -110,6 +110,7 @@ def make(folder=None, runs=RUNS, say=print):
             commands.append(shown[2:].replace(checkpoints, "<a temporary folder>"))
     load_after, _ = machine_load()
     shutil.rmtree(folder / "tensorboard", ignore_errors=True)  # the logs hold the same scalars
+    relative_paths(folder)
     about = dict(machine=host(), cpu=cpu_model(), cores=cores,
                  date=datetime.date.today().isoformat(), load_before=load_before,
                  load_after=load_after, command="cd scripts && python -m lessons.reference",
@@ -153,6 +154,14 @@ def loads(folder):
         run = read_run(path)
         seen += [(run["env"] or {}).get("load_start"), (run["summary"] or {}).get("load_end")]
     return [v for v in seen if v is not None]
+
+
+def relative_paths(folder):
+    """The course's folder left out of every path the logs name (the config's data_dir): a set is
+    committed, and this machine's path means nothing on another."""
+    top = json.dumps(str(ROOT))[1:-1] + "/"  # as JSON writes it
+    for path in Path(folder).glob("*.jsonl"):
+        path.write_text(path.read_text().replace(f'"{top}', '"'))
 
 
 def quiet(folder):
