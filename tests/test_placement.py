@@ -127,7 +127,9 @@ def test_only_the_launchers_build_job_commands():
     # collectives.py starts _trainup_collectives.py, which chooses no device (its --backend does);
     # elastic.py's drill runs CPU processes on any machine (its flags say --device cpu): it is
     # about membership, and its proof compares with a one-process CPU run
-    assert builders <= {"launch.py", "horovod.py", "collectives.py", "elastic.py"}, builders
+    # reference.py measures this machine's CPU runs for lesson 11 (--device cpu, a thread each)
+    assert builders <= {"launch.py", "horovod.py", "collectives.py", "elastic.py",
+                        "reference.py"}, builders
     assert "_trainup_collectives.py" not in placement.CHOOSES_DEVICE
     from lessons import elastic
     assert " ".join(elastic.FLAGS).count("--device cpu") == 1

@@ -98,7 +98,7 @@ def test_setup_env_says_step_by_step_what_it_would_do(course_copy, tmp_path):
                                                    "TRAINUP_CPU_ONLY": "0"})
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for step in ("step 1/4: Python", "step 2/4", "step 3/4: install 19 pinned packages", "step 4/4"):
+    for step in ("step 1/4: Python", "step 2/4", "step 3/4: install 20 pinned packages", "step 4/4"):
         assert step in out, out
     assert "about 5.4 GB" in out and "the first time took" in out and ".venv-install.log" in out
     assert not (course_copy / ".venv").exists() and not (course_copy / ".venv-install.log").exists()
