@@ -106,7 +106,8 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     d.output = (log_dir / f"{run}.driver").read_text()
     d.left = marked(mark)
     if d.returncode is None:
-        raise RuntimeError(f"the Ray run did not end within {WAIT_S} s: it hung\n{d.output[-3000:]}")
+        raise RuntimeError(f"the Ray run did not end within {WAIT_S} s: it hung\n"
+                           f"{d.output[-3000:]}")
     if d.returncode != 0:
         raise failed("_trainup_ray.py", d.output, d.returncode)
     record = log_dir / f"{run}.drill.json"
