@@ -203,6 +203,30 @@ def notebook_passed(request, notebook, poll_s=2.0):
     return False
 
 
+def notebook_or_own(request, notebook, load, make):
+    """A run a notebook also makes: the notebook's, read back (load()), where this session ran that
+    notebook and every cell passed; else make() makes the test's own. One job, run once."""
+    if notebook_passed(request, notebook):
+        found = load()
+        assert found is not None, f"{notebook} passed without leaving its run's record"
+        return found
+    return make()
+
+
+def drill_beside_its_baseline(folder, flags, env, drill):
+    """A drill (drill(log_dir, checkpoint_dir) makes it) and, side by side, one process of
+    lesson 04's DDP script with the same flags: the run it must end equal to. Returns (the
+    drill, "one")."""
+    logs, ckpt = folder / "logs", folder / "checkpoints"
+    one = start_job([sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *flags, "--quick",
+                     "--run-name", "one", "--log-dir", str(logs), "--checkpoint-dir", str(ckpt)],
+                    env)
+    made = drill(logs, ckpt)
+    done = finish_job(one)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return made, "one"
+
+
 HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means the job hung, and the test fails
 
 

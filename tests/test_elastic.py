@@ -1,11 +1,9 @@
 """Lesson 04c: an elastic torchrun job loses a node, goes on alone, takes the node back, and ends
 with the parameters of one process (float64, the same global batch at every size)."""
 
-import sys
-
 import pytest
 
-from conftest import ROOT, SCRIPTS, finish_job, notebook_passed, start_job
+from conftest import ROOT, drill_beside_its_baseline, notebook_or_own
 from lessons import checks, elastic
 from lessons.log_reader import read_run
 
@@ -17,19 +15,18 @@ READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory, request):
     """The drill and the name of its one-process run: the notebook's where this session ran it."""
-    if notebook_passed(request, READS_NOTEBOOK):
+    def load():
         d = elastic.load("elastic", ROOT / "logs", ROOT / "checkpoints")
-        assert d is not None, "notebook 04c passed without leaving its drill's record"
-        return d, "elastic_one"
-    base = tmp_path_factory.mktemp("elastic")
-    logs, ckpt = base / "logs", base / "checkpoints"
-    one = start_job([sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *elastic.FLAGS, "--quick",
-                     "--run-name", "one", "--log-dir", str(logs), "--checkpoint-dir", str(ckpt)],
-                    elastic.environment())
-    d = elastic.drill("elastic", logs, ckpt, show=lambda *_: None)
-    done = finish_job(one)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return d, "one"
+        return d and (d, "elastic_one")
+
+    return notebook_or_own(request, READS_NOTEBOOK, load, lambda: own(tmp_path_factory))
+
+
+def own(tmp_path_factory):
+    """The drill and its one-process run, made here."""
+    return drill_beside_its_baseline(
+        tmp_path_factory.mktemp("elastic"), elastic.FLAGS, elastic.environment(),
+        lambda logs, ckpt: elastic.drill("elastic", logs, ckpt, show=lambda *_: None))
 
 
 def test_the_job_loses_a_node_goes_on_alone_and_takes_it_back(drill):

@@ -9,12 +9,11 @@ README's test command), where a missing Ray fails them.
 import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
-from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, notebook_passed,
-                      start_job)
+from conftest import (ROOT, assert_clean_error, drill_beside_its_baseline, in_process,
+                      notebook_or_own)
 from lessons import checks, launch, ray_drill
 from lessons.log_reader import read_run
 
@@ -33,19 +32,18 @@ READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, request):
     """The Ray drill and the name of its one-process run: the notebook's where this session ran it."""
-    if notebook_passed(request, READS_NOTEBOOK):
+    def load():
         d = ray_drill.load("ray", ROOT / "logs", ROOT / "checkpoints")
-        assert d is not None, "notebook 04c passed without leaving its Ray drill's record"
-        return d, "ray_one"
-    folder = tmp_path_factory.mktemp("ray")
-    logs, ckpt = folder / "logs", folder / "checkpoints"
-    one = start_job([sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *ray_drill.FLAGS, "--quick",
-                     "--run-name", "one", "--log-dir", str(logs), "--checkpoint-dir", str(ckpt)],
-                    launch.environment())
-    d = ray_drill.drill("ray", logs, ckpt, quick=True, show=lambda *_: None)
-    done = finish_job(one)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return d, "one"
+        return d and (d, "ray_one")
+
+    return notebook_or_own(request, READS_NOTEBOOK, load, lambda: own(tmp_path_factory))
+
+
+def own(tmp_path_factory):
+    """The Ray drill and its one-process run, made here."""
+    return drill_beside_its_baseline(
+        tmp_path_factory.mktemp("ray"), ray_drill.FLAGS, launch.environment(),
+        lambda logs, ckpt: ray_drill.drill("ray", logs, ckpt, quick=True, show=lambda *_: None))
 
 
 def test_rays_two_workers_survive_a_kill_and_end_like_one_process(killed):

@@ -32,6 +32,21 @@ def test_a_failed_cell_an_absent_notebook_or_a_broken_copy_make_the_test_run_its
     assert not notebook_passed(request_for(CELLS), NOTEBOOK)
 
 
+def test_a_test_reads_the_notebooks_run_or_makes_its_own(monkeypatch):
+    made = []
+    make = lambda: made.append(1) or "own"  # noqa: E731
+    monkeypatch.setattr(conftest, "OUTCOMES", {c: "passed" for c in CELLS})
+    assert conftest.notebook_or_own(request_for(CELLS), NOTEBOOK, lambda: "read", make) == "read"
+    try:  # a notebook that passed without leaving its run: said, not made again in silence
+        conftest.notebook_or_own(request_for(CELLS), NOTEBOOK, lambda: None, make)
+        raise RuntimeError("not refused")
+    except AssertionError as e:
+        assert "passed without leaving its run's record" in str(e)
+    assert made == []
+    assert conftest.notebook_or_own(request_for(["t"]), NOTEBOOK, lambda: "read", make) == "own"
+    assert made == [1]
+
+
 def test_without_xdist_a_notebook_not_yet_run_is_not_waited_for(monkeypatch):
     monkeypatch.setattr(conftest, "OUTCOMES", {CELLS[0]: "passed"})
     assert not notebook_passed(request_for(CELLS), NOTEBOOK)

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, assert_clean_error, notebook_passed
+from conftest import ROOT, assert_clean_error, notebook_or_own
 from lessons import elastic
 from trainup import distributed, preempt
 
@@ -47,11 +47,12 @@ def aws(tmp_path_factory, request):
     """Lesson 01's script (one process) under the watcher, AWS's notice once it has started, then
     --resume on the next machine; the same run never stopped, alongside. The notebook's drill
     where this session ran it."""
-    if notebook_passed(request, READS_NOTEBOOK):
+    def load():
         d = elastic.spot_load("spot", ROOT / "logs")
-        assert d is not None, "notebook 04c passed without leaving its spot drill's record"
-        return SimpleNamespace(d=d, logs=ROOT / "logs", checkpoints=ROOT / "checkpoints")
-    return _drill(tmp_path_factory.mktemp("spot_aws"), "aws")
+        return d and SimpleNamespace(d=d, logs=ROOT / "logs", checkpoints=ROOT / "checkpoints")
+
+    return notebook_or_own(request, READS_NOTEBOOK, load,
+                           lambda: _drill(tmp_path_factory.mktemp("spot_aws"), "aws"))
 
 
 @pytest.fixture(scope="module")

@@ -107,10 +107,10 @@ def make(folder=None, runs=RUNS, say=print):
                 raise failed(name, proc.stdout[-1000:] + proc.stderr, proc.returncode)
             for run in names(name, script, flags):
                 checks.finished(run, folder)
-            commands.append(shown[2:].replace(checkpoints, "<a temporary folder>"))
+            commands.append(shown[2:].replace(checkpoints, TEMPORARY))
+        relative_paths(folder, checkpoints)
     load_after, _ = machine_load()
     shutil.rmtree(folder / "tensorboard", ignore_errors=True)  # the logs hold the same scalars
-    relative_paths(folder)
     about = dict(machine=host(), cpu=cpu_model(), cores=cores,
                  date=datetime.date.today().isoformat(), load_before=load_before,
                  load_after=load_after, command="cd scripts && python -m lessons.reference",
@@ -156,12 +156,19 @@ def loads(folder):
     return [v for v in seen if v is not None]
 
 
-def relative_paths(folder):
-    """The course's folder left out of every path the logs name (the config's data_dir): a set is
-    committed, and this machine's path means nothing on another."""
+TEMPORARY = "<a temporary folder>"  # where the set's checkpoints went, deleted with it
+
+
+def relative_paths(folder, checkpoints=None):
+    """No path of this machine in the logs: the course's folder left out (the config's data_dir),
+    the temporary checkpoint folder named as such (--checkpoint-dir, the summary's checkpoint). A
+    set is committed, and this machine's paths mean nothing on another."""
     top = json.dumps(str(ROOT))[1:-1] + "/"  # as JSON writes it
     for path in Path(folder).glob("*.jsonl"):
-        path.write_text(path.read_text().replace(f'"{top}', '"'))
+        text = path.read_text().replace(f'"{top}', '"')
+        if checkpoints:
+            text = text.replace(json.dumps(str(checkpoints))[1:-1], TEMPORARY)
+        path.write_text(text)
 
 
 def quiet(folder):
