@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import warm_start
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(os.environ.get("TRAINUP_SCRIPTS_DIR", ROOT / "scripts"))
@@ -27,6 +28,10 @@ def pytest_configure(config):
     config.pluginmanager.register(_Outcomes(), "trainup-outcomes")
     config.addinivalue_line("markers", "jobs(*names): the jobs of its module's fixture that the test reads "
                                        "(the fixture starts only those its selected tests read: wanted_jobs)")
+
+
+def pytest_unconfigure(config):
+    warm_start.close_all()  # each would leave anyway once this process has gone
 
 
 def wanted_jobs(request):
@@ -231,9 +236,12 @@ HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means the job hung, 
 
 
 def start_job(cmd, env):
-    """Start a job in a session of its own, so that a hung job can be ended with all its children."""
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    """Start a job in a session of its own, so that a hung job can be ended with all its children.
+    A script of the course's starts as a fork of a process that imported torch already, where it
+    can (tests/warm_start.py: seconds of CPU a job); anything else as a fresh interpreter."""
+    return warm_start.start(cmd, env, ROOT) or subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
 
 
 def finish_job(proc):
@@ -343,9 +351,16 @@ def _failed(script, proc):
 
 
 def run_script(script, *args, log_dir, timeout=300, env=None, check=True, checkpoint_dir=None):
-    """Run scripts/<script> in a fresh interpreter, as a learner would; logs and checkpoints go to log_dir."""
-    proc = subprocess.run(_script_command(script, args, log_dir, checkpoint_dir), cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    """Run scripts/<script> as a learner would (start_job); logs and checkpoints go to log_dir."""
+    job = start_job(_script_command(script, args, log_dir, checkpoint_dir),
+                    {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    proc = subprocess.CompletedProcess(job.args, job.returncode, out, err)
     if check and proc.returncode != 0:
         raise _failed(script, proc)
     return proc

@@ -1,0 +1,266 @@
+"""Start a script the tests run in a process that has imported torch already: a fork of a warm one.
+
+Most of a quick run is starting Python: importing torch (about 1.7 CPU-seconds here) and
+torch._dynamo, which the first optimizer imports (about 1.1 more: torch.optim wraps add_param_group
+in torch._disable_dynamo). The suite runs hundreds of such jobs on 2 cores. So a test's job is, where
+it can be, a fork of a server that imported the course's scripts once: the child takes the job's
+argv, environment, folder, session and output pipes, runs the script file as __main__ (runpy, as
+`python script.py` does) and leaves through the interpreter's own shutdown, as the script would.
+tests/test_exit.py forks its ranks the same way. Its processes are as real as any: they talk over
+gloo, get signals, exit with their own status.
+
+What is read once, at a process's start, cannot change after the fork: the interpreter's flags
+(PYTHON*), OpenMP's and the allocator's settings (OMP_*, MALLOC_*), the variables torch reads at
+import (TORCH_*, except torchelastic's), TRAINUP_LOG_DIR (trainup's __init__). A job is forked from
+a server started with exactly its values of every variable but those read while it runs (RUNTIME:
+a rank's place, the store's address, SLURM's and torchelastic's variables); where servers would
+multiply, or the script lives elsewhere, the job starts as a fresh interpreter (start() returns None).
+TRAINUP_WARM_START=0 turns it off.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# variables a script reads while it runs (never at import): they may differ from the server's
+RUNTIME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+RUNTIME_PREFIXES = ("SLURM_", "TORCHELASTIC_", "TRAINUP_RUN", "TRAINUP_FAULT")
+MAX_SERVERS = 3  # a server holds torch's pages (some 400 MB): a few environments, not one each
+# imported once by each server: what the scripts that fork import at their top (Horovod's,
+# Lightning's and Ray's scripts import their engines themselves, in the child)
+WARM = ("_trainup_cpu", "_trainup_gpu", "_trainup_dp", "_trainup_ddp", "_trainup_ddp_tuned",
+        "_trainup_fsdp", "_trainup_tp", "_trainup_pipeline", "_trainup_pipeline_manual",
+        "_trainup_collectives", "_trainup_blocks", "_trainup_hogwild")
+
+SERVER = r'''
+import json, os, runpy, selectors, signal, socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+sys.path[0] = sys.argv[2]  # as `python scripts/x.py` has it: the script's folder first
+import numpy  # its OpenBLAS starts its threads now, and re-makes them in a fork (pthread_atfork)
+blas = len(os.listdir("/proc/self/task"))
+import torch, torch._dynamo  # what every run imports: paid once, here
+for name in sys.argv[3:]:
+    __import__(name)
+# a fork copies the calling thread alone: no other may run here (OpenMP's start at first use)
+extra = len(os.listdir("/proc/self/task")) - blas
+sock.send(json.dumps({"ready": extra == 0, "threads": extra}).encode())
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)  # a child's end wakes the select below
+signal.signal(signal.SIGCHLD, lambda *a: None)
+sel = selectors.DefaultSelector()
+sel.register(sock, selectors.EVENT_READ)
+sel.register(wake_r, selectors.EVENT_READ)
+children, job = set(), None
+while job is None:
+    for key, _ in sel.select():
+        if key.fileobj == wake_r:
+            os.read(wake_r, 4096)
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+        if not data:  # the tests have gone: so does the server
+            os._exit(0)
+        sys.stdout.flush(), sys.stderr.flush()
+        started_r, started_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            job, fds_of_job = json.loads(data), fds
+            os.close(started_r)
+            break
+        os.close(started_w)
+        os.read(started_r, 1)  # its session made: a signal to its group from now on reaches it
+        os.close(started_r)
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        sock.send(json.dumps({"pid": pid}).encode())
+    while children and job is None:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if not pid:
+            break
+        children.discard(pid)
+        sock.send(json.dumps({"ended": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+# the child: one job, started as `python script.py args` starts it, ended by the interpreter
+signal.set_wakeup_fd(-1)
+signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+sel.close(), sock.close(), os.close(wake_r), os.close(wake_w)
+if job["new_session"]:
+    os.setsid()
+os.write(started_w, b"1"), os.close(started_w)
+os.chdir(job["cwd"])
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0), os.dup2(fds_of_job[0], 1), os.dup2(fds_of_job[1], 2)
+for fd in (null, *fds_of_job):
+    os.close(fd)
+os.environ.clear()
+os.environ.update(job["env"])
+sys.argv = job["argv"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+class Server:
+    """One warm process (SERVER) and the thread that reads what it says: each fork's pid, each
+    child's exit status."""
+
+    def __init__(self, scripts, env):
+        import queue
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()),
+                                      str(scripts), *WARM], pass_fds=[theirs.fileno()],
+                                     env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.sock, self.pids, self.codes = ours, queue.Queue(), {}
+        self.ended = threading.Condition()
+        self.lock = threading.Lock()
+        first = json.loads(self.sock.recv(1 << 16) or b'{"ready": false}')
+        self.ready = first["ready"]
+        if self.ready:
+            threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self):
+        while True:
+            data = self.sock.recv(1 << 16)
+            if not data:  # the server died: no job of its will be told it ended
+                self.ready = False
+                self.pids.put(None)
+                with self.ended:
+                    self.ended.notify_all()
+                return
+            said = json.loads(data)
+            if "pid" in said:
+                self.pids.put(said["pid"])
+            else:
+                with self.ended:
+                    self.codes[said["ended"]] = said["code"]
+                    self.ended.notify_all()
+
+    def fork(self, argv, env, cwd, new_session):
+        """Fork a job; its pid and the reading ends of its stdout and stderr."""
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session)
+        with self.lock:
+            socket.send_fds(self.sock, [json.dumps(job).encode()], [out_w, err_w])
+            pid = self.pids.get()
+        os.close(out_w), os.close(err_w)
+        if pid is None:
+            os.close(out_r), os.close(err_r)
+            raise RuntimeError("the warm-start server died")
+        return pid, out_r, err_r
+
+    def code(self, pid, timeout):
+        with self.ended:
+            self.ended.wait_for(lambda: pid in self.codes or not self.ready, timeout)
+            if pid in self.codes:
+                return self.codes[pid]
+            if not self.ready:
+                raise RuntimeError("the warm-start server died before its job ended")
+            return None
+
+    def close(self):
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_SERVERS = {}
+
+
+def _key(env):
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k not in RUNTIME and not k.startswith(RUNTIME_PREFIXES)
+                        and k != "PYTEST_CURRENT_TEST"))
+
+
+def start(cmd, env, cwd, new_session=True):
+    """cmd ([sys.executable, a script of the course's, args...]) forked from a warm server made
+    with env's start-time variables; None where it must start as a fresh interpreter instead."""
+    if os.environ.get("TRAINUP_WARM_START") == "0" or sys.platform != "linux":
+        return None
+    if len(cmd) < 2 or cmd[0] != sys.executable or not str(cmd[1]).endswith(".py"):
+        return None
+    script = Path(cmd[1])
+    if script.parent.name != "scripts" or not script.name.startswith("_trainup_"):
+        return None
+    if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
+        return None  # a sitecustomize of a test's, run at the start of each process
+    key = (str(script.parent), _key(env))
+    server = _SERVERS.get(key)
+    if server is None:
+        if len(_SERVERS) >= MAX_SERVERS:
+            return None
+        server = _SERVERS[key] = Server(script.parent, dict(key[1]))
+    if not server.ready:
+        return None
+    pid, out, err = server.fork([str(a) for a in cmd[1:]], env, cwd, new_session)
+    return Job(server, pid, [str(a) for a in cmd], out, err)
+
+
+def close_all():
+    for server in _SERVERS.values():
+        server.close()
+    _SERVERS.clear()
+
+
+class Job:
+    """A forked job, as subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True) answers."""
+
+    def __init__(self, server, pid, args, out, err):
+        self.server, self.pid, self.args, self.returncode = server, pid, args, None
+        self.stdout = open(out, encoding="utf-8", errors="replace")
+        self.stderr = open(err, encoding="utf-8", errors="replace")
+        self._read = None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self.server.code(self.pid, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            self.returncode = self.server.code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, input=None, timeout=None):
+        """Both outputs read to their end, side by side (a full pipe would stall the job)."""
+        if self._read is None:
+            self._read = {}
+            self._threads = [threading.Thread(target=self._drain, args=(f,), daemon=True)
+                             for f in (self.stdout, self.stderr)]
+            for t in self._threads:
+                t.start()
+        deadline = None if timeout is None else _now() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0, deadline - _now()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.01, deadline - _now()))
+        return self._read[self.stdout], self._read[self.stderr]
+
+    def _drain(self, f):
+        self._read[f] = f.read()
+        f.close()
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+def _now():
+    return time.monotonic()
