@@ -12,6 +12,7 @@ allreduce_bw, ddp_broadcast, ddp_buckets, ddp_step, bn_stats: logs/README.md), s
 """
 import argparse
 import datetime
+import os
 import statistics
 import time
 
@@ -236,6 +237,9 @@ def main(argv=None):
     if ctx.world_size < 2:
         raise UserError("collectives need 2 or more processes: run it under torchrun --nproc-per-node 2 "
                         "(or srun -n 2)")
+    # srun sets no MASTER_ADDR or MASTER_PORT: env:// finds those the launcher's variables give
+    os.environ.setdefault("MASTER_ADDR", ctx.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(ctx.master_port))
     # joining may take long on a loaded machine: a short --timeout applies to the collectives only (hang)
     dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world_size,
                             timeout=datetime.timedelta(seconds=max(args.timeout, 120)))

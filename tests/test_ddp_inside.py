@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_clean_error, in_process, start_wanted
+from conftest import SCRIPTS, Ranks, assert_clean_error, in_process, start_wanted
 from lessons import checks, collectives, launch, report
 from test_ddp import finish, ok, start
 
@@ -20,6 +20,11 @@ def torchrun(script, *args, nproc=2):
     return start(launch.TORCHRUN + launch.torchrun_flags(nproc=nproc) + [script, *map(str, args)])
 
 
+def ranks(script, *args, nproc=2):
+    """As srun starts them, no launcher: each rank forks from a warm process (tests/warm_start.py)."""
+    return Ranks([sys.executable, script, *map(str, args)], launch.environment(), ntasks=nproc)
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory, request):
     """Every job of this file that the selected tests read (their jobs marks), started together (the
@@ -28,14 +33,14 @@ def jobs(tmp_path_factory, request):
     common = ["--log-dir", log_dir]
     train = [*TINY, *checks.PROOF, "--batch-size", 64, *common, "--checkpoint-dir", log_dir / "checkpoints"]
     out = start_wanted(request, dict(
-        shows=lambda: torchrun(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
+        shows=lambda: ranks(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
                                "--run-name", "shows", *common),
         # 3 processes: the ring factor 2(N-1)/N is 4/3 (with 2 it is 1, and a missing factor hides)
-        bw3=lambda: torchrun(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common,
+        bw3=lambda: ranks(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common,
                              nproc=3),
         # 200 samples: each rank's epoch ends with a short batch of 4 (one micro-batch of the last step)
-        acc1=lambda: torchrun(TUNED, *train, *SHORT_LAST, "--accumulate", 1, "--run-name", "acc1"),
-        acc4=lambda: torchrun(TUNED, *train, *SHORT_LAST, "--accumulate", 4, "--run-name", "acc4"),
+        acc1=lambda: ranks(TUNED, *train, *SHORT_LAST, "--accumulate", 1, "--run-name", "acc1"),
+        acc4=lambda: ranks(TUNED, *train, *SHORT_LAST, "--accumulate", 4, "--run-name", "acc4"),
         mismatch=lambda: start(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [COLLECTIVES, "--show", "mismatch"],
                                {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
         hang=lambda: torchrun(COLLECTIVES, "--show", "hang", "--timeout", 3)))

@@ -1,6 +1,6 @@
-"""_trainup_fsdp.py run for real: one 2-process torchrun job running every --shard mode in turn
-(DDP, ZeRO-1, ZeRO-2 by hand and as FSDP2 ships it, ZeRO-3), each ending with the parameters of
-one process, ZeRO-2's parameters whole at the end of forward; the sharded (DCP) checkpoints
+"""_trainup_fsdp.py run for real: one 2-process job (its ranks as srun starts them) running
+every --shard mode in turn (DDP, ZeRO-1, ZeRO-2 by hand and as FSDP2 ships it, ZeRO-3), each
+ending with the parameters of one process, ZeRO-2's parameters whole at the end of forward; the sharded (DCP) checkpoints
 it wrote resumed by 1 process and by 4, continuing as an uninterrupted run; the bytes each rank holds
 within 10 % of the formulas; the collectives each stage adds; hybrid sharding (HSDP) on a
 2-D mesh of a model built on the meta device; bad input. The one-process runs are
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from conftest import ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process
 from lessons import checks, launch, planner, zero_stages as lesson
 from trainup import models
 from trainup.sharding import MODES, RESUMABLE, STAGES
@@ -31,9 +31,11 @@ def fsdp_main():
 
 
 def torchrun(log_dir, name, nproc, *args):
-    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc), SCRIPT, *TINY, *map(str, args), "--run-name", name,
+    """A job of nproc ranks, started as srun starts them (no launcher: this file is not about
+    torchrun, and each rank forks from a warm process, tests/warm_start.py)."""
+    cmd = [sys.executable, SCRIPT, *TINY, *map(str, args), "--run-name", name,
            "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
-    return start_job(cmd, launch.environment())
+    return Ranks(cmd, launch.environment(), ntasks=nproc)
 
 
 def ok(proc):

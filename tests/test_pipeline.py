@@ -1,4 +1,4 @@
-"""_trainup_pipeline.py run for real: 2 stages under torchrun (gloo) with every schedule (one job runs them
+"""_trainup_pipeline.py run for real: 2 stages (ranks as srun starts them, gloo) with every schedule (one job runs them
 in turn), 2 pipelines x 2 stages, the manual send/recv picture, and bad input. Every pipeline must end with
 the parameters of one process that trains the whole model on the whole batch."""
 import os
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_clean_error, finish_job, in_process, start_job, start_wanted
+from conftest import SCRIPTS, Ranks, assert_clean_error, finish_job, in_process, start_job, start_wanted
 from lessons import checks, launch, report, schedules as lesson
 from trainup import pipeline
 
@@ -33,9 +33,11 @@ def ok(proc):
 
 
 def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
-    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc)] if nproc else [sys.executable]
+    """nproc ranks started as srun starts them (no launcher: each rank forks from a warm process,
+    tests/warm_start.py); nproc 0: plain python."""
     keeps = [] if script == MANUAL else ["--checkpoint-dir", str(log_dir / "checkpoints")]  # it keeps none
-    return start(cmd + [script, *tiny, *map(str, args), "--run-name", name, "--log-dir", str(log_dir), *keeps])
+    cmd = [sys.executable, script, *tiny, *map(str, args), "--run-name", name, "--log-dir", str(log_dir), *keeps]
+    return Ranks(cmd, launch.environment(), ntasks=nproc) if nproc else start(cmd)
 
 
 @pytest.fixture(scope="module")

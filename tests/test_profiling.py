@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from conftest import ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process, start_job
 from lessons import launch, report, traces
 from trainup import profiling
 
@@ -23,8 +23,8 @@ def runs(tmp_path_factory):
     out = ["--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
     jobs = [start_job([sys.executable, str(SCRIPTS / "_trainup_cpu.py"), *TINY, "--run-name", "cpu", *out],
                       launch.environment()),
-            start_job([*launch.TORCHRUN, *launch.torchrun_flags(nproc=2), str(SCRIPTS / "_trainup_ddp.py"), *TINY,
-                       "--run-name", "ddp", *out], launch.environment())]
+            Ranks([sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *TINY, "--run-name", "ddp", *out],
+                  launch.environment())]  # as srun starts them: no launcher's interpreter
     for done in map(finish_job, jobs):
         assert done.returncode == 0, f"{done.args}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         assert "traced in" in done.stdout

@@ -1,14 +1,15 @@
-"""_trainup_tp.py run for real: the one-process baseline, tensor parallelism over 2 processes and a 2-D mesh
-(2 data-parallel replicas x 2 tensor-parallel processes) under torchrun (gloo). Both must end with the
-baseline's parameters; each rank must hold 1/tp of the cut layers; one step must communicate what
-Megatron-LM counts. Bad input: one sentence, exit status 2, checked in this process (no job started)."""
+"""_trainup_tp.py run for real: the one-process baseline, tensor parallelism over 2 processes and a
+2-D mesh (2 data-parallel replicas x 2 tensor-parallel processes), ranks started as srun starts
+them (gloo). Both must end with the baseline's parameters; each rank must hold 1/tp of the cut
+layers; one step must communicate what Megatron-LM counts. Bad input: one sentence, exit status 2, checked in this process (no job started)."""
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from conftest import ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process
 from lessons import checks, launch, report, tp_runs as lesson
 from trainup import models
 
@@ -28,9 +29,10 @@ def ok(proc):
 
 
 def job(log_dir, name, nproc, flags):
-    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc), SCRIPT, *map(str, TINY + flags), "--run-name", name,
+    """nproc ranks started as srun starts them (no launcher: each rank forks from a warm process)."""
+    cmd = [sys.executable, SCRIPT, *map(str, TINY + flags), "--run-name", name,
            "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
-    return start_job(cmd, launch.environment())
+    return Ranks(cmd, launch.environment(), ntasks=nproc)
 
 
 @pytest.fixture(scope="module")

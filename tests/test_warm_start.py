@@ -31,8 +31,9 @@ def test_a_forked_job_ends_as_a_fresh_interpreter_does(tmp_path):
     done = finish_job(forked)
     assert done.returncode == fresh.returncode == 0, done.stderr[-2000:] + fresh.stderr[-2000:]
     # every number a run computes, bit for bit; its own process, argv and output
-    assert records(tmp_path, "forked", "epoch")[0]["loss"] == records(tmp_path, "fresh", "epoch")[0]["loss"]
-    assert records(tmp_path, "forked", "epoch")[0]["test_loss"] == records(tmp_path, "fresh", "epoch")[0]["test_loss"]
+    forked_epoch, fresh_epoch = (records(tmp_path, n, "epoch")[0] for n in ("forked", "fresh"))
+    assert (forked_epoch["loss"], forked_epoch["test_loss"]) == (fresh_epoch["loss"],
+                                                                 fresh_epoch["test_loss"])
     config = records(tmp_path, "forked", "config")[0]
     assert config["script"] == "_trainup_gpu.py" and config["args"]["run_name"] == "forked"
     assert done.stdout.splitlines()[0].startswith("epoch 1: loss ")
@@ -55,7 +56,8 @@ def test_start_time_variables_give_a_server_of_their_own(tmp_path):
 def test_what_a_fork_cannot_take_starts_fresh(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # a test's sitecustomize, run at start-up
     assert warm_start.start(command("x", tmp_path), env, ROOT) is None
-    assert warm_start.start(["torchrun", str(SCRIPTS / "_trainup_gpu.py")], os.environ, ROOT) is None
+    torchrun = ["torchrun", str(SCRIPTS / "_trainup_gpu.py")]
+    assert warm_start.start(torchrun, os.environ, ROOT) is None
     off = {**os.environ, "TRAINUP_WARM_START": "0"}
     os.environ["TRAINUP_WARM_START"] = "0"
     try:
@@ -70,7 +72,8 @@ def test_a_forked_job_gets_signals_in_its_own_session_and_says_how_it_ended(tmp_
     job.stdout.readline()  # it has trained an epoch
     os.killpg(job.pid, signal.SIGKILL)
     assert job.wait(timeout=60) == -signal.SIGKILL
-    bad = warm_start.start(command("bad", tmp_path, "--batch-size", "0"), dict(os.environ), ROOT)
+    bad = warm_start.start(command("bad", tmp_path, "--batch-size", "0"), dict(os.environ),
+                           ROOT)
     out, err = bad.communicate(timeout=120)
     assert_clean_error(subprocess.CompletedProcess(bad.args, bad.returncode, out, err),
                        "--batch-size")

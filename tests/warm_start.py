@@ -1,21 +1,23 @@
-"""Start a script the tests run in a process that has imported torch already: a fork of a warm one.
+"""Start a script the tests run in a process that has imported torch already: a fork of a warm
+one.
 
 Most of a quick run is starting Python: importing torch (about 1.7 CPU-seconds here) and
-torch._dynamo, which the first optimizer imports (about 1.1 more: torch.optim wraps add_param_group
-in torch._disable_dynamo). The suite runs hundreds of such jobs on 2 cores. So a test's job is, where
-it can be, a fork of a server that imported the course's scripts once: the child takes the job's
-argv, environment, folder, session and output pipes, runs the script file as __main__ (runpy, as
-`python script.py` does) and leaves through the interpreter's own shutdown, as the script would.
-tests/test_exit.py forks its ranks the same way. Its processes are as real as any: they talk over
-gloo, get signals, exit with their own status.
+torch._dynamo, which the first optimizer imports (about 1.1 more: torch.optim wraps
+add_param_group in torch._disable_dynamo). The suite runs hundreds of such jobs on 2 cores. So a
+test's job is, where it can be, a fork of a server that imported the course's scripts once: the
+child takes the job's argv, environment, folder, session and output pipes, runs the script file as
+__main__ (runpy, as `python script.py` does) and leaves through the interpreter's own shutdown, as
+the script would. tests/test_exit.py forks its ranks the same way. Its processes are as real as
+any: they talk over gloo, get signals, exit with their own status. The notebooks run every
+command as a learner types it.
 
 What is read once, at a process's start, cannot change after the fork: the interpreter's flags
 (PYTHON*), OpenMP's and the allocator's settings (OMP_*, MALLOC_*), the variables torch reads at
 import (TORCH_*, except torchelastic's), TRAINUP_LOG_DIR (trainup's __init__). A job is forked from
 a server started with exactly its values of every variable but those read while it runs (RUNTIME:
 a rank's place, the store's address, SLURM's and torchelastic's variables); where servers would
-multiply, or the script lives elsewhere, the job starts as a fresh interpreter (start() returns None).
-TRAINUP_WARM_START=0 turns it off.
+multiply, or the script lives elsewhere (a breakage's copy), the job starts as a fresh interpreter
+(start() returns None). TRAINUP_WARM_START=0 turns it off.
 """
 import json
 import os
@@ -28,10 +30,12 @@ import time
 from pathlib import Path
 
 # variables a script reads while it runs (never at import): they may differ from the server's
-RUNTIME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
-RUNTIME_PREFIXES = ("SLURM_", "TORCHELASTIC_", "TRAINUP_RUN", "TRAINUP_FAULT")
-MAX_SERVERS = 3  # a server holds torch's pages (some 400 MB): a few environments, not one each
+RUNTIME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+           "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
+           "MASTER_PORT",
+           "PYTEST_CURRENT_TEST", "TRAINUP_RUN_CACHE")  # the last two: the tests' own
+RUNTIME_PREFIXES = ("SLURM_", "TORCHELASTIC_")
+MAX_SERVERS = 3  # a server holds torch's pages (some 400 MB): a few environments, not each
 # imported once by each server: what the scripts that fork import at their top (Horovod's,
 # Lightning's and Ray's scripts import their engines themselves, in the child)
 WARM = ("_trainup_cpu", "_trainup_gpu", "_trainup_dp", "_trainup_ddp", "_trainup_ddp_tuned",
@@ -116,7 +120,7 @@ class Server:
                                       str(scripts), *WARM], pass_fds=[theirs.fileno()],
                                      env=env, stdin=subprocess.DEVNULL)
         theirs.close()
-        self.sock, self.pids, self.codes = ours, queue.Queue(), {}
+        self.sock, self.pids, self.codes, self.running = ours, queue.Queue(), {}, set()
         self.ended = threading.Condition()
         self.lock = threading.Lock()
         first = json.loads(self.sock.recv(1 << 16) or b'{"ready": false}')
@@ -139,6 +143,7 @@ class Server:
             else:
                 with self.ended:
                     self.codes[said["ended"]] = said["code"]
+                    self.running.discard(said["ended"])
                     self.ended.notify_all()
 
     def fork(self, argv, env, cwd, new_session):
@@ -148,6 +153,9 @@ class Server:
         with self.lock:
             socket.send_fds(self.sock, [json.dumps(job).encode()], [out_w, err_w])
             pid = self.pids.get()
+            with self.ended:
+                if pid is not None and pid not in self.codes:
+                    self.running.add(pid)
         os.close(out_w), os.close(err_w)
         if pid is None:
             os.close(out_r), os.close(err_r)
@@ -176,8 +184,7 @@ _SERVERS = {}
 
 def _key(env):
     return tuple(sorted((k, v) for k, v in env.items()
-                        if k not in RUNTIME and not k.startswith(RUNTIME_PREFIXES)
-                        and k != "PYTEST_CURRENT_TEST"))
+                        if k not in RUNTIME and not k.startswith(RUNTIME_PREFIXES)))
 
 
 def start(cmd, env, cwd, new_session=True):
@@ -185,6 +192,8 @@ def start(cmd, env, cwd, new_session=True):
     with env's start-time variables; None where it must start as a fresh interpreter instead."""
     if os.environ.get("TRAINUP_WARM_START") == "0" or sys.platform != "linux":
         return None
+    if os.environ.get("TRAINUP_SCRIPTS_DIR"):  # a breakage's pytest (a copy of scripts/): a
+        return None  # server of its own would cost more than its job or two would save
     if len(cmd) < 2 or cmd[0] != sys.executable or not str(cmd[1]).endswith(".py"):
         return None
     script = Path(cmd[1])
@@ -192,12 +201,17 @@ def start(cmd, env, cwd, new_session=True):
         return None
     if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
         return None  # a sitecustomize of a test's, run at the start of each process
+    env = dict(env)
     key = (str(script.parent), _key(env))
-    server = _SERVERS.get(key)
+    server = _SERVERS.pop(key, None)  # put back last: the most recently used
     if server is None:
-        if len(_SERVERS) >= MAX_SERVERS:
+        idle = [k for k, s in _SERVERS.items() if not s.running]
+        if len(_SERVERS) >= MAX_SERVERS and not idle:
             return None
-        server = _SERVERS[key] = Server(script.parent, dict(key[1]))
+        if len(_SERVERS) >= MAX_SERVERS:  # the least recently used server without a job ends
+            _SERVERS.pop(idle[0]).close()
+        server = Server(script.parent, dict(key[1]))
+    _SERVERS[key] = server
     if not server.ready:
         return None
     pid, out, err = server.fork([str(a) for a in cmd[1:]], env, cwd, new_session)

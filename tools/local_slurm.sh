@@ -203,6 +203,11 @@ stop() {
   stop_daemons
   if pid=$(cat "$DIR/run/watchdog.pid" 2>/dev/null) && [ "$pid" != "$PPID" ] && [ "$pid" != "$$" ]; then
     kill "$pid" 2>/dev/null || true
+    # gone before stop returns (its caller checks): on a loaded machine it takes a moment to die
+    for i in $(seq 25); do
+      grep -qs '^State:.*[RSD]' "/proc/$pid/status" || break  # gone, or a zombie
+      sleep 0.2
+    done
   fi
   rm -f "$DIR/run/watchdog.pid"
 }
