@@ -84,8 +84,12 @@ def cluster(args, gpus=0):
     paths = [str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:  # no cloud takes back a node of this machine's own cluster: Ray Train's
+        # watcher for that would be one more actor, a process importing Ray, for nothing
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    ray.init(**init_args(args, gpus, temp, os.environ.get("RAY_ADDRESS")))
+    ray.init(**init_args(args, gpus, temp, address))
     try:
         yield
     finally:
