@@ -3,12 +3,13 @@ and what a mistake looks like. Run it under torchrun with 2 or more processes (g
 
     torchrun --standalone --nproc-per-node 2 scripts/_trainup_collectives.py --show collectives
     torchrun ... scripts/_trainup_collectives.py --show bandwidth --sizes 1K,64K,1M,16M,64M
+    torchrun ... --show bandwidth --ops all_reduce,broadcast,all_gather,reduce_scatter  # each op
     torchrun ... scripts/_trainup_collectives.py --show ddp       # construction broadcast, gradient buckets
     TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun ... --show mismatch   # ranks disagree on a tensor's shape
     torchrun ... scripts/_trainup_collectives.py --show hang --timeout 5   # a rank skips a collective
 
 Rank 0 gathers every rank's tensors and writes them to logs/<run>.jsonl (records collective,
-allreduce_bw, ddp_broadcast, ddp_buckets, ddp_step, bn_stats: logs/README.md), so the output is in rank order.
+allreduce_bw, collective_bw, ddp_broadcast, ddp_buckets, ddp_step, bn_stats: logs/README.md), so the output is in rank order.
 """
 import argparse
 import datetime
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainup import LOG_DIR, UserError, cli, distributed, metrics, models, runlock
+from trainup.sharding import all_gather_single, reduce_scatter_single
 
 SHOWS = ("collectives", "bandwidth", "ddp", "mismatch", "hang")
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -78,27 +80,61 @@ def show_collectives(log, rank, world):
     record("reduce_scatter", full.tolist(), out.tolist(), how)
 
 
-def show_bandwidth(log, rank, world, sizes):
-    """all_reduce time against message size; bandwidths as nccl-tests defines them."""
-    ring = 2 * (world - 1) / world  # each byte crosses (N-1)/N of the ring twice: reduce-scatter + all-gather
-    for size in sizes:
-        t = torch.ones(max(size // 4, 1))  # float32
-        repeats = 20 if size <= 2**20 else 5
-        for _ in range(2):  # warm-up: connections, buffers
-            dist.all_reduce(t)
-        dist.barrier()
-        tick = time.perf_counter()
-        for _ in range(repeats):
-            dist.all_reduce(t)
-        mine = torch.tensor([(time.perf_counter() - tick) / repeats])
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the job is as slow as its slowest rank
-        seconds = float(mine)
-        algbw = t.numel() * 4 / seconds / 1e9
-        line = log.write("allreduce_bw", size_bytes=t.numel() * 4, world_size=world, repeats=repeats,
-                         time_s=seconds, algbw_gbps=algbw, busbw_gbps=algbw * ring, ring_factor=ring)
-        if rank == 0:
-            print(f"{line['size_bytes']:>10} bytes  {seconds * 1e3:8.3f} ms  algbw {algbw:7.3f} GB/s  "
-                  f"busbw {line['busbw_gbps']:7.3f} GB/s")
+# nccl-tests' bus bandwidth: the bytes one rank's link carries, over the size (PERFORMANCE.md there)
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+OPS = tuple(BUS_FACTOR)
+
+
+def timed_call(op, size, world):
+    """(one call of op, its size in bytes) on float32 buffers, as the sharding script calls it: the
+    size is the whole buffer (an all-gather's output, a reduce-scatter's input), so a multiple of
+    the ranks for those two."""
+    n = max(size // 4, 1)
+    if op == "all_reduce":
+        t = torch.ones(n)
+        return lambda: dist.all_reduce(t), n * 4
+    if op == "broadcast":
+        t = torch.ones(n)
+        return lambda: dist.broadcast(t, src=0), n * 4
+    n = max(n // world, 1) * world
+    whole, mine = torch.ones(n), torch.ones(n // world)
+    if op == "all_gather":
+        return lambda: all_gather_single(whole, mine), n * 4
+    return lambda: reduce_scatter_single(mine, whole), n * 4
+
+
+def show_bandwidth(log, rank, world, sizes, ops=("all_reduce",)):
+    """Each op's time against message size; bandwidths as nccl-tests defines them. all_reduce's
+    records are allreduce_bw (lesson 04), the others' collective_bw (lesson 11 fits each op)."""
+    for op in ops:
+        bus = BUS_FACTOR[op](world)
+        if rank == 0 and len(ops) > 1:
+            print(f"{op}:")
+        for size in sizes:
+            call, size_bytes = timed_call(op, size, world)
+            repeats = 20 if size <= 2**20 else 5
+            for _ in range(2):  # warm-up: connections, buffers
+                call()
+            dist.barrier()
+            tick = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            mine = torch.tensor([(time.perf_counter() - tick) / repeats])
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the job is as slow as its slowest rank
+            seconds = float(mine)
+            algbw = size_bytes / seconds / 1e9
+            if op == "all_reduce":
+                line = log.write("allreduce_bw", size_bytes=size_bytes, world_size=world,
+                                 repeats=repeats, time_s=seconds, algbw_gbps=algbw,
+                                 busbw_gbps=algbw * bus, ring_factor=bus)
+            else:
+                line = log.write("collective_bw", op=op, size_bytes=size_bytes, world_size=world,
+                                 repeats=repeats, time_s=seconds, algbw_gbps=algbw,
+                                 busbw_gbps=algbw * bus, bus_factor=bus)
+            if rank == 0:
+                print(f"{size_bytes:>10} bytes  {seconds * 1e3:8.3f} ms  algbw {algbw:7.3f} GB/s  "
+                      f"busbw {line['busbw_gbps']:7.3f} GB/s")
 
 
 def fingerprint(module):
@@ -203,7 +239,10 @@ def parse_args(argv=None):
     p = cli.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--show", default="collectives",
                    help=f"what to show, one or several comma-separated: {', '.join(SHOWS)}")
-    p.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M", help="all_reduce message sizes (bytes)")
+    p.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M",
+                   help="--show bandwidth: message sizes (bytes)")
+    p.add_argument("--ops", default="all_reduce",
+                   help=f"--show bandwidth: the collectives timed, comma-separated: {', '.join(OPS)}")
     p.add_argument("--timeout", type=cli.positive(float), default=300,
                    help="--show hang: seconds rank 0 waits in the collective rank 1 skips (the others: at least 120)")
     p.add_argument("--seed", type=int, default=1)
@@ -222,6 +261,9 @@ def parse_args(argv=None):
         assert min(args.sizes) > 0
     except (ValueError, AssertionError, IndexError):
         p.error(f"--sizes takes sizes like 1K,64K,1M, got {args.sizes!r}")
+    args.ops = args.ops.split(",")
+    if not set(args.ops) <= set(OPS):
+        p.error(f"--ops takes {', '.join(OPS)}, got {','.join(args.ops)!r}")
     if args.quick:
         args.sizes = [s for s in args.sizes if s <= 4 * 2**20] or args.sizes[:1]
     args.lesson, args.resume = "ddp", False
@@ -254,7 +296,7 @@ def main(argv=None):
             if show == "collectives":
                 show_collectives(log, rank, world)
             elif show == "bandwidth":
-                show_bandwidth(log, rank, world, args.sizes)
+                show_bandwidth(log, rank, world, args.sizes, args.ops)
             else:
                 show_ddp(log, rank, world, args.seed)
         log.summary()

@@ -57,9 +57,9 @@ def start_wanted(request, starters):
 
 # How each test of this session did on the unbroken course, by node id: tests/test_breakages.py
 # reads it (its targets must pass without a breakage) instead of running them all again. Under
-# pytest-xdist (run_tests.sh runs the suite on 2 workers) each worker also appends its outcomes to
-# one file that the controller names, so that the worker running the breakages sees how the other
-# worker's targets did.
+# pytest-xdist (run_tests.sh: 3 workers on 2 cores) each worker also appends its outcomes to one
+# file that the controller names, so that the worker running the breakages sees how the other
+# workers' targets did.
 OUTCOMES = {}
 _CONFIG = None
 SHARED_OUTCOMES = "trainup_outcomes"  # the key of that file's path in each worker's workerinput

@@ -38,13 +38,21 @@ def write(folder, name, script, world, batch, walls, records=(), **args):
     (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def sweep(folder, alpha=A, beta=B):
+def sweep(folder, alpha=A, beta=B, others=None):
+    """A sweep of all_reduce at alpha and beta, and of each op in others {op: (alpha, beta)}."""
     records = []
     for size in (2**10, 2**16, 2**22):
         t = pm.ring_all_reduce(size, 2, alpha, beta)
         records.append(dict(type="allreduce_bw", size_bytes=size, world_size=2, repeats=5,
                             time_s=t, algbw_gbps=size / t / 1e9, busbw_gbps=size / t / 1e9,
                             ring_factor=1.0))
+    for op, (a, b) in (others or {}).items():
+        bus = 1.0 if op == "broadcast" else 0.5
+        for size in (2**10, 2**16, 2**22):
+            t = pm.COLLECTIVES[op](size, 2, a, b)
+            records.append(dict(type="collective_bw", op=op, size_bytes=size, world_size=2,
+                                repeats=5, time_s=t, algbw_gbps=size / t / 1e9,
+                                busbw_gbps=size / t / 1e9 * bus, bus_factor=bus))
     write(folder, ph.SWEEP, "_trainup_collectives.py", 2, 64, [], records)
 
 
@@ -70,8 +78,8 @@ def test_a_sharded_run_is_predicted_from_its_one_process_run_and_the_sweep(tmp_p
     write(tmp_path, "one", "_trainup_fsdp.py", 1, 32, [9.0, 2.0, 2.2, 2.0], shard="optimizer")
     write(tmp_path, "two", "_trainup_fsdp.py", 2, 64, [7.0, 1.5, 1.6, 1.4], [comm],
           shard="optimizer")
-    table, alpha, beta = ph.predictions(tmp_path, [("two", "one"), ("absent", "one")])
-    assert alpha == pytest.approx(A) and beta == pytest.approx(B)
+    table, fits = ph.predictions(tmp_path, [("two", "one"), ("absent", "one")])
+    assert list(fits) == ["all_reduce"] and fits["all_reduce"] == pytest.approx((A, B))
     r = table.set_index("run").loc["two"]
     steps = math.ceil(SAMPLES / 2 / 32)  # 2000 samples a rank, 32 a step: 63
     compute = 2.0 * (SAMPLES / 2) / SAMPLES  # the median epoch alone, half the samples
@@ -85,23 +93,44 @@ def test_a_sharded_run_is_predicted_from_its_one_process_run_and_the_sweep(tmp_p
     assert r.overlapped_s <= r.predicted_s
 
 
+def test_each_op_the_sweep_timed_is_priced_with_its_own_alpha_and_beta(tmp_path):
+    # gloo's reduce-scatter here: slower than its ring formula at all-reduce's alpha and beta
+    sweep(tmp_path, others={"reduce_scatter": (3 * A, B / 4), "broadcast": (A / 2, 2 * B)})
+    ops = {"reduce_scatter": {"calls": 5, "bytes": 10**6}, "all_gather": {"calls": 4, "bytes": 8},
+           "broadcast": {"calls": 2, "bytes": 10**4}}
+    comm = dict(type="shard_comm", shard="parameters", world_size=2, parameters=250_000, ops=ops)
+    write(tmp_path, "one", "_trainup_fsdp.py", 1, 32, [9.0, 2.0, 2.0], shard="parameters")
+    write(tmp_path, "two", "_trainup_fsdp.py", 2, 64, [7.0, 1.5, 1.5], [comm], shard="parameters")
+    table, fits = ph.predictions(tmp_path, [("two", "one")])
+    assert fits["reduce_scatter"] == pytest.approx((3 * A, B / 4))
+    assert fits["broadcast"] == pytest.approx((A / 2, 2 * B)) and "all_gather" not in fits
+    # by hand, on 2 ranks: a reduce-scatter or all-gather call of n bytes is alpha + n/2 / beta, a
+    # broadcast's alpha + n / beta; the all-gather, not swept, at all_reduce's alpha and beta
+    step = (5 * (3 * A + 10**6 / 5 / 2 / (B / 4)) + 4 * (A + 2 / 2 / B)
+            + 2 * (A / 2 + 10**4 / 2 / (2 * B)))
+    r = table.iloc[0]
+    assert r.comm_s == pytest.approx(r.steps * step)
+    assert ph.fits_table(fits).set_index("op").loc["reduce_scatter", "alpha_us"] == \
+        pytest.approx(3 * A * 1e6)
+
+
 def test_a_miss_is_said_with_its_cost_per_call_and_the_better_overlap_is_computed(tmp_path):
     sweep(tmp_path)
     ops = {"all_gather": {"calls": 10, "bytes": 10**6}}
     comm = dict(type="shard_comm", shard="gradients", world_size=2, parameters=250_000, ops=ops)
     write(tmp_path, "one", "_trainup_fsdp.py", 1, 32, [1.0, 1.0], shard="gradients")
     write(tmp_path, "two", "_trainup_fsdp.py", 2, 64, [1.0, 2.0], [comm], shard="gradients")
-    table, alpha, _ = ph.predictions(tmp_path, [("two", "one")])
+    table, fits = ph.predictions(tmp_path, [("two", "one")])
     r = table.iloc[0]
     assert not ph.within(table).any()
     gap_ms = (2.0 - r.predicted_s) / r.steps * 1e3
-    [sentence] = ph.about_misses(table, alpha)
+    [sentence] = ph.about_misses(table, fits)
     assert sentence.startswith(f"two (ZeRO-2): {r.error:+.0%}; the model missed {gap_ms:.2f} ms")
     assert "each of its 10 collective calls" in sentence
     # predicted too much: the 1-process run computed longer than the whole measured epoch
     write(tmp_path, "slow", "_trainup_fsdp.py", 1, 32, [9.0, 9.0], shard="gradients")
-    table, alpha, _ = ph.predictions(tmp_path, [("two", "slow")])
-    assert "that run computed slower than a rank of this one" in ph.about_misses(table, alpha)[0]
+    table, fits = ph.predictions(tmp_path, [("two", "slow")])
+    assert "that run computed slower than a rank of this one" in ph.about_misses(table, fits)[0]
     assert "better without overlap" in ph.about_overlap(table)  # no all-reduce: the same
 
 

@@ -134,6 +134,36 @@ def bandwidth_table(name, log_dir=LOG_DIR):
     return t.assign(time_ms=t["time_s"] * 1e3)
 
 
+# nccl-tests' bus factors of the other ops (all_reduce's: ring_factor): the bytes one rank's link
+# carries, over the size
+BUS_FACTOR = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "broadcast": lambda n: 1.0}
+
+
+def op_table(name, op, log_dir=LOG_DIR):
+    """One collective's sweep (--show bandwidth --ops ...): all_reduce's as bandwidth_table reads
+    it, another op's from its collective_bw records, checked against nccl-tests' definitions."""
+    import pandas as pd
+    if op == "all_reduce":
+        return bandwidth_table(name, log_dir)
+    t = pd.DataFrame([r for r in records(name, "collective_bw", log_dir) if r["op"] == op])
+    assert len(t), f"{name}: no {op} in its sweep (--show bandwidth --ops {op})"
+    t = t[["size_bytes", "world_size", "repeats", "time_s", "algbw_gbps", "busbw_gbps",
+           "bus_factor"]]
+    for _, row in t.iterrows():
+        algbw = row["size_bytes"] / row["time_s"] / 1e9
+        bus = BUS_FACTOR[op](row["world_size"])
+        assert abs(row["algbw_gbps"] - algbw) < 1e-9 * max(1, algbw) and row["bus_factor"] == bus
+        assert abs(row["busbw_gbps"] - algbw * bus) < 1e-9 * max(1, algbw)
+    return t.assign(time_ms=t["time_s"] * 1e3)
+
+
+def swept_ops(name, log_dir=LOG_DIR):
+    """The collectives a sweep timed: all_reduce, and those of its collective_bw records."""
+    others = {r["op"] for r in records(name, "collective_bw", log_dir)}
+    return ["all_reduce"] + sorted(others)
+
+
 def bandwidth_plot(t, name):
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))

@@ -64,8 +64,11 @@ def collectives(ops, p, alpha, beta):
     """Seconds of the collectives of one step, one after another: ops as lesson 09's shard_comm
     record counts them, {op: {"calls": k, "bytes": b}} (b: every call's buffer, summed). Each call
     pays its latency; the formulas are linear in the bytes, so k calls cost k times one call of
-    b/k bytes."""
-    return sum(c["calls"] * COLLECTIVES[op](c["bytes"] / c["calls"], p, alpha, beta)
+    b/k bytes. alpha and beta: one link's, or {op: value} where each op was measured apart (a
+    library may run one op slower than its formula says, gloo's reduce-scatter for one)."""
+    def of(value, op):
+        return value.get(op, value["all_reduce"]) if isinstance(value, dict) else value
+    return sum(c["calls"] * COLLECTIVES[op](c["bytes"] / c["calls"], p, of(alpha, op), of(beta, op))
                for op, c in ops.items() if c.get("calls"))
 
 

@@ -200,21 +200,25 @@ def reliability(gpus_list, checkpoint_s, restart_s, rate=None):
 
 # This machine: alpha and beta from lesson 04's all-reduce sweep
 
-def fit_alpha_beta(sweep):
-    """alpha and beta of this machine's all-reduce from lesson 04's sweep (allreduce_bw records):
-    a ring's time is 2(N-1) alpha + 2(N-1)/N S/beta, a straight line in S, fitted to every size
-    by least squares on the relative error (a 1 KB and a 4 MB message weigh alike). Returns alpha,
-    beta and the sweep with each size's predicted time and error."""
+def fit_alpha_beta(sweep, op="all_reduce"):
+    """alpha and beta of one collective on this machine from lesson 04's sweep (allreduce_bw
+    records, or collective_bw's for the other ops): the op's formula (perfmodel.COLLECTIVES) is
+    A(N) alpha + B(N) S / beta, a straight line in S, fitted to every size by least squares on
+    the relative error (a 1 KB and a 4 MB message weigh alike). For the ring all-reduce A = 2(N-1)
+    and B = 2(N-1)/N. Returns alpha, beta and the sweep with each size's predicted time and
+    error."""
     import numpy as np
 
+    formula = pm.COLLECTIVES[op]
     n = int(sweep["world_size"].iloc[0])
+    per_alpha, per_byte = formula(0, n, 1.0, 1.0), formula(1, n, 0.0, 1.0)
     size, time = sweep["size_bytes"].to_numpy(float), sweep["time_s"].to_numpy(float)
     # (a + b S) / t = 1 for every size: rows divided by t weigh each size by its relative error
     rows = np.stack([1 / time, size / time], 1)
     (a, b), *_ = np.linalg.lstsq(rows, np.ones_like(time), rcond=None)
-    alpha, beta = a / (2 * (n - 1)), pm.RING["all_reduce"](n) / b
+    alpha, beta = a / per_alpha, per_byte / b
     table = sweep.sort_values("size_bytes").assign(
-        predicted_s=lambda t: [pm.ring_all_reduce(s, n, alpha, beta) for s in t["size_bytes"]]
+        predicted_s=lambda t: [formula(s, n, alpha, beta) for s in t["size_bytes"]]
     )
     table["error"] = table["predicted_s"] / table["time_s"] - 1
     return alpha, beta, table

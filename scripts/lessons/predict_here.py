@@ -8,14 +8,16 @@ sweep (a reference set that lessons/reference.py made), and the prediction check
   own hooks and copies), scaled to the rank's share of the samples;
 - collectives: what a step runs (lesson 09's shard_comm record; for lesson 04's DDP script, its
   gradients in DDP's buckets), each costed by the alpha-beta model (lessons/perfmodel.py) with
-  the alpha and beta fitted to the sweep: the only fitted numbers, from runs not predicted;
+  the alpha and beta fitted to that op's sweep (all_reduce, broadcast, all_gather and
+  reduce_scatter timed apart: gloo runs some slower than their ring formula says): the only
+  fitted numbers, from runs not predicted;
 - no overlap: see predict_run.
 """
 import math
 from pathlib import Path
 
 from . import perfmodel as pm
-from .collectives import bandwidth_table
+from .collectives import op_table, swept_ops
 from .log_reader import read_run
 from .predict import fit_alpha_beta
 from .zero_stages import LABELS
@@ -114,23 +116,35 @@ def predict_run(folder, name, one, alpha, beta):
 
 def predictions(folder, pairs=PREDICTED, sweep=SWEEP):
     """Every predicted run of a reference folder: measured and predicted epoch (seconds), the
-    compute and communication parts, the error; and alpha, beta fitted to the folder's sweep."""
+    compute and communication parts, the error; and {op: (alpha, beta)} fitted to each op of the
+    folder's sweep (an op it did not time is priced as all_reduce: perfmodel.collectives)."""
     import pandas as pd
-    alpha, beta, _ = fit_alpha_beta(bandwidth_table(sweep, folder))
+    fits = {op: fit_alpha_beta(op_table(sweep, op, folder), op)[:2]
+            for op in swept_ops(sweep, folder)}
+    alpha = {op: a for op, (a, _) in fits.items()}
+    beta = {op: b for op, (_, b) in fits.items()}
     rows = [predict_run(folder, name, one, alpha, beta) for name, one in pairs
             if (Path(folder) / f"{name}.jsonl").exists()]
-    return pd.DataFrame(rows), alpha, beta
+    return pd.DataFrame(rows), fits
+
+
+def fits_table(fits):
+    """Each op's alpha (us) and beta (GB/s), as the sweep gave them."""
+    import pandas as pd
+    return pd.DataFrame([dict(op=op, alpha_us=a * 1e6, beta_gbps=b / 1e9)
+                         for op, (a, b) in fits.items()])
 
 
 def within(table, goal=GOAL):
     return table["error"].abs() <= goal
 
 
-def about_misses(table, alpha, goal=GOAL):
+def about_misses(table, fits, goal=GOAL):
     """One sentence per run outside the goal, worked out from it: how much of each step the model
-    missed, and that per collective call against alpha (a cost per call that the sweep, one
-    all-reduce at a time, does not show); or, where it predicted too much, whether its compute
+    missed, and that per collective call against all_reduce's alpha (a cost per call that the
+    sweep, one call at a time, does not show); or, where it predicted too much, whether its compute
     alone (the 1-process run) already took longer than the measured step."""
+    alpha = fits["all_reduce"][0]
     out = []
     for r in table[~within(table, goal)].itertuples():
         gap = (r.measured_s - r.predicted_s) / r.steps
@@ -138,7 +152,7 @@ def about_misses(table, alpha, goal=GOAL):
         if gap > 0 and r.calls_per_step:
             out.append(f"{head}; the model missed {gap * 1e3:.2f} ms a step, "
                        f"{gap / r.calls_per_step * 1e6:,.0f} us for each of its "
-                       f"{r.calls_per_step} collective calls, against alpha "
+                       f"{r.calls_per_step} collective calls, against all_reduce's alpha "
                        f"{alpha * 1e6:,.0f} us.")
         elif gap > 0:
             out.append(f"{head}; the model missed {gap * 1e3:.2f} ms a step, no collective in it.")

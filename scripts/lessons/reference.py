@@ -36,10 +36,12 @@ CPU = ["--device", "cpu", "--threads", 1, "--epochs", EPOCHS]  # one thread a pr
 STAGES = ("none", "optimizer", "gradients", "parameters")  # DDP, ZeRO-1, ZeRO-2, ZeRO-3
 BLOCKS = ["--blocks", 4, "--width", 256, "--shard", ",".join(STAGES)]  # lesson 09's stack, wider
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M"  # lesson 04's sweep, past the largest gradient here
+OPS = "all_reduce,broadcast,all_gather,reduce_scatter"  # every op the ZeRO stages run, timed apart
 # (name, script, processes, flags); a sharding job with several --shard modes names each run
 # <name>_<mode>.
 RUNS = (
-    ("ref_bandwidth", "_trainup_collectives.py", 2, ["--show", "bandwidth", "--sizes", SIZES]),
+    ("ref_bandwidth", "_trainup_collectives.py", 2, ["--show", "bandwidth", "--ops", OPS,
+                                                     "--sizes", SIZES]),
     ("ref_ddp_n1", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH]),
     ("ref_ddp_n1_b32", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH // 2]),
     ("ref_ddp_n2", "_trainup_ddp.py", 2, [*CPU, "--batch-size", BATCH]),

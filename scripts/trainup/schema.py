@@ -24,6 +24,8 @@ SCHEMA = {
     "accumulate": ("epoch", "accumulate", "micro_batch", "micro_batches", "allreduce_calls"),
     "collective": ("op", "how", "world_size", "before", "after"),
     "allreduce_bw": ("size_bytes", "world_size", "repeats", "time_s", "algbw_gbps", "busbw_gbps", "ring_factor"),
+    "collective_bw": ("op", "size_bytes", "world_size", "repeats", "time_s", "algbw_gbps", "busbw_gbps",
+                      "bus_factor"),
     "ddp_broadcast": ("world_size", "params_before", "params_after", "buffers_before", "buffers_after"),
     "ddp_buckets": ("bucket_cap_mb", "buckets", "bucket_mb", "allreduce_calls", "before_backward_end",
                     "parameters", "step_s"),
