@@ -2,6 +2,7 @@
 import argparse
 import errno
 import functools
+import gc
 import math
 import os
 import re
@@ -181,7 +182,21 @@ def named(p, args):
         why = "is not a folder" if not probe.is_dir() else "cannot be written"
         p.error(f"--log-dir {args.log_dir} cannot be created or written ({probe} {why}); point it at a folder "
                 f"you can write")
+    freeze_imports()
     return args
+
+
+def freeze_imports():
+    """Once the flags are good, before any work: what the process imported lives as long as it does,
+    so it leaves the garbage collector's sight (gc.freeze). Else every full collection of the run
+    walks torch's few hundred thousand objects again; torch._dynamo (a few hundred thousand more,
+    which the first optimizer imports: torch wraps add_param_group with it) is imported first to be
+    frozen too. The run's own objects (its model: distributed.release) are collected as before.
+    Measured 2026-11-25 on 2 cores, 3 runs each: a quick run of lesson 04's script took 5.6
+    CPU-seconds, 4.7 with its imports frozen."""
+    if not gc.get_freeze_count():  # once a process (main() called in-process: tests, notebooks)
+        import torch._dynamo  # noqa: F401
+        gc.freeze()
 
 
 PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
