@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import SCRIPTS, Ranks, assert_clean_error, finish_job, in_process, start_job, start_wanted
-from lessons import checks, launch, report, schedules as lesson
+from lessons import checks, launch, report, schedules as lesson, zero_bubble
 from trainup import pipeline
 
 SCRIPT = str(SCRIPTS / "_trainup_pipeline.py")
@@ -237,3 +237,31 @@ def test_the_manual_halves_refuse_flags_they_would_ignore(flags, words, log_dir,
     done = in_process(_trainup_pipeline_manual.main, ["--quick", *flags, "--log-dir", log_dir], capsys)
     assert done.returncode == 2
     assert_clean_error(done, *words)
+
+
+def test_zero_bubble_splits_backward_and_defers_w_and_looped_bfs_goes_breadth_first(runs):
+    split = {s: zero_bubble.backward_split(name(s), log_dir=runs)
+             for s in ("1f1b", "interleaved_zb", "zbv", "dualpipev")}
+    assert (split["1f1b"].split_I_W == 0).all() and (split["dualpipev"].split_I_W > 0).any()
+    for s in ("interleaved_zb", "zbv"):  # every backward split, some W moved into a later gap
+        assert (split[s].whole_B == 0).all() and split[s].W_deferred.sum() > 0, split[s]
+    assert zero_bubble.breadth_first(name("looped_bfs"), log_dir=runs)
+    assert not zero_bubble.breadth_first(name("interleaved1f1b"), log_dir=runs)
+    # the same two stages a rank: W deferred keeps activations longer, breadth first keeps them all
+    mem = zero_bubble.memory([name(s) for s in ("interleaved1f1b", "interleaved_zb", "looped_bfs")],
+                             log_dir=runs)
+    one, zero, bfs = mem.activation_mb
+    assert one < zero < bfs, mem
+
+
+def test_a_w_before_its_i_or_a_missing_backward_is_caught(monkeypatch):
+    monkeypatch.setattr(zero_bubble, "layout", lambda name, log_dir=None: {"schedule": "x"})
+    orders = {"fine": [("F", 0, 0), ("I", 0, 0), ("F", 0, 1), ("W", 0, 0), ("B", 0, 1)],
+              "w_first": [("F", 0, 0), ("W", 0, 0), ("I", 0, 0)],
+              "no_backward": [("F", 0, 0), ("F", 0, 1), ("B", 0, 1)]}
+    monkeypatch.setattr(zero_bubble, "order", lambda name, log_dir=None: {0: orders[name]})
+    row = zero_bubble.backward_split("fine").iloc[0]
+    assert (row.whole_B, row.split_I_W, row.W_deferred) == (1, 1, 1)
+    for broken in ("w_first", "no_backward"):
+        with pytest.raises(AssertionError, match="micro-batch 0"):
+            zero_bubble.backward_split(broken)
