@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_baseline,
-                      start_job)
+from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, run_script,
+                      start_baseline, start_job)
 from lessons import checks, launch, report, slurm
 
 SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
@@ -132,6 +132,8 @@ def main():
     (["--strategy", "nosuch"], ["no strategy 'nosuch'", "ddp_spawn", "fsdp"]),
     (["--strategy", "fsdp", "--accelerator", "cpu"], ["requires a GPU accelerator"]),
     (["--accelerator", "cpu", "--devices", "3", "--strategy", "ddp"], ["cannot be split evenly over 3 processes"]),
+    (["--early-stop", "-1"], ["--early-stop", "0 or more"]),
+    (["--keep-best", "0"], ["--keep-best", "greater than 0"]),
 ])
 def test_old_and_bad_flags_are_one_sentence_and_a_nonzero_exit(main, flags, words, capsys, log_dir):
     proc = in_process(main, [*TINY, *flags, "--run-name", "bad", *_out(log_dir)], capsys)
@@ -273,3 +275,28 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     run = report.read_run(log)
     assert run["summary"]["status"] == "finished" and [e["epoch"] for e in run["epochs"]][-1] == 3
+
+
+def test_early_stopping_top_k_checkpoints_and_the_learning_rate_in_tensorboard(tmp_path):
+    """--early-stop 1 with a min_delta no loss can fall by: the test loss "stops improving" at the
+    second epoch whatever the processor sums, so 2 of the 4 epochs run; --keep-best 2 keeps those
+    two, named by their test loss; LearningRateMonitor writes Adadelta's rate, decayed each
+    epoch."""
+    from lessons import lightning
+    logs = tmp_path / "logs"
+    run_script("_trainup_lightning.py", *TINY, "--epochs", 4, "--keep-best", 2, "--early-stop", 1,
+               "--early-stop-delta", 100, "--run-name", "cb", log_dir=logs,
+               checkpoint_dir=logs / "checkpoints")
+    run = report.read_run(logs / "cb.jsonl")
+    assert run["problems"] == [] and run["summary"]["status"] == "finished"
+    cb = lightning.callbacks("cb", logs, logs / "checkpoints")
+    assert cb["asked"] == 4 and len(cb["losses"]) == 2  # EarlyStopping: epoch 2 fell by under 100
+    assert list(cb["kept"]) == [1, 2]  # both epochs, each named by its test loss (4 decimals)
+    assert list(cb["kept"].values()) == pytest.approx(cb["losses"], abs=1e-4)
+    kept = sorted((logs / "checkpoints" / "cb-best").glob("*.ckpt"))
+    newest = max(kept, key=lambda p: int(p.stem.split("-")[0][len("epoch"):]))  # saved last
+    state = torch.load(newest, weights_only=False)["callbacks"]
+    best = next(v for k, v in state.items() if k.startswith("ModelCheckpoint") and "test_loss" in k)
+    assert float(best["best_model_score"]) == pytest.approx(min(cb["losses"]), rel=1e-6)
+    args = cb["args"]
+    assert cb["lr"] == pytest.approx([args["lr"] * args["gamma"] ** e for e in range(2)])

@@ -14,7 +14,7 @@ import math
 import re
 from pathlib import Path
 
-from trainup import LOG_DIR, ROOT
+from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
 from .report import read_run
 
@@ -157,3 +157,19 @@ def tensorboard_scalars(name, log_dir=LOG_DIR):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(Path(log_dir) / "tensorboard" / name)).Reload()
     return {t: [(s.step, s.value) for s in events.Scalars(t)] for t in events.Tags()["scalars"]}
+
+
+def callbacks(name, log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
+    """What --keep-best, --early-stop and the learning-rate monitor left of run `name`: the epochs
+    asked for, each run epoch's test loss (the course's log), the epochs whose checkpoints
+    --keep-best kept with the loss in each file's name (counted from 1 as the course counts;
+    Lightning names them from 0), and the rate TensorBoard holds for each epoch."""
+    run = read_run(Path(log_dir) / f"{name}.jsonl")
+    kept = {}
+    for path in (Path(checkpoint_dir) / f"{name}-best").glob("*.ckpt"):
+        epoch, loss = path.stem.split("-test_loss")  # epoch{e}-test_loss{x:.4f}
+        kept[int(epoch[len("epoch"):]) + 1] = float(loss)
+    rates = [v for _, v in tensorboard_scalars(name, log_dir)["lr-Adadelta"]]
+    args = run["config"]["args"]
+    return dict(asked=args["epochs"], losses=[e["test_loss"] for e in run["epochs"]],
+                kept=dict(sorted(kept.items())), lr=rates, args=args)

@@ -1,7 +1,7 @@
 """The Lightning script's flags: the Trainer's own (--accelerator, --devices, --num-nodes,
 --strategy, --precision...), Lightning 1.x's answered in one sentence (lightning_compat), and where
 devices and num_nodes come from when the flags are left out (torchrun's or SLURM's variables)."""
-from . import UserError, cli, distributed, lightning_compat
+from . import UserError, cli, distributed, lightning_callbacks, lightning_compat
 
 
 def add(p):
@@ -24,6 +24,7 @@ def add(p):
     t.add_argument("--monitor", action="store_true",
                    help="DeviceStatsMonitor (and the course's GPU statistics callback, "
                         "nvitop's readings, on GPUs)")
+    lightning_callbacks.add_flags(t)  # --keep-best, --early-stop
     old = p.add_argument_group("Lightning 1.x flags, answered with what Lightning 2 wants")
     old.add_argument("--gpus", default=None, help="removed in Lightning 2")
     old.add_argument("--num-processes", default=None, help="removed in Lightning 2")

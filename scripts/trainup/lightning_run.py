@@ -17,7 +17,8 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from . import UserError, lightning_ckpt, lightning_flags, lightning_gpustats, runlock
+from . import (UserError, lightning_callbacks, lightning_ckpt, lightning_flags, lightning_gpustats,
+               runlock)
 from .lightning_log import CourseLog
 
 # Lightning's banners ("GPU available: ...", "Initializing distributed ...", "`Trainer.fit`
@@ -55,6 +56,7 @@ class Run:
             # own): a live run's folder stays
             runlock.Lock(log_dir / f"{args.run_name}.lock", f"run {args.run_name!r}")
             shutil.rmtree(log_dir / "tensorboard" / args.run_name, ignore_errors=True)
+            shutil.rmtree(lightning_callbacks.best_dir(args), ignore_errors=True)  # --keep-best's
         accelerator = lightning_flags.accelerator(args)  # one sentence: a GPU asked for, none here
         watchers, self.skipped = lightning_gpustats.monitors(args, accelerator)
         records = [("monitor", dict(callbacks=[type(c).__name__ for c in watchers],
@@ -65,7 +67,7 @@ class Run:
                                              name=args.run_name, default_hp_metric=False)
         own_ckpt = ModelCheckpoint(dirpath=args.checkpoint_dir, enable_version_counter=False,
                                    filename=f"{args.run_name}-lightning")  # Lightning's, by rank 0
-        self.callbacks = [course_log, *watchers, own_ckpt]
+        self.callbacks = [course_log, *watchers, own_ckpt, *lightning_callbacks.callbacks(args)]
         self.ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"
 
     @contextlib.contextmanager
