@@ -140,8 +140,8 @@ def test_when_tp_pays_adds_up_the_measured_step(runs):
 
 
 def test_the_exercise_solution_matches_the_measured_bytes(runs):
-    path = ROOT / "notebooks" / "solutions" / "09_sharding.py"  # lesson 09's solutions hold the TP exercise's
-    spec = importlib.util.spec_from_file_location("solution_09_tp", path)
+    path = ROOT / "notebooks" / "solutions" / "09c_tensor_parallel.py"  # lesson 09c's exercises
+    spec = importlib.util.spec_from_file_location("solution_09c_tp", path)
     s = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s)
     cfg = lesson.layout("tp2", log_dir=runs)

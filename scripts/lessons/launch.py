@@ -164,7 +164,9 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),
           ("_trainup_blocks.py", "_trainup_fsdp.py", 84),
-          ("_trainup_blocks.py", "_trainup_tp.py", 63))
+          ("_trainup_blocks.py", "_trainup_tp.py", 63),
+          # the transformer (09c): attention cut by heads, sequence parallelism, loss_parallel
+          ("_trainup_tp.py", "_trainup_tp_sp.py", 54))
 
 
 def changed_lines(old, new):

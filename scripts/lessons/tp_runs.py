@@ -15,13 +15,13 @@ from .report import read_run, save
 FLOAT_BYTES = 4  # fp32 on the CPU; a --precision 64 run (a proof) sends 8 a value
 
 
-def _records(name, kind, log_dir):
+def records(name, kind, log_dir):
     return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
 def layout(name, log_dir=LOG_DIR):
     """The run's 'tp' record: tp, dp, the plan, where each rank sits, the bytes each holds."""
-    return _records(name, "tp", log_dir)[-1]
+    return records(name, "tp", log_dir)[-1]
 
 
 def label(cfg):
@@ -80,7 +80,7 @@ def memory_plot(t, name):
 def comm_table(name, log_dir=LOG_DIR, rank=0):
     """One step's collectives on one rank: phase, op, mesh dimension, calls, bytes (summed over the calls)."""
     import pandas as pd
-    rec = _records(name, "tp_comm", log_dir)[-1]
+    rec = records(name, "tp_comm", log_dir)[-1]
     rows = rec["collectives"][rank]
     return pd.DataFrame(rows, columns=["phase", "op", "dimension", "calls", "bytes"])
 
@@ -96,7 +96,7 @@ def theory(cfg, per_replica_batch, value_bytes=FLOAT_BYTES):
 def tp_allreduces(name, log_dir=LOG_DIR):
     """Measured against theory, per phase: [(phase, calls, bytes per call, theory calls, theory bytes)]."""
     cfg = layout(name, log_dir)
-    rec = _records(name, "tp_comm", log_dir)[-1]
+    rec = records(name, "tp_comm", log_dir)[-1]
     args = (read_run(Path(log_dir) / f"{name}.jsonl")["config"] or {}).get("args", {})
     want = theory(cfg, rec["per_replica_batch"], 8 if args.get("precision") == "64" else FLOAT_BYTES)
     t = comm_table(name, log_dir)
@@ -170,7 +170,7 @@ def when_tp_pays(one, name, log_dir=LOG_DIR):
     the tp run's step against 1/tp of one process's compute (its best case: a perfect cut), the
     difference spread over the tp all-reduces one step runs (tp_comm), each against the compute
     it lets a process skip. dict of the numbers and `sentence`."""
-    cfg, rec = layout(name, log_dir), _records(name, "tp_comm", log_dir)[-1]
+    cfg, rec = layout(name, log_dir), records(name, "tp_comm", log_dir)[-1]
     batch = rec["per_replica_batch"] * cfg["dp"]  # samples a step, the same in both runs
     rate = throughput([one, name], log_dir)
     one_s, tp_s = batch / rate[one], batch / rate[name]

@@ -3,13 +3,19 @@ collectives all use it, and it needs none of them."""
 import torch
 
 
+def whole(t):
+    """A tensor cut over processes (a DTensor: tensor parallelism's class scores, cut by class)
+    gathered whole on every rank (a collective: every rank calls it); any other as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 class Meter:
     """Sums of loss, correct predictions and samples over an epoch."""
     def __init__(self):
         self.loss, self.correct, self.samples = 0.0, 0, 0
 
     def add(self, loss, logits, labels):
-        n = labels.numel()
+        loss, logits, n = whole(loss), whole(logits), labels.numel()
         if loss.device.type == "cpu":
             self.loss += loss.item() * n
             self.correct += (logits.argmax(1) == labels).sum().item()

@@ -211,12 +211,12 @@ def placement(ctx, tp):
     return everyone
 
 
-def log_layout(log, model, mesh, ctx, args, tp, dp):
+def log_layout(log, model, mesh, ctx, args, tp, dp, plan=PLAN, **extra):
     """The "tp" record: the mesh, the plan, where every rank sits and the bytes each one holds
     (all of its parameters, and those cut over 'tp'), and the same two for the whole model."""
     held = gathered(parameter_bytes(model, mesh))  # what each rank holds
     log.write("tp", tp=tp, dp=dp, mesh=[dp, tp], blocks=args.blocks, width=args.width,
-              hidden=args.hidden, plan=PLAN, placement=placement(ctx, tp),
+              hidden=args.hidden, plan=plan, placement=placement(ctx, tp), **extra,
               param_bytes=[h["param_bytes"] for h in held],
               sharded_bytes=[h["sharded_bytes"] for h in held],
               full_param_bytes=held[0]["full_param_bytes"],
