@@ -9,8 +9,8 @@ counted.
 
 A pre-norm layer of GPT's shape: x + attention(LN(x)), then x + MLP(LN(x)) with a 4x GELU MLP
 (attention and MLP are modules of their own, with q, k and v apart: what tensor parallelism cuts,
-lesson 09c); no dropout (its masks are the only activations training adds beyond these). Activation checkpointing
-is torch.utils.checkpoint, non-reentrant, as PyTorch recommends.
+lesson 09c); no dropout (its masks are the only activations training adds beyond these).
+Activation checkpointing is torch.utils.checkpoint, non-reentrant, as PyTorch recommends.
 """
 
 import math
