@@ -94,6 +94,7 @@ def _ddp(n):
 DDP_SCRIPTS = ("_trainup_ddp.py", "_trainup_ddp_tuned.py")
 ONE_SHARDING = dict(script="_trainup_fsdp.py", shard="none", devices=1)
 ONE_TP = dict(script="_trainup_tp.py", devices=1)
+ONE_TP_SP = dict(script="_trainup_tp_sp.py", devices=1)
 
 
 def _zero(stage, shard):
@@ -138,9 +139,14 @@ STRATEGIES = [
     _zero(2, "gradients_fsdp"),
     Strategy("tensor parallel, one process", "tensor parallel", ONE_TP),
     Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py", devices=ABOVE_1, dp=(None, 1)), ONE_TP,
-             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
+             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09c)"),
     Strategy("data x tensor parallel (2-D)", "tensor parallel x DP", dict(script="_trainup_tp.py", dp=ABOVE_1), ONE_TP,
-             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09)"),
+             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09c)"),
+    Strategy("transformer, one process", "transformer TP", ONE_TP_SP),
+    *[Strategy(f"transformer tensor parallel{' + sequence parallel' * sp}", "transformer TP",
+               dict(script="_trainup_tp_sp.py", devices=ABOVE_1, sequence_parallel=sp),
+               ONE_TP_SP, (("script", "_trainup_tp_sp.py"),), "notebooks/09c_tensor_parallel.ipynb")
+      for sp in (False, True)],
 ]
 
 
@@ -171,6 +177,9 @@ def architecture(script, args):
     names nothing it trained)."""
     if script == "_trainup_tp.py":
         return f"feed-forward {args.get('blocks')}x{args.get('width')}, hidden {args.get('hidden')}"
+    if script == "_trainup_tp_sp.py":
+        return (f"transformer {args.get('blocks')}x{args.get('width')}, {args.get('heads')} heads, "
+                f"hidden {args.get('hidden')}")
     if script.startswith("_trainup_pipeline") or args.get("model") == "blocks":
         return f"blocks {args.get('blocks')}x{args.get('width')}"
     return args.get("model")
