@@ -9,18 +9,20 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process
+from conftest import (ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process,
+                      notebook_or_own)
 from lessons import checks, launch, report, tp_runs as lesson
 from trainup import models
 
 SCRIPT = str(SCRIPTS / "_trainup_tp.py")
-BLOCKS, WIDTH, HIDDEN, BATCH = 2, 16, 32, 32
-# a tiny model and data set: each job is mostly start-up; 4 steps of 32 samples
-TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", BATCH,
-        "--blocks", BLOCKS, "--width", WIDTH, "--hidden", HIDDEN, "--no-progress", *checks.PROOF]
+BLOCKS, WIDTH, HIDDEN, BATCH = 2, 16, 32, 64
+# notebook 09c's quick runs, the same flags: in a session that runs it, the tests read its runs
+TINY = ["--quick", "--blocks", BLOCKS, "--width", WIDTH, "--hidden", HIDDEN, "--no-progress",
+        *checks.PROOF]
+READS_NOTEBOOK = "notebooks/09c_tensor_parallel.ipynb"
 VALUE = 8  # bytes per value in these float64 runs
 ATOL = checks.FLOAT64_ATOL  # float64 (checks.PROOF): sums in another order move ~1e-16
-JOBS = {"tp2": (2, []), "dp2xtp2": (4, ["--tp", 2])}  # name: (processes, flags)
+JOBS = {"tp_2": (2, []), "tp_2x2": (4, ["--tp", 2])}  # name: (processes, flags)
 
 
 def ok(proc):
@@ -36,14 +38,24 @@ def job(log_dir, name, nproc, flags):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Both torchrun jobs side by side, and the baseline in this process meanwhile (no interpreter to start)."""
+def runs(tmp_path_factory, request):
+    """The notebook's runs where this session ran notebook 09c, else this module's own: both jobs
+    side by side, and the baseline in this process meanwhile (no interpreter to start)."""
+    def load():
+        logs = ROOT / "logs"
+        return all((logs / f"{n}.jsonl").exists() for n in ("tp_one", *JOBS)) and logs
+
+    return notebook_or_own(request, READS_NOTEBOOK, load, lambda: own(tmp_path_factory))
+
+
+def own(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("tp") / "logs"
     procs = {name: job(log_dir, name, nproc, flags) for name, (nproc, flags) in JOBS.items()}
     environ = dict(os.environ)
     try:
         import _trainup_tp
-        _trainup_tp.main([*map(str, TINY), "--run-name", "one", "--log-dir", str(log_dir),
+        _trainup_tp.main([*map(str, TINY), "--threads", "1", "--run-name", "tp_one",
+                          "--log-dir", str(log_dir),
                           "--checkpoint-dir", str(log_dir / "checkpoints")])
     finally:
         os.environ.clear()
@@ -55,28 +67,31 @@ def runs(tmp_path_factory):
 
 
 def params(log_dir, name):
-    return torch.load(log_dir / "checkpoints" / f"{name}.pt", weights_only=True)["model"]
+    """The whole model a run saved: beside its log here, in the course's checkpoints/ for the
+    notebook's."""
+    ckpt = ROOT / "checkpoints" if log_dir == ROOT / "logs" else log_dir / "checkpoints"
+    return torch.load(ckpt / f"{name}.pt", weights_only=True)["model"]
 
 
 @pytest.mark.parametrize("name", JOBS)
 def test_tensor_parallel_ends_with_the_parameters_of_one_process(runs, name):
-    one, cut = params(runs, "one"), params(runs, name)
+    one, cut = params(runs, "tp_one"), params(runs, name)
     assert cut.keys() == one.keys()  # the gathered slices are the whole model, under its own names
     for k in one:
         assert cut[k].shape == one[k].shape, k
         torch.testing.assert_close(cut[k], one[k], rtol=0, atol=ATOL, msg=k)
-    first = report.read_run(runs / "one.jsonl")["epochs"][0]
+    first = report.read_run(runs / "tp_one.jsonl")["epochs"][0]
     run = report.read_run(runs / f"{name}.jsonl")
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
     assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=ATOL)
-    assert run["epochs"][0]["samples"] == first["samples"] == 128  # each sample counted once, not once per tp rank
+    assert run["epochs"][0]["samples"] == first["samples"] == 512  # each sample counted once, not once per tp rank
     assert run["epochs"][0]["samples_per_s"] > 0
 
 
 def test_the_baseline_trained_far_beyond_the_tolerance(runs):
     torch.manual_seed(1)
     init = models.FeedForwardStack((1, 28, 28), 10, BLOCKS, WIDTH, HIDDEN).state_dict()
-    one = params(runs, "one")
+    one = params(runs, "tp_one")
     assert min((one[k] - init[k]).abs().max().item() for k in one if k.startswith("blocks.")) > 100 * ATOL
 
 
@@ -92,7 +107,7 @@ def test_each_rank_holds_one_tp_th_of_the_cut_layers(runs):
         for held, sharded in zip(cfg["param_bytes"], cfg["sharded_bytes"]):
             assert sharded * tp * dp == cut_layers
             assert held * dp == whole + cut_layers // tp  # FSDP shards these sizes evenly: no padding counted
-    assert lesson.layout("one", log_dir=runs)["param_bytes"] == [lesson.layout("one", log_dir=runs)["full_param_bytes"]]
+    assert lesson.layout("tp_one", log_dir=runs)["param_bytes"] == [lesson.layout("tp_one", log_dir=runs)["full_param_bytes"]]
 
 
 def test_one_step_communicates_what_megatron_lm_counts(runs):
@@ -111,30 +126,30 @@ def test_one_step_communicates_what_megatron_lm_counts(runs):
         if nproc == 4:  # the gradients reduce-scattered are every parameter a tp rank holds, once
             cfg = lesson.layout(name, log_dir=runs)
             assert got[("backward", "reduce_scatter", "dp")][1] == cfg["param_bytes"][0] * cfg["dp"]
-    one = [r for r in report.read_run(runs / "one.jsonl")["extra"] if r["type"] == "tp_comm"][-1]
+    one = [r for r in report.read_run(runs / "tp_one.jsonl")["extra"] if r["type"] == "tp_comm"][-1]
     assert one["collectives"] == [[]]
 
 
 def test_the_lessons_sentences_read_the_runs(runs):
-    t = lesson.memory_table(["one", *JOBS], log_dir=runs)
+    t = lesson.memory_table(["tp_one", *JOBS], log_dir=runs)
     assert t["same_on_every_rank"].all() and (abs(t["held_mb"] - t["expected_mb"]) < 1e-9).all()
     assert all("as the plan says" in s for s in lesson.about_memory(t)[1:])
     for name in JOBS:
         text = " ".join(lesson.about_comm(name, log_dir=runs))
         assert text.count("as Megatron-LM counts") == 2 and "NOT" not in text
         assert "communicated nothing" in text
-    assert "FSDP over dp added" in " ".join(lesson.about_comm("dp2xtp2", log_dir=runs))
+    assert "FSDP over dp added" in " ".join(lesson.about_comm("tp_2x2", log_dir=runs))
 
 
 def test_when_tp_pays_adds_up_the_measured_step(runs):
     """The sentence weighing tp's all-reduces against the compute they save: its numbers add up
     (tp's step is 1/tp of one process's plus the rest, spread over the all-reduces tp_comm counted)
     and its verdict is the throughput's."""
-    pays = lesson.when_tp_pays("one", "tp2", log_dir=runs)
+    pays = lesson.when_tp_pays("tp_one", "tp_2", log_dir=runs)
     assert pays["calls"] == 2 * BLOCKS
     assert pays["tp_step_s"] == pytest.approx(pays["one_step_s"] / 2 + pays["extra_s"])
-    rate = lesson.throughput(["one", "tp2"], log_dir=runs)
-    slower = rate["tp2"] < rate["one"]
+    rate = lesson.throughput(["tp_one", "tp_2"], log_dir=runs)
+    slower = rate["tp_2"] < rate["tp_one"]
     assert (pays["ratio"] > 1) == slower
     assert ("is slower than one process" if slower else "beats one process") in pays["sentence"]
 
@@ -144,7 +159,7 @@ def test_the_exercise_solution_matches_the_measured_bytes(runs):
     spec = importlib.util.spec_from_file_location("solution_09c_tp", path)
     s = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s)
-    cfg = lesson.layout("tp2", log_dir=runs)
+    cfg = lesson.layout("tp_2", log_dir=runs)
     stem_and_head = (28 * 28 * WIDTH + WIDTH + WIDTH * 10 + 10) * VALUE
     assert BLOCKS * s.block_bytes_per_rank(WIDTH, HIDDEN, 2, VALUE) + stem_and_head == cfg["param_bytes"][0]
     calls, message, sent = s.allreduce_bytes_per_step(BATCH, WIDTH, BLOCKS, 2)
