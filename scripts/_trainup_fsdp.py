@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainup import checkpoint, cli, data, distributed, evaluation, metrics, models, sharding
+from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, models, profiling,
+                     sharding)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
@@ -33,8 +34,8 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device):
 
 
 def optimizer_for(model, device, args):
-    model, optimizer = sharding.shard(model, args.shard, device, args.precision, dict(lr=args.lr),
-                                      args.meta_init, args.replicate)  # on its device, wrapped
+    # on its device, wrapped; FSDP2's options (--prefetch, --offload) from args
+    model, optimizer = sharding.shard(model, args.shard, device, dict(lr=args.lr), args)
     inner = getattr(optimizer, "optimizer", optimizer)  # GradientShards steps an Adam of its own
     return model, optimizer, torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=args.gamma)
 
@@ -44,6 +45,7 @@ def parse_args(argv=None):
                    models=("blocks",) + models.MODELS)  # lesson 06's block stack, or the CNN
     p.set_defaults(lr=1e-3, model="blocks")  # Adam's usual step
     sharding.add_flags(p)  # --shard, --blocks, --width, --resume-from, --mesh, --device
+    profiling.add_flag(p)  # --profile STEPS: a trace per rank, to see what overlaps
     cli.add_group(p, set_epoch=False)
     return sharding.check_flags(p, cli.parse(p, argv))
 
@@ -78,10 +80,11 @@ def one_run(args, resume_from, ctx, device, train_set, test_set):
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
     test_loader = DataLoader(test_set, batch_sampler=sharding.test_batches(len(test_set), ctx))
     sharding.measure_step(log, model, optimizer, len(train_loader), args)  # bytes, collectives
+    profiler = profiling.start(args, ctx.rank, device)
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, train_loader, optimizer, epoch,
+        train = train_epoch(model, profiler.steps(train_loader), optimizer, epoch,
                             args.show_progress and ctx.is_main, device)
         scheduler.step()
         wall = time.perf_counter() - tick
@@ -93,6 +96,7 @@ def one_run(args, resume_from, ctx, device, train_set, test_set):
         whole = sharding.full_state(model)  # gathered from the shards, on rank 0
         if ctx.is_main:  # one writer
             sharding.save_full(checkpoint.path_for(args), whole, epoch, args)
+    profiler.stop()
     log.summary(checkpoint=checkpoint.path_for(args))
 
 

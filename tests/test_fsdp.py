@@ -59,9 +59,10 @@ def runs(tmp_path_factory):
     one_1: the one-process baseline after 1 epoch."""
     log_dir = tmp_path_factory.mktemp("fsdp") / "logs"
     two = torchrun(log_dir, "two", 2, "--shard", ",".join(MODES), "--epochs", 1)
-    # HSDP, 2 replicas x 2 shards, every rank but 0 building the model on the meta device
+    # HSDP, 2 replicas x 2 shards, every rank but 0 building the model on the meta device; with
+    # FSDP2's other options on: each block prefetching the next's gather, shards offloaded
     hybrid = torchrun(log_dir, "hybrid", 4, "--shard", "parameters", "--replicate", 2, "--meta-init",
-                      "--epochs", 1)
+                      "--prefetch", 1, "--offload", "--epochs", 1)
     one_process(log_dir, "one_1", "--shard", "none", "--epochs", 1)  # while the jobs run
     ok(finish_job(two))
     ok(finish_job(hybrid))
@@ -115,8 +116,11 @@ def test_hybrid_sharding_built_on_the_meta_device_ends_like_one_process(runs):
     """--replicate 2 --meta-init on 4 ranks: only rank 0 built the model in memory; each rank holds
     half the parameters (sharded over its replica's 2 ranks, not over 4); each step all-gathers and
     reduce-scatters inside a replica as the 2-rank job does, then all-reduces the gradient shards
-    between replicas; and the run ends with one process's parameters."""
+    between replicas; and the run ends with one process's parameters, its blocks prefetching
+    and its shards offloaded (CPUOffloadPolicy) as well."""
     assert_same(params(runs, "hybrid"), params(runs, "one_1"))
+    record = lesson._records("hybrid", "sharding", runs)[0]
+    assert (record["prefetch"], record["offload"]) == (1, True)
     whole = sum(v.numel() * VALUE for v in params(runs, "one_1").values())
     assert lesson.built("hybrid", runs) == [whole, 0, 0, 0]
     assert lesson.built("two_parameters", runs) == [whole, whole]
@@ -223,6 +227,8 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypat
              (["--shard", "gradients", "--resume"], ["--resume", "--shard none, optimizer, parameters only"]),
              (["--shard", "none,parameters", "--meta-init"], ["--meta-init", "--shard parameters or "]),
              (["--shard", "optimizer", "--replicate", "2"], ["--replicate", "--shard parameters or "]),
+             (["--shard", "none", "--prefetch", "1"], ["--prefetch is an option of FSDP2"]),
+             (["--shard", "gradients", "--offload"], ["--offload is an option of FSDP2"]),
              (["--shard", "parameters", "--replicate", "2"], ["--replicate 2", "1 process(es)"])]
     if not torch.cuda.is_available():
         cases.append((["--precision", "bf16"], ["--precision bf16", "on the CPU every state stays fp32"]))
@@ -247,4 +253,3 @@ def test_09_solutions_agree_with_the_lesson():
     assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(8 * 24e9 / 16)
     assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)
     assert s.ring_bytes("optimizer", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)  # + broadcasts
-    assert s.largest_tp_that_fits(4096, 16384, 48, 16e9) == 8  # the tensor-parallel exercise, spliced in

@@ -168,6 +168,7 @@ def test_the_exercise_solution_matches_the_measured_bytes(runs):
     one_block = s.block_bytes_per_rank(8, 32, 1)
     assert s.largest_tp_that_fits(8, 32, 1, 4 * one_block) == 1
     assert s.largest_tp_that_fits(8, 32, 1, 4 * one_block - 1) == 2 and s.largest_tp_that_fits(8, 32, 1, 1) is None
+    assert s.largest_tp_that_fits(4096, 16384, 48, 16e9) == 8  # the exercise's question
 
 
 @pytest.mark.parametrize("world, flags, words", [

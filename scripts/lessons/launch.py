@@ -163,7 +163,8 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),
-          ("_trainup_blocks.py", "_trainup_fsdp.py", 84),
+          # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows
+          ("_trainup_blocks.py", "_trainup_fsdp.py", 90),
           ("_trainup_blocks.py", "_trainup_tp.py", 63),
           # the transformer (09c): attention cut by heads, sequence parallelism, loss_parallel
           ("_trainup_tp.py", "_trainup_tp_sp.py", 54))

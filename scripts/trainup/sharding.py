@@ -73,6 +73,12 @@ def add_flags(p):
     p.add_argument("--replicate", type=cli.positive(int), default=1, metavar="R",
                    help="hybrid sharding (HSDP): R replicas, each sharded over world size / R ranks "
                         "(a 2-D mesh; --shard parameters or gradients_fsdp)")
+    p.add_argument("--prefetch", type=cli.positive(int), default=None, metavar="N",
+                   help="FSDP2's explicit prefetch: each block starts gathering the next N "
+                        "(--shard parameters or gradients_fsdp)")
+    p.add_argument("--offload", action="store_true",
+                   help="FSDP2's CPUOffloadPolicy: shards, gradients and Adam's state in host "
+                        "memory (--shard parameters or gradients_fsdp)")
     p.add_argument("--meta-init", action="store_true",
                    help="every rank but 0 builds the model on the meta device (no memory); rank "
                         "0's values are cut into each rank's shards (--shard parameters or "
@@ -98,6 +104,10 @@ def check_flags(p, args):
     if args.replicate > 1 and not set(args.shard) <= set(FULLY_SHARDED):
         p.error(f"--replicate builds fully_shard's 2-D mesh: use it with --shard "
                 f"{' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
+    for flag, value in (("--prefetch", args.prefetch), ("--offload", args.offload)):
+        if value and not set(args.shard) <= set(FULLY_SHARDED):
+            p.error(f"{flag} is an option of FSDP2's fully_shard: use it with --shard "
+                    f"{' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
     if args.meta_init and not set(args.shard) <= set(FULLY_SHARDED):
         p.error(f"--meta-init hands each rank its shards of fully_shard's parameters: use it with "
                 f"--shard {' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
@@ -167,7 +177,8 @@ def log_run(log, model, ctx, args, start_epoch):
     log.write("sharding", shard=args.shard, zero_stage=ZERO_STAGE[args.shard], mesh=ctx.world_size,
               precision=args.precision, parameters=parameter_count(model), blocks=args.blocks,
               width=args.width, start_epoch=start_epoch, meta_init=args.meta_init,
-              built_bytes=built, replicate=args.replicate)
+              built_bytes=built, replicate=args.replicate, prefetch=args.prefetch,
+              offload=args.offload)
 
 
 def parameter_count(model):
@@ -289,10 +300,11 @@ class GradientShards:
         return self.optimizer.state
 
 
-def shard(model, mode, device, precision="32", optimizer_args=None, meta_init=False, replicate=1):
-    """(model, optimizer) for a ZeRO stage: model wrapped as the stage needs, Adam over what this rank updates.
-    meta_init: the model was built on the meta device on every rank but 0 (building); replicate:
-    HSDP's replicas (mesh)."""
+def shard(model, mode, device, optimizer_args, args):
+    """(model, optimizer) for a ZeRO stage: model wrapped as the stage needs, Adam over what this
+    rank updates. From args: precision; meta_init (the model was built on the meta device on every
+    rank but 0: building); replicate (HSDP's replicas: mesh); prefetch and offload (FSDP2's)."""
+    precision, meta_init, replicate = args.precision, args.meta_init, args.replicate
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
     check_model(mode, model)
@@ -320,13 +332,39 @@ def shard(model, mode, device, precision="32", optimizer_args=None, meta_init=Fa
     # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again for
     # backward; gradients_fsdp keeps them to the end of backward: one all-gather a step, ZeRO-2's
     again = mode == "parameters"
+    offload = offload_policy(args.offload, device)
     for block in model.blocks:  # one all-gather per block, just before it runs
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again,
+                    offload_policy=offload)
     # the rest (stem, head) as one group; FSDP2's default keeps the root gathered for backward
-    fully_shard(model, mesh=mesh, mp_policy=policy)
-    if meta_init:
-        materialize(model, full, device)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    prefetch(list(model.blocks), args.prefetch, device)
+    if meta_init:  # offloaded shards live in host memory
+        materialize(model, full, torch.device("cpu") if args.offload else device)
     return model, torch.optim.Adam(model.parameters(), **optimizer_args)
+
+
+def offload_policy(offload, device):
+    """--offload: CPUOffloadPolicy, each rank's shards, their gradients and Adam's state in host
+    memory; a unit is copied to the device to be gathered and its gradient shard copied back, and
+    Adam steps on the CPU. Pinned host memory only where a GPU copies from it."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+
+
+def prefetch(blocks, n, device):
+    """--prefetch N: each block's forward starts the all-gathers of the next N blocks, and its
+    backward those of the N before it, so they travel while it computes. Without it FSDP2 gathers
+    a unit when it is reached; on a GPU its own CUDA streams let that gather run ahead of the
+    compute queued before it. A CPU has no streams: there the gathers are started as async ops
+    (gloo's threads move the bytes) and waited for where the unit is used."""
+    if not n:
+        return
+    for i, block in enumerate(blocks):
+        block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + n])
+        block.set_modules_to_backward_prefetch(blocks[max(i - n, 0):i][::-1])
+        if device.type == "cpu":  # private in torch 2.13 (FSDPModule._set_unshard_async_op)
+            block._set_unshard_async_op(True)
 
 
 def device_mesh(device, replicate=1):
