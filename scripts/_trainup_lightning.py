@@ -64,7 +64,8 @@ class Digits(pl.LightningDataModule):
         self.train_set, self.test_set, self.batch_size = train_set, test_set, batch_size
 
     def train_dataloader(self):
-        per_process = self.batch_size // self.trainer.world_size  # --batch-size is the global batch, as in lesson 04
+        # --batch-size is the global batch of a step, as in lesson 04, cut into the accumulated ones
+        per_process = self.batch_size // self.trainer.world_size // self.trainer.accumulate_grad_batches
         return DataLoader(self.train_set, batch_size=per_process, shuffle=True)
 
     def val_dataloader(self):
@@ -100,6 +101,8 @@ def main(argv=None):
             accelerator=args.accelerator, devices=run.devices, num_nodes=run.nodes,
             strategy=args.strategy, precision=lightning_compat.precision(args.precision),
             max_epochs=args.epochs, logger=run.tensorboard, callbacks=run.callbacks,
+            accumulate_grad_batches=args.accumulate_grad_batches,
+            gradient_clip_val=args.gradient_clip_val,
             enable_progress_bar=not args.no_progress, log_every_n_steps=1,
             enable_model_summary=False, num_sanity_val_steps=0, deterministic=False)
     with run.fitting(trainer) as ckpt:  # --resume: Lightning's checkpoint; a SIGTERM saves one

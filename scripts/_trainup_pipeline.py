@@ -11,7 +11,7 @@ Compared with _trainup_blocks.py: each process keeps only its stage's blocks of 
 (trainup/pipeline.py), instead of a DDP replica; a PipelineStage per stage and a schedule
 (--schedule; pipeline.Pipe holds them) run forward and backward micro-batch by micro-batch, sending
 activations forward and gradients back; the first stage feeds the inputs, the last computes the
-loss; with --data-parallel the same stage of each pipeline averages its gradients; every stage
+loss; with --data-parallel each stage is in DDP over the same stage of every pipeline; every stage
 notes when each micro-batch's forward and backward ran, and its activation bytes.
 """
 import time
@@ -42,8 +42,7 @@ def train_step(model, pipe, layout, optimizer, x, y):
         loss = F.cross_entropy(logits, y)
         loss.backward()
     else:  # forward and backward micro-batch by micro-batch, stage by stage
-        logits, loss = pipe.run(x, y)
-        pipeline.average_gradients(pipe.params(), layout)  # --data-parallel: as DDP would
+        logits, loss = pipe.run(x, y)  # --data-parallel: each stage's DDP averages its gradients
     optimizer.step()
     optimizer.zero_grad()
     return logits, loss

@@ -1,6 +1,5 @@
 """_trainup_lightning.py run for real: Lightning DDP with 2 CPU processes (Lightning's own launcher, and torchrun),
 against the course's one-process baseline; TensorBoard's files, the checkpoints, the 1.x flags, and SLURM."""
-import os
 import sys
 
 import pytest
@@ -31,13 +30,16 @@ def ok(proc):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Three jobs at once: the baseline (_trainup_gpu.py, one process, whole batch); Lightning DDP on 2 processes
-    that Lightning starts itself, with --monitor; and Lightning under torchrun without sync_dist."""
+    that Lightning starts itself, with --monitor; and Lightning under torchrun without sync_dist, each
+    step's batch in 2 accumulated halves (accumulate_grad_batches)."""
     log_dir = tmp_path_factory.mktemp("lightning") / "logs"
     one = start_baseline(tmp_path_factory, log_dir)  # made once a session (conftest.BASELINE)
     ddp = start_job([sys.executable, SCRIPT, *TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
                      "--monitor", "--run-name", "pl_ddp", *_out(log_dir)], launch.environment())
+    # each step's batch in 2 accumulated halves: DDP's all-reduce on the second only, the same model
     tr = start_job(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [SCRIPT, *TINY, "--no-sync-dist",
-                   "--run-name", "pl_torchrun", *_out(log_dir)], launch.environment())
+                   "--accumulate-grad-batches", "2", "--run-name", "pl_torchrun", *_out(log_dir)],
+                   launch.environment())
     procs = {name: ok(finish_job(p)) for name, p in (("one", one), ("pl_ddp", ddp), ("pl_torchrun", tr))}
     return log_dir, procs
 
@@ -134,6 +136,8 @@ def main():
     (["--accelerator", "cpu", "--devices", "3", "--strategy", "ddp"], ["cannot be split evenly over 3 processes"]),
     (["--early-stop", "-1"], ["--early-stop", "0 or more"]),
     (["--keep-best", "0"], ["--keep-best", "greater than 0"]),
+    (["--accumulate-grad-batches", "3"], ["--accumulate-grad-batches 3 must divide --batch-size 64"]),
+    (["--gradient-clip-val", "0"], ["--gradient-clip-val 0.0", "positive"]),
 ])
 def test_old_and_bad_flags_are_one_sentence_and_a_nonzero_exit(main, flags, words, capsys, log_dir):
     proc = in_process(main, [*TINY, *flags, "--run-name", "bad", *_out(log_dir)], capsys)

@@ -67,11 +67,8 @@ def runs(tmp_path_factory, request):
         return {n: own for n in ("tpa_one", *NOTEBOOK_RUNS)}
 
     found = notebook_or_own(request, READS_NOTEBOOK, load, make_all)
-    if found[next(iter(NOTEBOOK_RUNS))] == own:  # made here: the 2-D mesh after them
-        make(own, OWN_ONLY, baseline=False)
-    else:  # the notebook's runs read: the 2-D mesh and a baseline of this module's own
-        make(own, OWN_ONLY, baseline=True)
-    return {**found, **{n: own for n in OWN_ONLY}, "own_one": own}
+    make(own, OWN_ONLY, baseline=False)  # the 2-D mesh, against the baseline found or made
+    return {**found, **{n: own for n in OWN_ONLY}}
 
 
 def params(folder, name):
@@ -83,7 +80,7 @@ def params(folder, name):
 
 @pytest.mark.parametrize("name", [*NOTEBOOK_RUNS, *OWN_ONLY])
 def test_every_layout_ends_with_the_parameters_of_one_process(runs, name):
-    baseline = runs["own_one"] if name in OWN_ONLY else runs["tpa_one"]
+    baseline = runs["tpa_one"]  # the same flags for every layout
     one, cut = params(baseline, "tpa_one"), params(runs[name], name)
     assert cut.keys() == one.keys()  # gathered from the slices, under the model's own names
     for k in one:

@@ -246,8 +246,10 @@ def about_bn_stats(name, log_dir=LOG_DIR):
     assert max(r["allreduced_mean_vs_full"]) < 1e-5 < min(r["local_mean_vs_full"]), r
     return (f"After one forward under DDP the ranks' BatchNorm running means differ by up to "
             f"{r['running_mean_rank_diff']:.1e}: each normalised with its own half-batch (its batch mean is off the "
-            f"global batch's by up to {max(r['local_mean_vs_full']):.1e}). Summed over the ranks with all_reduce, as "
-            f"SyncBatchNorm does, the mean equals the global batch's to {max(r['allreduced_mean_vs_full']):.0e}.")
+            f"global batch's by up to {max(r['local_mean_vs_full']):.1e}). Combined over the ranks (here the "
+            f"per-rank means averaged with one all_reduce; SyncBatchNorm all-gathers each rank's mean, inverse "
+            f"deviation and count and weighs them, and all-reduces again in backward), the mean equals the "
+            f"global batch's to {max(r['allreduced_mean_vs_full']):.0e}.")
 
 
 # Accumulation, learning rates, SyncBatchNorm

@@ -24,6 +24,11 @@ def add(p):
     t.add_argument("--monitor", action="store_true",
                    help="DeviceStatsMonitor (and the course's GPU statistics callback, "
                         "nvitop's readings, on GPUs)")
+    t.add_argument("--accumulate-grad-batches", type=cli.positive(int), default=1, metavar="K",
+                   help="one optimizer step every K batches, --batch-size split into them "
+                        "(lesson 04's --accumulate: the K-1 others skip DDP's all-reduce)")
+    t.add_argument("--gradient-clip-val", type=float, default=None, metavar="NORM",
+                   help="clip the gradients' total norm to NORM before each step")
     lightning_callbacks.add_flags(t)  # --keep-best, --early-stop
     old = p.add_argument_group("Lightning 1.x flags, answered with what Lightning 2 wants")
     old.add_argument("--gpus", default=None, help="removed in Lightning 2")
@@ -38,6 +43,12 @@ def check(args):
     if args.max_epochs is not None:
         args.epochs = args.max_epochs
     lightning_compat.check_removed(args)
+    if args.batch_size % args.accumulate_grad_batches:
+        raise UserError(f"--accumulate-grad-batches {args.accumulate_grad_batches} must divide "
+                        f"--batch-size {args.batch_size}: a step's batch is split into that many")
+    if args.gradient_clip_val is not None and args.gradient_clip_val <= 0:
+        raise UserError(f"--gradient-clip-val {args.gradient_clip_val}: a norm to clip to is "
+                        f"positive")
     lightning_compat.check_strategy(args.strategy, StrategyRegistry.available_strategies())
     return args
 

@@ -209,14 +209,17 @@ class Layout:
                     self.dp_group = g
 
 
-def average_gradients(params, layout):
-    """Pipeline x data parallel: the same stage of every pipeline averages its gradients (as DDP would)."""
+def replicated(part, layout, device):
+    """Pipeline x data parallel as production runs it (torchtitan wraps stages in FSDP): each stage
+    in DDP over the same stage of every pipeline. The schedule runs every micro-batch's backward
+    but the last under DDP's no_sync; the last one's backward all-reduces the stage's gradient
+    buckets as they fill, while the earlier layers still compute. One process per pipeline: the
+    part itself."""
     if layout.data_parallel == 1:
-        return
-    for p in params:
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=layout.dp_group)
-            p.grad /= layout.data_parallel
+        return part
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(part, process_group=layout.dp_group,
+               device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def gather_model(parts, full_model):
@@ -295,8 +298,8 @@ class Pipe:
         parts = cut(model, self.n_stages)
         ids = stage_ids(args.schedule, layout.position, args.stages)
         self.parts = [parts[i].to(device) for i in ids]
-        self.stages = [TimedStage(parts[i], i, self.n_stages, device, group=layout.pipe_group)
-                       for i in ids]
+        self.stages = [TimedStage(replicated(parts[i], layout, device), i, self.n_stages, device,
+                                  group=layout.pipe_group) for i in ids]
         self.first, self.last = 0 in ids, self.n_stages - 1 in ids
         try:
             # the loss averaged, and gradients / m: the batch mean
