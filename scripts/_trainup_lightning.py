@@ -17,6 +17,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from torchmetrics.classification import MulticlassAccuracy
 
 from trainup import cli, data, lightning_compat, lightning_flags, lightning_run, metrics, models
 
@@ -28,6 +29,8 @@ class LitNet(pl.LightningModule):
         super().__init__()
         self.args, self.sync_dist = args, not args.no_sync_dist
         self.model = models.build(args, train_set)
+        # a Metric keeps counts (correct, seen) and sums them over the ranks itself at the epoch's end
+        self.test_accuracy = MulticlassAccuracy(train_set.num_classes, average="micro")
         self.train_meter, self.test_meter = metrics.Meter(), metrics.Meter()  # the course's sums (CourseLog)
 
     def training_step(self, batch, batch_idx):
@@ -46,8 +49,8 @@ class LitNet(pl.LightningModule):
         logits = self.model(x)
         loss = F.cross_entropy(logits.float(), y)
         self.log("test_loss", loss, sync_dist=self.sync_dist, batch_size=len(y))
-        self.log("test_accuracy", (logits.argmax(1) == y).float().mean(), sync_dist=self.sync_dist,
-                 batch_size=len(y))
+        self.test_accuracy(logits, y)
+        self.log("test_accuracy", self.test_accuracy)  # the job's, with sync_dist or without
         self.test_meter.add(loss, logits, y)
 
     def configure_optimizers(self):  # the course's Adadelta, its rate decayed once an epoch

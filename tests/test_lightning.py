@@ -7,7 +7,7 @@ import torch
 
 from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, run_script,
                       start_baseline, start_job)
-from lessons import checks, launch, report, slurm
+from lessons import checks, launch, lightning, report, slurm
 
 SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
@@ -82,6 +82,11 @@ def test_with_sync_dist_the_log_is_the_jobs_and_without_it_rank_0s_own(runs):
     for r in unsynced:
         assert r["logged_loss"] == pytest.approx(r["rank_loss"][0], abs=TOLERANCE)  # rank 0's shard alone
         assert abs(r["logged_loss"] - r["job_loss"]) > 1e-4  # the shards' losses differ by far more
+    # the test accuracy is a torchmetrics Metric: its counts summed over the ranks, sync_dist or not
+    for name in ("pl_ddp", "pl_torchrun"):
+        logged = [v for _, v in lightning.tensorboard_scalars(name, log_dir)["test_accuracy"]]
+        job = report.load_epochs(name, log_dir)["test_accuracy"].tolist()
+        assert logged == pytest.approx(job, abs=1e-6)  # TensorBoard keeps float32
 
 
 def test_only_rank_0_writes_and_once(runs):

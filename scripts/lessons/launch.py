@@ -159,7 +159,8 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)
           ("_trainup_ddp.py", "_trainup_horovod.py", 89),
           ("_trainup_ddp.py", "_trainup_ray.py", 90),
-          ("_trainup_ddp.py", "_trainup_lightning.py", 172),
+          # the Trainer replaces the loop; torchmetrics' Metric for the test accuracy (+3)
+          ("_trainup_ddp.py", "_trainup_lightning.py", 176),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),
