@@ -157,6 +157,21 @@ def test_alpha_and_beta_come_back_from_a_sweep_the_model_made():
     assert table["error"].abs().max() < 1e-9
 
 
+def test_a_sweep_tilted_below_the_origin_gets_no_negative_latency():
+    """Noise (a busy machine) can put the least-squares line's intercept below 0: the fit is then
+    the best line through the origin, alpha 0, as non-negative least squares gives."""
+    import numpy as np
+    import pandas as pd
+
+    sizes = [2**k for k in range(10, 23, 2)]
+    times = [s / 2e9 for s in sizes]
+    times[0] *= 0.5  # the smallest message faster than the line allows
+    sweep = pd.DataFrame(dict(size_bytes=sizes, world_size=2, time_s=times))
+    alpha, beta, _ = predict.fit_alpha_beta(sweep)
+    x = np.array(sizes) / np.array(times)  # the weighted rows' size column
+    assert alpha == 0 and beta == pytest.approx(2 * (2 - 1) / 2 / (x.sum() / (x ** 2).sum()))
+
+
 def test_what_if_keeps_one_gpu_at_efficiency_1_and_slower_links_cost_more(facts):
     from dataclasses import replace
 

@@ -216,6 +216,9 @@ def fit_alpha_beta(sweep, op="all_reduce"):
     # (a + b S) / t = 1 for every size: rows divided by t weigh each size by its relative error
     rows = np.stack([1 / time, size / time], 1)
     (a, b), *_ = np.linalg.lstsq(rows, np.ones_like(time), rcond=None)
+    if a < 0:  # a busy machine's noise can tilt the line below the origin: no latency is
+        # physical then; the best line through the origin (a = 0), as non-negative least squares
+        a, b = 0.0, float(rows[:, 1].sum() / (rows[:, 1] ** 2).sum())
     alpha, beta = a / per_alpha, per_byte / b
     table = sweep.sort_values("size_bytes").assign(
         predicted_s=lambda t: [formula(s, n, alpha, beta) for s in t["size_bytes"]]
