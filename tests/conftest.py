@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import nbval_kernels
 import pytest
 import warm_start
 
@@ -26,6 +27,7 @@ def pytest_configure(config):
     global _CONFIG
     _CONFIG = config  # record_outcome reads where to share outcomes
     config.pluginmanager.register(_Outcomes(), "trainup-outcomes")
+    nbval_kernels.install()  # kernels over Unix sockets: no port to lose at the suite's start
     config.addinivalue_line("markers", "jobs(*names): the jobs of its module's fixture that the test reads "
                                        "(the fixture starts only those its selected tests read: wanted_jobs)")
 
