@@ -6,11 +6,11 @@
     srun python scripts/_trainup_lightning.py      # one SLURM task per process; nodes from SLURM (slurm/lightning/)
     python scripts/_trainup_lightning.py --quick --monitor            # + DeviceStatsMonitor (and nvitop on GPUs)
 
-Compared with _trainup_ddp.py: no process group, DistributedSampler, set_epoch, DDP wrapper, all-reduce
-of the metrics, rank-0 guards or autocast in this file: Lightning's Trainer does them from --strategy,
---devices, --num-nodes and --precision. What remains is the model's step (a LightningModule), the data
-(a LightningDataModule) and self.log(..., sync_dist=True). The course's log and checkpoint come from one
-callback (trainup/lightning_log.py); TensorBoard's from Lightning's TensorBoardLogger, in
+Compared with _trainup_fabric.py: the loop is the Trainer's too (the epochs, backward, the
+optimizer's and scheduler's steps, the test set, the rank-0 guards, the checkpoint). What remains is
+the model's step (a LightningModule), the data (a LightningDataModule) and self.log(...,
+sync_dist=True) where fabric.all_reduce summed the metrics. The course's log and checkpoint come
+from one callback (trainup/lightning_log.py); TensorBoard's from Lightning's TensorBoardLogger, in
 logs/tensorboard/<run>. The flags and the rest of the plumbing are in trainup/lightning_*.py.
 """
 import pytorch_lightning as pl

@@ -79,6 +79,11 @@ BREAKAGES = {
         "pl.seed_everything(args.seed + 1, verbose=False)",
         "pl.seed_everything(args.seed + 1 + int(__import__('os').environ.get('LOCAL_RANK', 0)), verbose=False)",
         "test_lightning.py::test_lightning_ddp_on_two_processes_ends_like_one_process"),
+    "Fabric's loader shuffles from epoch 0 (seeded without the first epoch)": (
+        "_trainup_fabric.py",
+        "fabric.seed_everything(args.seed + start_epoch, verbose=False)",
+        "fabric.seed_everything(args.seed, verbose=False)",
+        "test_fabric.py::test_fabric_on_two_processes_ends_like_one_process_and_so_does_a_resumed_run"),
     "ZeRO-2's reduce-scatter not divided by the world size": (
         "trainup/sharding.py",
         "piece.grad = mine[:piece.numel()].div_(self.world)",
@@ -109,7 +114,9 @@ BREAKAGES = {
 # own process
 TRAINS = ("all-reduce sums instead of averaging", "resume ignored", "every rank writes the checkpoint",
           "Hogwild workers on private copies", "Horovod sums the gradients instead of averaging",
-          "Lightning seeds each rank differently", "ZeRO-2's reduce-scatter not divided by the world size",
+          "Lightning seeds each rank differently",
+          "Fabric's loader shuffles from epoch 0 (seeded without the first epoch)",
+          "ZeRO-2's reduce-scatter not divided by the world size",
           "Horovod without the initial broadcast",
           "the manual pipeline sends zeros back instead of the activations' gradient",
           "the bus bandwidth without the ring factor")

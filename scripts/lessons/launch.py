@@ -159,8 +159,11 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)
           ("_trainup_ddp.py", "_trainup_horovod.py", 89),
           ("_trainup_ddp.py", "_trainup_ray.py", 90),
-          # the Trainer replaces the loop; torchmetrics' Metric for the test accuracy (+3)
-          ("_trainup_ddp.py", "_trainup_lightning.py", 176),
+          # Fabric (lesson 07): its calls in lesson 04's loop (about 60 lines); the rest is sweeps,
+          # the stop signal and GPU statistics left to the Trainer, which has its own
+          ("_trainup_ddp.py", "_trainup_fabric.py", 126),
+          # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy
+          ("_trainup_fabric.py", "_trainup_lightning.py", 161),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),

@@ -64,6 +64,13 @@ def setup(name, log_dir=LOG_DIR):
                               "world_size", "sampler", "rank_samples", "sync_dist")}
 
 
+def fabric_setup(name, log_dir=LOG_DIR):
+    """What Fabric chose for a run of _trainup_fabric.py: its 'fabric' record."""
+    s = records(name, "fabric", log_dir)[0]
+    return {k: s[k] for k in ("strategy", "launcher", "accelerator", "precision", "num_nodes", "devices",
+                              "world_size", "sampler")}
+
+
 # The flags of Lightning 1.x tutorials, as they would be passed to this script.
 OLD_FLAGS = [["--gpus", "2"], ["--num-processes", "2"], ["--tpu-cores", "8"], ["--strategy", "dp"],
              ["--strategy", "horovod"], ["--strategy", "ddp2"], ["--strategy", "ddp_sharded"]]

@@ -86,13 +86,15 @@ def parser(doc, lesson, precisions=("32", "64"), models=MODELS):
 # Flags by concern, each added by one function and checked in parse(): a script adds the concerns its
 # lesson has reached, so its --help and its diff against the previous script show only what is new.
 
-def add_loading(p, device="auto"):
-    """Lesson 02 on: the device (device=None: the script picks it) and how batches reach it."""
+def add_loading(p, device="auto", resident=True):
+    """Lesson 02 on: the device (device=None: the script picks it) and how batches reach it
+    (resident=False: the script's loaders are DataLoaders only)."""
     if device:
         p.add_argument("--device", default=device, choices=("auto", "cuda", "cpu"))
     p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
     p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
-    p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
+    if resident:
+        p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
 
 
 def add_blocks(p, lesson, blocks=8, width=256, what="identical blocks in the model"):

@@ -154,9 +154,7 @@ def setup(args):
         raise UserError(f"SLURM_NTASKS={ctx.world_size} but srun did not start this process (python was run "
                         f"directly, in the batch script or an salloc shell), so the other {ctx.world_size - 1} process(es) would never "
                         f"come; start it as srun python ..., one task per process")
-    if args.batch_size % ctx.world_size:
-        raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split evenly over "
-                        f"{ctx.world_size} processes; use a multiple of {ctx.world_size}")
+    per_rank_batch(args.batch_size, ctx.world_size)
     ctx.backend = pick_backend(args.backend, args.device)
     gpu = ctx.local_rank
     if ctx.launcher == "slurm" and torch.cuda.is_available() and torch.cuda.device_count() == 1:
@@ -195,6 +193,15 @@ def setup(args):
                             f"and MASTER_PORT?") from None
         raise
     return ctx
+
+
+def per_rank_batch(batch_size, world_size):
+    """Each process's share of the global --batch-size: one sentence where it does not split evenly
+    (every script's check, before any process waits for another)."""
+    if batch_size % world_size:
+        raise UserError(f"--batch-size {batch_size} is the global batch and cannot be split evenly "
+                        f"over {world_size} processes; use a multiple of {world_size}")
+    return batch_size // world_size
 
 
 def node_gpus(ctx):

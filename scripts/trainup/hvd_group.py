@@ -17,7 +17,7 @@ import torch
 
 from . import UserError, cli
 from .cli import positive
-from .distributed import Context
+from .distributed import Context, per_rank_batch
 from .meter import Meter
 
 try:
@@ -57,11 +57,7 @@ def setup(args):
                   master_addr=os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"),
                   master_port=int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", 0)),
                   backend="horovod-" + ("mpi" if mpi else "gloo"), timeout_s=args.timeout)
-    if args.batch_size % ctx.world_size:
-        raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split "
-                        f"evenly over {ctx.world_size} processes; use a multiple of "
-                        f"{ctx.world_size}")
-    per_rank = args.batch_size // ctx.world_size
+    per_rank = per_rank_batch(args.batch_size, ctx.world_size)
     if args.accumulate and per_rank % args.accumulate:
         raise UserError(f"--accumulate {args.accumulate} must divide each process's batch "
                         f"({per_rank} samples)")

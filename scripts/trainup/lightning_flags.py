@@ -4,9 +4,8 @@ devices and num_nodes come from when the flags are left out (torchrun's or SLURM
 from . import UserError, cli, distributed, lightning_callbacks, lightning_compat
 
 
-def add(p):
-    """The Trainer's flags, and Lightning 1.x's (check() answers them), on the course's parser."""
-    t = p.add_argument_group("Lightning's Trainer")
+def add_launch(t):
+    """Where the processes run, as Fabric and the Trainer both take it."""
     t.add_argument("--accelerator", default="auto", help="cpu, gpu (cuda), auto, ...")
     t.add_argument("--devices", default=None,
                    help="processes per node (default: torchrun's or SLURM's, else 1)")
@@ -14,6 +13,12 @@ def add(p):
                    help="default: torchrun's or SLURM's, else 1")
     t.add_argument("--strategy", default="auto",
                    help="auto, ddp, ddp_spawn, fsdp, deepspeed, ... (this Lightning's)")
+
+
+def add(p):
+    """The Trainer's flags, and Lightning 1.x's (check() answers them), on the course's parser."""
+    t = p.add_argument_group("Lightning's Trainer")
+    add_launch(t)
     t.add_argument("--max-epochs", type=cli.positive(int), default=None,
                    help="Lightning's name for --epochs")
     t.add_argument("--precision", default="32",

@@ -17,8 +17,8 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from . import (UserError, lightning_callbacks, lightning_ckpt, lightning_flags, lightning_gpustats,
-               runlock)
+from . import (UserError, distributed, lightning_callbacks, lightning_ckpt, lightning_flags,
+               lightning_gpustats, runlock)
 from .lightning_log import CourseLog
 
 # Lightning's banners ("GPU available: ...", "Initializing distributed ...", "`Trainer.fit`
@@ -87,9 +87,7 @@ class Run:
         step; alone it would exit 0, unsaved) saves its checkpoint whole and exits 75
         (lightning_ckpt.stopped); at the end, where TensorBoard's files are."""
         args, world = self.args, trainer.world_size
-        if args.batch_size % world:
-            raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be "
-                            f"split evenly over {world} processes; use a multiple of {world}")
+        distributed.per_rank_batch(args.batch_size, world)
         if self.skipped and trainer.is_global_zero:
             print(self.skipped)
         resume = args.resume and self.ckpt.exists()

@@ -39,6 +39,8 @@ SCHEMA = {
     "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
     "lightning": ("strategy", "accelerator", "precision", "world_size", "num_nodes", "devices", "sync_dist",
                   "launcher"),
+    "fabric": ("strategy", "accelerator", "precision", "world_size", "num_nodes", "devices", "launcher",
+               "sampler"),
     "lightning_sync": ("epoch", "sync_dist", "logged_loss", "job_loss", "rank_loss", "rank_samples", "sampler"),
     "monitor": ("callbacks", "skipped"),
     "sharding": ("shard", "zero_stage", "mesh", "precision", "parameters", "blocks", "width", "start_epoch",
