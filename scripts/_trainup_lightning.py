@@ -105,7 +105,7 @@ def main(argv=None):
             strategy=args.strategy, precision=lightning_compat.precision(args.precision),
             max_epochs=args.epochs, logger=run.tensorboard, callbacks=run.callbacks,
             accumulate_grad_batches=args.accumulate_grad_batches,
-            gradient_clip_val=args.gradient_clip_val,
+            gradient_clip_val=args.gradient_clip_val, sync_batchnorm=args.sync_batchnorm,
             enable_progress_bar=not args.no_progress, log_every_n_steps=1,
             enable_model_summary=False, num_sanity_val_steps=0, deterministic=False)
     with run.fitting(trainer) as ckpt:  # --resume: Lightning's checkpoint; a SIGTERM saves one

@@ -143,11 +143,26 @@ def main():
     (["--keep-best", "0"], ["--keep-best", "greater than 0"]),
     (["--accumulate-grad-batches", "3"], ["--accumulate-grad-batches 3 must divide --batch-size 64"]),
     (["--gradient-clip-val", "0"], ["--gradient-clip-val 0.0", "positive"]),
+    (["--sync-batchnorm"], ["--sync-batchnorm changes nothing", "--model cnn_bn"]),
+    (["--sync-batchnorm", "--model", "cnn_bn", "--accelerator", "cpu"],
+     ["--sync-batchnorm needs GPUs", "SyncBatchNorm refuses tensors on the cpu"]),
 ])
 def test_old_and_bad_flags_are_one_sentence_and_a_nonzero_exit(main, flags, words, capsys, log_dir):
     proc = in_process(main, [*TINY, *flags, "--run-name", "bad", *_out(log_dir)], capsys)
     assert_clean_error(proc, *words)
     assert not (log_dir / "bad.jsonl").exists()  # nothing half-written
+
+
+def test_inside_a_notebook_ddp_is_refused_in_one_sentence_that_names_ddp_notebook(
+        main, capsys, log_dir, monkeypatch):
+    """A kernel has no script to run again for rank 1: Lightning refuses 'ddp' in an interactive
+    session (as it finds a Jupyter kernel: sys.ps1). Notebook 07 runs ddp_notebook there."""
+    from pytorch_lightning.trainer.connectors import accelerator_connector
+    monkeypatch.setattr(accelerator_connector, "_IS_INTERACTIVE", True)
+    proc = in_process(main, [*TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
+                             "--run-name", "kernel", *_out(log_dir)], capsys)
+    assert_clean_error(proc, "not compatible with an interactive environment", "ddp_notebook")
+    assert not (log_dir / "kernel.lock").exists()  # the run's lock let go: the kernel lives on
 
 
 @pytest.mark.parametrize("damage", ["bytes", "empty", "another file"])

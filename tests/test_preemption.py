@@ -186,6 +186,28 @@ def test_a_dead_writers_lock_is_taken_over_and_locks_are_released(plain):
     assert not list(plain.log_dir.glob("*.lock")) and not list((plain.log_dir / "checkpoints").glob(".*.lock"))
 
 
+def test_a_process_forked_by_the_writer_writes_as_it_and_leaves_it_the_lock(tmp_path):
+    """ddp_notebook forks a notebook's kernel, which took the run's lock (lightning_run.Run): its
+    rank 0 writes the run as that writer, and the lock stays the kernel's until it lets go."""
+    from trainup import runlock
+    path = tmp_path / "r.lock"
+    lock = runlock.Lock(path, "run 'r'")
+    pid = os.fork()
+    if pid == 0:  # the forked rank
+        try:
+            child = runlock.Lock(path, "run 'r'")
+            ours = child.ours
+            child.release()
+            os._exit(0 if ours and path.exists() else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert path.exists()
+    lock.release()
+    assert not path.exists()
+
+
 @pytest.mark.jobs("twins")
 def test_two_runs_started_in_the_same_second_get_different_names_and_both_logs_survive(plain):
     for p in plain.twins:

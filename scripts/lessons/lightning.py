@@ -4,6 +4,7 @@ the runs' logs; the 1.x flags answered by the script itself; sync_dist on and of
     from lessons import lightning
     lightning.who_does_what()              # each distributed chore: where _trainup_ddp.py does it, if Lightning's script does
     lightning.setup("l_ddp")               # what the Trainer chose: strategy, launcher, processes, sampler
+    lightning.in_this_kernel("--strategy", "ddp_notebook", ..., name="l_notebook")  # a Trainer in a cell
     lightning.old_flags()                  # the 1.x flags, run through the script: exit status and its sentence
     lightning.sync_table(["l_ddp", "l_nosync"])  # what rank 0 logged against the whole job's loss
     lightning.tensorboard_scalars("l_ddp") # the event file read back (tensorboard's EventAccumulator)
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
+from . import report
 from .report import read_run
 
 SCRIPT = "_trainup_lightning.py"
@@ -49,6 +51,42 @@ def who_does_what():
         rows.append({"chore": chore, f"{PLAIN} lines": ", ".join(map(str, plain)) or "-",
                      f"{SCRIPT} lines": ", ".join(map(str, lit)) or "- (the Trainer)"})
     return pd.DataFrame(rows).set_index("chore")
+
+
+def in_this_kernel(*flags, name):
+    """The Lightning script's main() run inside this Python, a notebook's kernel, as a learner's cell
+    would run a Trainer: (its exit status, what it wrote to stderr); its log tells the rest. Inside a kernel the Trainer may
+    start its ranks only by forking the kernel (strategy ddp_notebook): 'ddp' starts each rank by
+    running the script's file again, and a kernel has none (Lightning refuses it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_trainup_lightning", ROOT / "scripts" / SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    err = io.StringIO()  # stdout too: the ranks' lines name this machine's folders
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            script.main([*map(str, flags), "--run-name", name, *(["--quick"] if report.QUICK else [])])
+            code = 0
+        except SystemExit as e:  # the script's one-sentence refusals
+            code = e.code
+    return code, err.getvalue()
+
+
+def mixed_precision(runs, log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
+    """Runs of the same flags but --precision, side by side: the precision each Trainer used, the
+    dtype of the weights each saved, and each epoch's training loss."""
+    import pandas as pd
+    import torch
+    table = {}
+    for name in runs:
+        state = torch.load(Path(checkpoint_dir) / f"{name}.pt", map_location="cpu",
+                           weights_only=True)["model"]
+        dtypes = {str(t.dtype).replace("torch.", "") for t in state.values() if t.is_floating_point()}
+        epochs = read_run(Path(log_dir) / f"{name}.jsonl")["epochs"]
+        table[name] = {"precision": records(name, "lightning", log_dir)[0]["precision"],
+                       "weights saved as": ", ".join(sorted(dtypes)),
+                       **{f"loss, epoch {e['epoch']}": e["loss"] for e in epochs}}
+    return pd.DataFrame(table)
 
 
 def records(name, kind, log_dir=LOG_DIR):

@@ -2,6 +2,7 @@
 04's shows Fabric's calls: Fabric made from the course's flags (a refusal is one sentence), the
 GradScaler it keeps, its backend, the record of what it chose, and leaving the group together."""
 import logging
+import warnings
 from types import SimpleNamespace
 
 import torch.distributed as dist
@@ -17,6 +18,8 @@ def make(args):
 
     # Fabric's banners ("Initializing distributed: ...") are INFO: the course's lines say what ran
     logging.getLogger("lightning_fabric").setLevel(logging.WARNING)
+    # SLURM may be installed here for lesson 04b: a run outside a job is deliberate
+    warnings.filterwarnings("ignore", message="The `srun` command is available")
     devices, nodes = lightning_flags.devices_and_nodes(args)
     try:
         return Fabric(accelerator=lightning_flags.accelerator(args), devices=devices,

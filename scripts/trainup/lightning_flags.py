@@ -34,6 +34,9 @@ def add(p):
                         "(lesson 04's --accumulate: the K-1 others skip DDP's all-reduce)")
     t.add_argument("--gradient-clip-val", type=float, default=None, metavar="NORM",
                    help="clip the gradients' total norm to NORM before each step")
+    t.add_argument("--sync-batchnorm", action="store_true",
+                   help="BatchNorm's statistics over every rank's batch (SyncBatchNorm; GPUs only, "
+                        "a model with BatchNorm: --model cnn_bn)")
     lightning_callbacks.add_flags(t)  # --keep-best, --early-stop
     old = p.add_argument_group("Lightning 1.x flags, answered with what Lightning 2 wants")
     old.add_argument("--gpus", default=None, help="removed in Lightning 2")
@@ -55,18 +58,24 @@ def check(args):
         raise UserError(f"--gradient-clip-val {args.gradient_clip_val}: a norm to clip to is "
                         f"positive")
     lightning_compat.check_strategy(args.strategy, StrategyRegistry.available_strategies())
+    if args.sync_batchnorm and args.model == "cnn":
+        raise UserError("--sync-batchnorm changes nothing here: the model has no BatchNorm layer "
+                        "(try --model cnn_bn)")
     return args
 
 
 def accelerator(args):
     """What --accelerator names: 'cuda' for gpu, and for auto where torch sees a GPU; one sentence
-    where it asks for a GPU this machine lacks."""
+    where it asks for a GPU this machine lacks, or --sync-batchnorm runs elsewhere."""
     import torch
     name = "cuda" if args.accelerator in ("gpu", "cuda") or (
         args.accelerator == "auto" and torch.cuda.is_available()) else args.accelerator
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--accelerator {args.accelerator} needs an NVIDIA GPU, and torch sees "
                         f"none on this machine; use --accelerator cpu (or auto)")
+    if getattr(args, "sync_batchnorm", False) and name != "cuda":
+        raise UserError("--sync-batchnorm needs GPUs: torch's SyncBatchNorm refuses tensors on the "
+                        f"{name} (the Trainer would fail at the first step); leave it out here")
     return name
 
 

@@ -49,12 +49,12 @@ class Run:
     Trainer's."""
 
     def __init__(self, args, script):
-        self.args = args
+        self.args, self.lock = args, None
         log_dir = Path(args.log_dir)
         if rank_zero_only.rank == 0 and not args.resume:  # a fresh run, a fresh TensorBoard...
             log_dir.mkdir(parents=True, exist_ok=True)  # ...once it holds the run's lock (RunLog's
             # own): a live run's folder stays
-            runlock.Lock(log_dir / f"{args.run_name}.lock", f"run {args.run_name!r}")
+            self.lock = runlock.Lock(log_dir / f"{args.run_name}.lock", f"run {args.run_name!r}")
             shutil.rmtree(log_dir / "tensorboard" / args.run_name, ignore_errors=True)
             shutil.rmtree(lightning_callbacks.best_dir(args), ignore_errors=True)  # --keep-best's
         accelerator = lightning_flags.accelerator(args)  # one sentence: a GPU asked for, none here
@@ -70,12 +70,18 @@ class Run:
         self.callbacks = [course_log, *watchers, own_ckpt, *lightning_callbacks.callbacks(args)]
         self.ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"
 
+    def release(self):
+        """The run's lock let go: inside a notebook's kernel the process lives on after the run."""
+        if self.lock:
+            self.lock.release()
+
     @contextlib.contextmanager
     def refusals(self):
         """Around the Trainer's making: a flag Lightning refuses is one sentence, no traceback."""
         try:
             yield
         except (MisconfigurationException, ImportError, ValueError, RuntimeError, TypeError) as e:
+            self.release()
             raise UserError(f"Lightning refuses these flags: {str(e).splitlines()[0]}") from None
 
     @contextlib.contextmanager
@@ -87,13 +93,13 @@ class Run:
         step; alone it would exit 0, unsaved) saves its checkpoint whole and exits 75
         (lightning_ckpt.stopped); at the end, where TensorBoard's files are."""
         args, world = self.args, trainer.world_size
-        distributed.per_rank_batch(args.batch_size, world)
-        if self.skipped and trainer.is_global_zero:
-            print(self.skipped)
-        resume = args.resume and self.ckpt.exists()
-        if resume:
-            lightning_ckpt.readable(self.ckpt)
         try:
+            distributed.per_rank_batch(args.batch_size, world)
+            if self.skipped and trainer.is_global_zero:
+                print(self.skipped)
+            resume = args.resume and self.ckpt.exists()
+            if resume:
+                lightning_ckpt.readable(self.ckpt)
             yield str(self.ckpt) if resume else None
         except (ValueError, RuntimeError) as e:
             if not str(e).startswith(("Lightning", "You ", "`")):  # Lightning's refusals read so
@@ -101,5 +107,7 @@ class Run:
             raise UserError(f"Lightning stopped: {str(e).splitlines()[0]}") from None
         except SIGTERMException:
             lightning_ckpt.stopped(trainer, self.ckpt)
+        finally:
+            self.release()
         if trainer.is_global_zero:
             print(f"TensorBoard: tensorboard --logdir {Path(args.log_dir) / 'tensorboard'}")

@@ -38,8 +38,11 @@ class Lock:
                 os.close(fd)
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise
-                if owner.split()[:2] == me.split():
-                    self.ours = True  # ours already (log and checkpoint may share a folder)
+                parent = [socket.gethostname(), str(os.getppid())]
+                if owner.split()[:2] in (me.split(), parent):
+                    # ours already (log and checkpoint may share a folder), or the process that
+                    # forked us took it for us (a Trainer in a notebook: ddp_notebook's ranks)
+                    self.ours = True
                     return
                 host, pid = (owner.split() + ["?", "?"])[:2]
                 raise UserError(f"{what} is being written by another run (process {pid} on "
