@@ -5,8 +5,8 @@ import sys
 import pytest
 import torch
 
-from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, run_script,
-                      start_baseline, start_job)
+from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, notebook_or_own,
+                      run_script, start_baseline, start_job)
 from lessons import checks, launch, lightning, report, slurm
 
 SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
@@ -15,6 +15,7 @@ SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--batch-size", "64", *checks.PROOF]
 # SLURM is installed here (lesson 04b): Lightning warns that srun exists but was not used, in every run outside a job
 pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")
+READS_NOTEBOOK = "notebooks/07_lightning.ipynb"  # its SLURM job: the test's, where it ran
 TOLERANCE = checks.FLOAT64_ATOL  # float64 sums in another order: about 1e-16; a wrong sampler is above 1e-2
 
 
@@ -185,21 +186,34 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, 
 
 # --- SLURM: srun, one task per process, nodes from SLURM's variables ------------------------------------
 
-def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(local_slurm, runs, tmp_path):
+def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(request, runs, tmp_path):
+    """Notebook 07's job where this session ran the notebook (the same template, flags and proof),
+    else this test's own on the local SLURM."""
+    def load():
+        found = (ROOT / "logs" / "l_slurm.jsonl").exists()
+        return found and (ROOT / "logs", "l_slurm", ROOT / "checkpoints", "l_one")
+
+    folder, name, ckpts, one = notebook_or_own(request, READS_NOTEBOOK, load,
+                                               lambda: _slurm_job(request, runs, tmp_path))
+    assert slurm.check_counts(ROOT / "slurm" / "lightning" / "cpu.sbatch")[1] == []
+    setup = records(folder, name, "lightning")[0]
+    assert (setup["launcher"], setup["num_nodes"], setup["devices"], setup["world_size"]) == ("SLURMEnvironment", 2, 1, 2)
+    checks.learned(name, log_dir=folder)
+    assert checks.same_parameters(name, one, atol=TOLERANCE, checkpoint_dir=ckpts) <= TOLERANCE
+
+
+def _slurm_job(request, runs, tmp_path):
+    request.getfixturevalue("local_slurm")
     log_dir, _ = runs
-    template = ROOT / "slurm" / "lightning" / "cpu.sbatch"
-    assert slurm.check_counts(template)[1] == []
     # one task on each of 2 nodes: Lightning's num_nodes comes from SLURM_NNODES, its devices from SLURM's tasks
-    job = slurm.submit(template, *TINY, "--run-name", "pl_slurm", *_out(tmp_path),
+    job = slurm.submit(ROOT / "slurm" / "lightning" / "cpu.sbatch", *TINY, "--run-name", "pl_slurm",
+                       *_out(tmp_path),
                        sbatch_args=[f"--output={tmp_path}/job.out", "--nodes=2", "--ntasks-per-node=1"])
     state = slurm.wait([job], timeout=600)[job]
     out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no output file)"
     assert state == "COMPLETED", out
-    setup = records(tmp_path, "pl_slurm", "lightning")[0]
-    assert (setup["launcher"], setup["num_nodes"], setup["devices"], setup["world_size"]) == ("SLURMEnvironment", 2, 1, 2)
-    checks.learned("pl_slurm", log_dir=tmp_path)
     (tmp_path / "checkpoints" / "one.pt").write_bytes((log_dir / "checkpoints" / "one.pt").read_bytes())
-    assert checks.same_parameters("pl_slurm", "one", atol=TOLERANCE, checkpoint_dir=tmp_path / "checkpoints") <= TOLERANCE
+    return tmp_path, "pl_slurm", tmp_path / "checkpoints", "one"
 
 
 # --- The exercises' solutions (no training: checked against the fixture's log) --------------------------
@@ -219,6 +233,12 @@ def test_the_exercise_solutions_give_the_right_answers(runs):
     assert s.lightning_synced(means, counts) == pytest.approx(1.8)
     log_dir, _ = runs
     assert s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < TOLERANCE  # float64 runs
+    from torch.utils.data import DistributedSampler
+    for n, world in ((257, 2), (257, 4), (256, 4), (3, 4)):
+        real = [list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))
+                for r in range(world)]
+        assert s.padded_shares(n, world) == real
+        assert s.overcount(n, world) == sum(map(len, real)) - n
 
 
 def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it_cannot():

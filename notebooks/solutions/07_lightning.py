@@ -54,6 +54,20 @@ def lightning_sync_check(records):
     return max(abs(r["logged_loss"] - job_mean(r["rank_loss"], r["rank_samples"])) for r in records)
 
 
+def padded_shares(n, world):
+    """Exercise 4: the indices each rank gets from DistributedSampler(shuffle=False): the list padded to a
+    multiple of world by repeating its first indices, then dealt out one by one."""
+    total = math.ceil(n / world) * world
+    indices = list(range(n))
+    indices += (indices * math.ceil(total / n))[:total - n]
+    return [indices[rank:total:world] for rank in range(world)]
+
+
+def overcount(n, world):
+    """Exercise 4: how many samples the ranks' summed test counts hold twice."""
+    return sum(len(share) for share in padded_shares(n, world)) - n
+
+
 if __name__ == "__main__":
     print(to_lightning2(dict(gpus=4, num_nodes=2, strategy="ddp", precision=16)))
     try:
@@ -70,3 +84,5 @@ if __name__ == "__main__":
     means, counts = [2.0, 1.0], [256, 64]  # an uneven split: rank 1 saw fewer samples
     print(f"mean of the ranks' means {mean_of_means(means):.3f}, job mean {job_mean(means, counts):.3f}, "
           f"Lightning's sync_dist {lightning_synced(means, counts):.3f}")
+    for world in (2, 4):
+        print(f"257 test samples on {world} ranks: {overcount(257, world)} counted twice")

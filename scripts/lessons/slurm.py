@@ -4,6 +4,7 @@
     slurm.template_table()                      # the #SBATCH lines of every template, one row each
     slurm.check_counts("slurm/1node_4gpu.sbatch")  # tasks = GPUs per node, CPUs fit the node: sentences
     state, message = slurm.start()              # tools/local_slurm.sh start: controller + nodes n1, n2
+    have, started_here = slurm.for_notebook()   # a notebook's: the running one, or one started for it
     job = slurm.submit("slurm/cpu.sbatch", "--quick", sbatch_args=["--nodes=2"])
     slurm.wait([job])                           # {job: "COMPLETED"}
     slurm.stop_midway(job, "logs/<run>.jsonl")  # the notice once it trains; requeued, back, finished
@@ -74,6 +75,39 @@ def stop():
 
 def _run(cmd, extra_env=None, timeout=60, cwd=ROOT):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env(extra_env))
+
+
+def for_notebook():
+    """A notebook's SLURM: the local one running, else one started for it where the tests ask
+    (TRAINUP_START_SLURM=1), stopped by a watchdog if the notebook's kernel dies first. Says what
+    it found; returns (SLURM runs, this notebook started it). None where the tests require one
+    (TRAINUP_REQUIRE_SLURM=1) is a failure."""
+    from . import checks
+    started_here = False
+    if running():
+        print("A local SLURM is running: the jobs below go to it.")
+    elif os.environ.get("TRAINUP_START_SLURM") == "1":
+        state, why = start(owner=os.getpid())
+        started_here = state == "running"
+        print("Started the local SLURM for this notebook." if started_here else f"No SLURM here: {why}.")
+    else:
+        print("No SLURM is running here: start one with tools/local_slurm.sh start (as root), then "
+              "run this cell again.")
+    have = running()
+    print(sinfo() if have else "")
+    checks.holds(not started_here or have, "the SLURM this notebook started is up")
+    checks.holds(have or os.environ.get("TRAINUP_REQUIRE_SLURM") != "1",
+                 "SLURM runs where the tests require it")
+    return have, started_here
+
+
+def done_with(started_here):
+    """The end of a notebook's SLURM section: the local SLURM stopped if the notebook started it."""
+    from . import checks
+    if started_here:
+        stop()
+        print("Stopped the local SLURM this notebook started.")
+    checks.holds(not started_here or not running(), "the local SLURM this notebook started is stopped")
 
 
 def submit(template, *script_args, sbatch_args=(), extra_env=None, cwd=ROOT):
