@@ -50,6 +50,8 @@ def runs(tmp_path_factory, request):
         one=lambda: job(log_dir, "one", "--stages", 1, nproc=0),
         s=lambda: job(log_dir, "s", "--schedule", ",".join(SCHEDULES)),
         pp2xdp2=lambda: job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2, nproc=4),
+        # the tracer's cut (pipeline() and SplitPoint), under a schedule of 2 stages a rank
+        traced=lambda: job(log_dir, "traced", "--schedule", "zbv", "--split", "traced"),
         manual=lambda: job(log_dir, "manual", "--steps", 4, script=MANUAL,
                            tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress",
                                  *checks.PROOF])))
@@ -80,6 +82,24 @@ def test_every_schedule_ends_with_the_parameters_of_one_process(runs, schedule):
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
     assert run["epochs"][0]["loss"] == pytest.approx(first["loss"], abs=ATOL)
     assert run["epochs"][0]["samples"] == first["samples"] == 128
+
+
+@pytest.mark.jobs("one", "traced")
+def test_the_tracer_cuts_the_stages_that_the_hand_cut_does_and_ends_like_one_process(runs):
+    from trainup import models
+    torch.manual_seed(1)
+    model = models.BlockStack((1, 28, 28), 10, 4, 32)
+    by_hand = pipeline.cut(model, 4)
+    by_tracer = pipeline.traced(model, 4, torch.zeros(8, 1, 28, 28))
+    for hand, tracer in zip(by_hand, by_tracer, strict=True):
+        assert [n for n, _ in hand.named_parameters()] == [n for n, _ in tracer.named_parameters()]
+    one, piped = params(runs, "one"), params(runs, "traced")
+    assert piped.keys() == one.keys()
+    for k in one:
+        torch.testing.assert_close(piped[k], one[k], rtol=0, atol=ATOL, msg=k)
+    assert lesson.layout("traced", log_dir=runs)["split"] == "traced"
+    steps = lesson.steps("traced", log_dir=runs, first=True)
+    assert all(b > 0 for peaks in steps["peak_activation_bytes"] for b in peaks)  # metered too
 
 
 def test_the_baseline_trained_far_beyond_the_tolerance(runs):

@@ -19,6 +19,22 @@ NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backwar
 TOLERANCE = 0.10  # the goal: measured within 10 % of theory
 
 
+def traced_code(blocks=4, width=32, stages=2, micro_batch=8):
+    """The forward torch's tracer wrote for each stage of a BlockStack cut into `stages` (what
+    _trainup_pipeline.py --split traced runs): the generated code, stage by stage."""
+    import warnings
+
+    import torch
+    from trainup import models, pipeline
+    torch.manual_seed(1)
+    model = models.BlockStack((1, 28, 28), 10, blocks, width)
+    with warnings.catch_warnings():  # the tracer's own deprecation notes, not the lesson's
+        warnings.simplefilter("ignore")
+        parts = pipeline.traced(model, stages, torch.zeros(micro_batch, 1, 28, 28))
+    return "\n\n".join(f"# stage {i} (holds {', '.join(dict(part.named_children()))})\n"
+                       f"{part.code.strip()}" for i, part in enumerate(parts))
+
+
 def _records(name, kind, log_dir):
     return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 

@@ -148,9 +148,31 @@ class StagePart(nn.Module):
 
 
 def cut(model, n_stages):
-    """The model's pieces, one per stage."""
+    """The model's pieces, one per stage, cut by hand: each a StagePart that knows the model."""
     ranges = block_ranges(len(model.blocks), n_stages)
     return [StagePart(model, a, b, i == 0, i == n_stages - 1) for i, (a, b) in enumerate(ranges)]
+
+
+def traced(model, n_stages, example):
+    """The same pieces cut by torch's tracer instead (pipeline(), a SplitPoint where each stage
+    but the first begins): the model's forward on one example micro-batch, recorded as a graph and
+    split there. Each piece is a GraphModule that keeps the whole model's parameter names; its
+    forward is wrapped in the same activation meter as a StagePart's."""
+    ranges = block_ranges(len(model.blocks), n_stages)
+    split = {f"blocks.{first}": pp.SplitPoint.BEGINNING for first, _ in ranges[1:]}
+    pipe = pp.pipeline(model, mb_args=(example,), split_spec=split)
+    parts = [pipe.get_stage_module(i) for i in range(n_stages)]
+    for part in parts:
+        part.meter = ActivationMeter(part.parameters())
+        part.forward = _metered(part.forward, part.meter)  # on the instance: names unchanged
+    return parts
+
+
+def _metered(forward, meter):
+    def run(*args):
+        with meter.saving():
+            return forward(*args)
+    return run
 
 
 class TimedStage(pp.PipelineStage):
@@ -298,7 +320,10 @@ class Pipe:
     def __init__(self, args, model, layout, device, microbatches):
         schedule_cls, per_rank, _ = SCHEDULES[args.schedule]
         self.n_stages = args.stages * per_rank
-        parts = cut(model, self.n_stages)
+        example = torch.zeros(args.batch_size // args.data_parallel // microbatches,
+                              *args.image_shape)  # a micro-batch, for the tracer
+        parts = (traced(model, self.n_stages, example) if args.split == "traced"
+                 else cut(model, self.n_stages))
         ids = stage_ids(args.schedule, layout.position, args.stages)
         self.parts = [parts[i].to(device) for i in ids]
         self.stages = [TimedStage(replicated(parts[i], layout, device), i, self.n_stages, device,

@@ -32,6 +32,9 @@ def add_flags(p):
                    help="micro-batches per batch")
     p.add_argument("--data-parallel", type=cli.positive(int), default=1,
                    help="pipelines side by side")
+    p.add_argument("--split", choices=("manual", "traced"), default="manual",
+                   help="manual: each stage's blocks picked by hand (pipeline.cut); traced: "
+                        "torch's tracer (pipeline(), SplitPoint) cuts the graph at the same blocks")
     # measure the schedule only
     cli.add_sweep(p, steps=3, what="micro-batch counts", example="1,2,4,8")
 
@@ -70,7 +73,8 @@ def log_layout(log, args, ctx, layout):
               data_parallel=args.data_parallel, microbatches=args.microbatches,
               microbatch_size=args.batch_size // args.data_parallel // args.microbatches,
               blocks=args.blocks, width=args.width,
-              stage_blocks=pipeline.block_ranges(args.blocks, n_stages), placement=placement)
+              stage_blocks=pipeline.block_ranges(args.blocks, n_stages), placement=placement,
+              split=args.split)
 
 
 def sweep(args, model, layout, train_set, ctx, log, train_step, optimizer_for):
