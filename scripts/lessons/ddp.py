@@ -12,6 +12,7 @@ from trainup import LOG_DIR
 
 from . import claims
 from .launch import cores
+from .log_reader import records as _records
 from .report import read_run, save
 
 
@@ -42,10 +43,6 @@ def about_shards(table, n):
     orders = [tuple(map(tuple, g["indices"])) for _, g in table.groupby("epoch")]
     out.append("every epoch the same order" if len(set(orders)) == 1 else "a new order every epoch")
     return "; ".join(out) + "."
-
-
-def _records(name, kind, log_dir=LOG_DIR):
-    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
 def placement(name, log_dir=LOG_DIR):

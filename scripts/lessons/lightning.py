@@ -18,6 +18,7 @@ from pathlib import Path
 from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
 from . import report
+from .log_reader import records
 from .report import read_run
 
 SCRIPT = "_trainup_lightning.py"
@@ -87,10 +88,6 @@ def mixed_precision(runs, log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
                        "weights saved as": ", ".join(sorted(dtypes)),
                        **{f"loss, epoch {e['epoch']}": e["loss"] for e in epochs}}
     return pd.DataFrame(table)
-
-
-def records(name, kind, log_dir=LOG_DIR):
-    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
 def setup(name, log_dir=LOG_DIR):

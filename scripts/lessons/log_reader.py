@@ -3,6 +3,7 @@ the report (which runs jobs and then checks them) both read logs without importi
 import json
 from pathlib import Path
 
+from trainup import LOG_DIR
 from trainup.schema import check_record
 
 
@@ -42,3 +43,9 @@ def read_run(path, checked=None, required=REQUIRED):
         if run[kind] is None:
             run["problems"].append(f"no {kind!r} record")
     return run
+
+
+def records(name, kind, log_dir=LOG_DIR):
+    """A run's records of one lesson type ('pipeline', 'fabric'...), in the order written: the one
+    helper every lesson module reads its records with."""
+    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
+from .log_reader import records as _records
 from .report import failed, read_run, save
 
 COMPUTE = ("F", "B", "I", "W")  # forward, backward (whole, or to the input / weights in zero-bubble schedules)
@@ -33,10 +34,6 @@ def traced_code(blocks=4, width=32, stages=2, micro_batch=8):
         parts = pipeline.traced(model, stages, torch.zeros(micro_batch, 1, 28, 28))
     return "\n\n".join(f"# stage {i} (holds {', '.join(dict(part.named_children()))})\n"
                        f"{part.code.strip()}" for i, part in enumerate(parts))
-
-
-def _records(name, kind, log_dir):
-    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
 def layout(name, log_dir=LOG_DIR):

@@ -10,13 +10,10 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
+from .log_reader import records
 from .report import read_run, save
 
 FLOAT_BYTES = 4  # fp32 on the CPU; a --precision 64 run (a proof) sends 8 a value
-
-
-def records(name, kind, log_dir):
-    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
 def layout(name, log_dir=LOG_DIR):

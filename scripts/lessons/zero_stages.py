@@ -12,6 +12,7 @@ from trainup import LOG_DIR
 from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, SHARDED, STAGES, ZERO_STAGE, expected
 
 from . import checks, jobs, launch
+from .log_reader import records as _records
 from .report import QUICK, check, failed, read_run, save
 
 TOLERANCE = 0.10  # measured within 10 % of the formula
@@ -46,10 +47,6 @@ def _value_bytes(name, log_dir):
     """Bytes of one parameter in the run: 8 under --precision 64 (a proof), else fp32's 4."""
     args = (read_run(Path(log_dir) / f"{name}.jsonl")["config"] or {}).get("args", {})
     return 8 if args.get("precision") == "64" else 4
-
-
-def _records(name, kind, log_dir):
-    return [r for r in read_run(Path(log_dir) / f"{name}.jsonl")["extra"] if r["type"] == kind]
 
 
 def built(name, log_dir=LOG_DIR):
