@@ -80,9 +80,7 @@ def _run(cmd, extra_env=None, timeout=60, cwd=ROOT):
 def for_notebook():
     """A notebook's SLURM: the local one running, else one started for it where the tests ask
     (TRAINUP_START_SLURM=1), stopped by a watchdog if the notebook's kernel dies first. Says what
-    it found; returns (SLURM runs, this notebook started it). None where the tests require one
-    (TRAINUP_REQUIRE_SLURM=1) is a failure."""
-    from . import checks
+    it found; returns (SLURM runs, this notebook started it): the notebook's cell checks them."""
     started_here = False
     if running():
         print("A local SLURM is running: the jobs below go to it.")
@@ -95,19 +93,14 @@ def for_notebook():
               "run this cell again.")
     have = running()
     print(sinfo() if have else "")
-    checks.holds(not started_here or have, "the SLURM this notebook started is up")
-    checks.holds(have or os.environ.get("TRAINUP_REQUIRE_SLURM") != "1",
-                 "SLURM runs where the tests require it")
     return have, started_here
 
 
 def done_with(started_here):
     """The end of a notebook's SLURM section: the local SLURM stopped if the notebook started it."""
-    from . import checks
     if started_here:
         stop()
         print("Stopped the local SLURM this notebook started.")
-    checks.holds(not started_here or not running(), "the local SLURM this notebook started is stopped")
 
 
 def submit(template, *script_args, sbatch_args=(), extra_env=None, cwd=ROOT):
