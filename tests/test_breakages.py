@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import OUTCOMES, ROOT, SHARED_OUTCOMES, plain_id, run_cache, shared_outcomes
+from conftest import ROOT, run_cache
+from suite_plugin import OUTCOMES, SHARED_OUTCOMES, plain_id, shared_outcomes
 
 # (what breaks, file under scripts/, text to replace, its replacement, the test that must fail)
 BREAKAGES = {

@@ -5,7 +5,9 @@ its own."""
 from types import SimpleNamespace
 
 import conftest
-from conftest import SHARED_OUTCOMES, notebook_passed
+import suite_plugin as suite
+from conftest import notebook_or_own, notebook_passed
+from suite_plugin import SHARED_OUTCOMES
 
 NOTEBOOK = "notebooks/04c_elastic.ipynb"
 CELLS = [f"{NOTEBOOK}::Cell {i}" for i in range(3)]
@@ -18,14 +20,14 @@ def request_for(nodeids, workerinput=None):
 
 
 def test_a_notebook_whose_cells_all_passed_is_read(monkeypatch):
-    monkeypatch.setattr(conftest, "OUTCOMES", {c: "passed" for c in CELLS})
+    monkeypatch.setattr(suite, "OUTCOMES", {c: "passed" for c in CELLS})
     assert notebook_passed(request_for(CELLS + ["tests/test_elastic.py::test_x"]), NOTEBOOK)
 
 
 def test_a_failed_cell_an_absent_notebook_or_a_broken_copy_make_the_test_run_its_own(monkeypatch):
-    monkeypatch.setattr(conftest, "OUTCOMES", {**{c: "passed" for c in CELLS}, CELLS[1]: "failed"})
+    monkeypatch.setattr(suite, "OUTCOMES", {**{c: "passed" for c in CELLS}, CELLS[1]: "failed"})
     assert not notebook_passed(request_for(CELLS), NOTEBOOK)
-    monkeypatch.setattr(conftest, "OUTCOMES", {c: "passed" for c in CELLS})
+    monkeypatch.setattr(suite, "OUTCOMES", {c: "passed" for c in CELLS})
     assert not notebook_passed(request_for(["tests/test_elastic.py::test_x"]), NOTEBOOK)
     assert not notebook_passed(request_for(CELLS[:1]), "notebooks/05_horovod.ipynb")
     monkeypatch.setenv("TRAINUP_SCRIPTS_DIR", "/elsewhere/scripts")  # test_breakages' copies
@@ -35,25 +37,25 @@ def test_a_failed_cell_an_absent_notebook_or_a_broken_copy_make_the_test_run_its
 def test_a_test_reads_the_notebooks_run_or_makes_its_own(monkeypatch):
     made = []
     make = lambda: made.append(1) or "own"  # noqa: E731
-    monkeypatch.setattr(conftest, "OUTCOMES", {c: "passed" for c in CELLS})
-    assert conftest.notebook_or_own(request_for(CELLS), NOTEBOOK, lambda: "read", make) == "read"
+    monkeypatch.setattr(suite, "OUTCOMES", {c: "passed" for c in CELLS})
+    assert notebook_or_own(request_for(CELLS), NOTEBOOK, lambda: "read", make) == "read"
     try:  # a notebook that passed without leaving its run: said, not made again in silence
-        conftest.notebook_or_own(request_for(CELLS), NOTEBOOK, lambda: None, make)
+        notebook_or_own(request_for(CELLS), NOTEBOOK, lambda: None, make)
         raise RuntimeError("not refused")
     except AssertionError as e:
         assert "passed without leaving its run's record" in str(e)
     assert made == []
-    assert conftest.notebook_or_own(request_for(["t"]), NOTEBOOK, lambda: "read", make) == "own"
+    assert notebook_or_own(request_for(["t"]), NOTEBOOK, lambda: "read", make) == "own"
     assert made == [1]
 
 
 def test_without_xdist_a_notebook_not_yet_run_is_not_waited_for(monkeypatch):
-    monkeypatch.setattr(conftest, "OUTCOMES", {CELLS[0]: "passed"})
+    monkeypatch.setattr(suite, "OUTCOMES", {CELLS[0]: "passed"})
     assert not notebook_passed(request_for(CELLS), NOTEBOOK)
 
 
 def test_under_xdist_the_other_workers_cells_are_waited_for(monkeypatch, tmp_path):
-    monkeypatch.setattr(conftest, "OUTCOMES", {})
+    monkeypatch.setattr(suite, "OUTCOMES", {})
     shared = tmp_path / "outcomes.tsv"
     shared.write_text(f"{CELLS[0]}\tpassed\n")
     polls = []
@@ -61,7 +63,7 @@ def test_under_xdist_the_other_workers_cells_are_waited_for(monkeypatch, tmp_pat
     def later(_seconds):  # the other worker reports its last cells while this one waits
         polls.append(1)
         shared.write_text("".join(f"{c}\tpassed\n" for c in CELLS))
-    monkeypatch.setattr(conftest.time, "sleep", later)
+    monkeypatch.setattr(suite.time, "sleep", later)
     assert notebook_passed(request_for(CELLS, {SHARED_OUTCOMES: str(shared)}), NOTEBOOK)
     assert polls == [1]
 
@@ -72,7 +74,7 @@ def test_files_that_read_a_notebook_run_after_the_other_files_and_before_the_bre
     reads = SimpleNamespace(READS_NOTEBOOK=NOTEBOOK)
     items = [item("tests/test_breakages.py::test_b"), item("tests/test_elastic.py::test_e", reads),
              item("tests/test_ddp.py::test_d"), item(CELLS[0])]
-    conftest.pytest_collection_modifyitems(None, items)
+    suite.pytest_collection_modifyitems(None, items)
     assert [i.nodeid.split("::")[0] for i in items] == [
         NOTEBOOK, "tests/test_ddp.py", "tests/test_elastic.py", "tests/test_breakages.py"]
 
@@ -82,13 +84,13 @@ def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monke
     lesson's runs, so its cells wait for the other unit's notebooks before it, and only for
     them."""
     first, second = "notebooks/04_ddp.ipynb::Cell 0", "notebooks/05_horovod.ipynb::Cell 0"
-    tenth = f"{conftest.READS_EARLIER}::Cell 3"
+    tenth = f"{suite.READS_EARLIER}::Cell 3"
     later = "notebooks/11_predict_the_cluster.ipynb::Cell 0"
-    group = conftest.serial_group
+    group = suite.serial_group
     assert group(first) == group("notebooks/00_environment.ipynb::Cell 0")
     assert group(first) != group(second) == group(tenth)
-    assert conftest.serial_group("tests/test_ddp.py::test_d") == "tests/test_ddp.py"
-    monkeypatch.setattr(conftest, "OUTCOMES", {second: "passed"})  # this worker's own unit
+    assert suite.serial_group("tests/test_ddp.py::test_d") == "tests/test_ddp.py"
+    monkeypatch.setattr(suite, "OUTCOMES", {second: "passed"})  # this worker's own unit
     shared = tmp_path / "outcomes.tsv"
     shared.write_text("")
     polls = []
@@ -96,7 +98,7 @@ def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monke
     def later_on(_seconds):  # the other worker's notebook ends while this one waits
         polls.append(1)
         shared.write_text(f"{first}\tfailed\n")
-    monkeypatch.setattr(conftest.time, "sleep", later_on)
+    monkeypatch.setattr(suite.time, "sleep", later_on)
 
     def item(nodeid, workerinput):
         config = SimpleNamespace(workerinput=workerinput) if workerinput else SimpleNamespace()
@@ -104,13 +106,13 @@ def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monke
                                                         for n in (first, second, tenth, later)])
         return SimpleNamespace(nodeid=nodeid, session=session)
     xdist = {SHARED_OUTCOMES: str(shared)}
-    assert conftest.wait_for_earlier_notebooks(item(second, xdist)) == set() and polls == []
-    in_order = conftest.wait_for_earlier_notebooks(item(tenth, {}))  # one process: in order
+    assert suite.wait_for_earlier_notebooks(item(second, xdist)) == set() and polls == []
+    in_order = suite.wait_for_earlier_notebooks(item(tenth, {}))  # one process: in order
     assert in_order == set() and polls == []
-    assert conftest.wait_for_earlier_notebooks(item(tenth, xdist)) == set() and polls == [1]
+    assert suite.wait_for_earlier_notebooks(item(tenth, xdist)) == set() and polls == [1]
     shared.write_text("")
-    monkeypatch.setattr(conftest, "NOTEBOOK_WAIT_S", -1)  # a worker that died: not waited for ever
-    assert conftest.wait_for_earlier_notebooks(item(tenth, xdist)) == {first}
+    monkeypatch.setattr(suite, "NOTEBOOK_WAIT_S", -1)  # a worker that died: not waited for ever
+    assert suite.wait_for_earlier_notebooks(item(tenth, xdist)) == {first}
 
 
 def test_the_baseline_is_keyed_by_the_code_it_runs(tmp_path):

@@ -102,7 +102,7 @@ def test_the_notebooks_run_as_two_ordered_work_units_and_each_test_file_as_its_o
     """Under pytest-xdist: the notebooks keep run_course.sh's order in two units (lesson 10 waits
     for the first: tests/test_shared_runs.py); test files (those that start a SLURM too) spread
     out."""
-    from conftest import serial_group
+    from suite_plugin import serial_group
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
     units = [serial_group(f"notebooks/{n}::Cell 0") for n in names]
     assert len(set(units)) == 2 and units == sorted(units, key=units.index)  # each unit in one run
@@ -111,6 +111,19 @@ def test_the_notebooks_run_as_two_ordered_work_units_and_each_test_file_as_its_o
     assert serial_group(slurm_test) == "tests/test_slurm.py"
     ddp, horovod = "tests/test_ddp.py::test_x", "tests/test_horovod.py::test_x"
     assert serial_group(ddp) != serial_group(horovod)
+
+
+def test_a_notebook_tested_alone_gets_the_suites_units_and_kernels():
+    """`bash run_tests.sh notebooks/04_ddp.ipynb` collects no test file, so tests/conftest.py is
+    not loaded: the root conftest.py loads the suite's plugin (work units, nbval's kernels)
+    anyway, or xdist would hand one notebook's cells to several workers, a kernel each."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--trace-config",
+                          "-p", "no:cacheprovider", "notebooks/00_environment.ipynb"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    registered = [line for line in out.stdout.splitlines() if line.startswith("PLUGIN registered")]
+    assert any("suite_plugin" in line for line in registered), registered
+    assert not any("tests/conftest.py" in line for line in registered)  # the case this guards
 
 
 def test_each_step_of_the_ladder_stays_within_its_budget():
