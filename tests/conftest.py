@@ -119,10 +119,47 @@ def finish_job(proc):
     try:
         out, err = proc.communicate(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung")
+        kill_tree(proc.pid)
+        try:  # whatever it wrote says where it hung
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(its output: held open by a process outside its tree)"
+        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung\n"
+                             f"{(out or '')[-2000:]}\n{(err or '')[-4000:]}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def descendants(pid):
+    """pid's children, theirs, and so on (Linux's /proc): also those in sessions of their own, as
+    torchrun starts its workers, which a signal to pid's process group does not reach."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while listed
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid):
+    """SIGKILL a hung job: its process group and every descendant, listed before any dies (a
+    killed parent's children are handed to init and no longer found under it)."""
+    tree = descendants(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def srun_env(rank, ntasks, port, job="1"):
@@ -225,8 +262,11 @@ def run_script(script, *args, log_dir, timeout=300, env=None, check=True, checkp
     try:
         out, err = job.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
+        kill_tree(job.pid)
+        try:
+            job.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass  # held open by a process outside its tree: the timeout is the failure
         raise
     proc = subprocess.CompletedProcess(job.args, job.returncode, out, err)
     if check and proc.returncode != 0:

@@ -2,6 +2,7 @@
 session runs that notebook and every cell of it passed (conftest.notebook_passed): one job, run
 once. Everywhere else (a test file alone, the breakages' copies, a cell that failed) the test makes
 its own."""
+from pathlib import Path
 from types import SimpleNamespace
 
 import conftest
@@ -148,3 +149,39 @@ def test_a_baseline_made_already_is_copied_and_not_run_again(tmp_path):
     assert again.proc is not None and not (made / "one.jsonl").exists()
     again.proc.kill()
     again.finish()
+
+
+def test_a_hung_job_is_killed_with_the_workers_of_its_own_sessions_and_fails(monkeypatch):
+    """torchrun starts its workers in sessions of their own: a hung job's process group does not
+    hold them, and a worker still holding the job's output would keep the test waiting for ever
+    (a fresh-clone run, 2026-11-26). The guard kills the whole tree and fails in its time."""
+    import subprocess
+    import sys
+    import time
+    monkeypatch.setattr(conftest, "HANG_GUARD_S", 1)
+    # a "launcher" whose worker runs in a session of its own, holding the launcher's stdout
+    worker = "import os, time; os.setsid(); print(os.getpid(), flush=True); time.sleep(600)"
+    launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); "
+                "time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    started = time.monotonic()
+    try:
+        conftest.finish_job(proc)
+        raise RuntimeError("not refused")
+    except AssertionError as e:
+        assert "it hung" in str(e)
+        pid = int(str(e).split("it hung\n")[1].split()[0])  # the worker's pid, from its output
+    assert time.monotonic() - started < 30
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid), f"the worker {pid} outlived its hung job"
+
+
+def alive(pid):
+    """Running: not gone, and not a zombie that init has yet to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
