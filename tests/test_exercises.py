@@ -137,6 +137,17 @@ def test_06_bubble_activations_and_memory():
     assert s.activations_held(4, 8, "1f1b") == [4, 3, 2, 1] and s.activations_held(4, 2, "1f1b") == [2, 2, 2, 1]
     mem = s.stage_memory_mb(blocks=4, width=10, stages=2)
     assert abs(mem["parameters_mb"] - 2 * 110 * 4 / 1e6) < 1e-12 and mem["with_grads_and_adam_mb"] == 4 * mem["parameters_mb"]
+    # exercise 4 against the stages' own activation meter: the last of 2 stages holds 2 blocks and
+    # the head, which keeps its input (width values a sample) besides
+    import torch
+    from trainup import models, pipeline
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        stages = pipeline.cut(models.BlockStack((1, 28, 28), 10, 4, 32).double(), 2, recompute)
+        out = stages[1](torch.randn(8, 32, dtype=torch.float64, requires_grad=True))  # kept: so is
+        head = 32 * 8 * 8  # what autograd saved for its backward
+        assert stages[1].meter.bytes == s.kept_per_microbatch(2, 32, 8, recompute, 8) + head
+        out.sum().backward()
 
 
 def test_09b_longest_sequence_and_crossover():

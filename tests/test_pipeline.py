@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import SCRIPTS, Ranks, assert_clean_error, finish_job, in_process, start_job, start_wanted
-from lessons import checks, launch, report, schedules as lesson, zero_bubble
+from lessons import checks, launch, recompute, report, schedules as lesson, zero_bubble
 from trainup import pipeline
 
 SCRIPT = str(SCRIPTS / "_trainup_pipeline.py")
@@ -49,7 +49,9 @@ def runs(tmp_path_factory, request):
     done = start_wanted(request, dict(
         one=lambda: job(log_dir, "one", "--stages", 1, nproc=0),
         s=lambda: job(log_dir, "s", "--schedule", ",".join(SCHEDULES)),
-        pp2xdp2=lambda: job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2, nproc=4),
+        # 2 pipelines x 2 stages, each block's activations recomputed in its backward
+        pp2xdp2=lambda: job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2,
+                            "--recompute", nproc=4),
         # the tracer's cut (pipeline() and SplitPoint), under a schedule of 2 stages a rank
         traced=lambda: job(log_dir, "traced", "--schedule", "zbv", "--split", "traced"),
         manual=lambda: job(log_dir, "manual", "--steps", 4, script=MANUAL,
@@ -131,6 +133,16 @@ def test_1f1b_keeps_fewer_micro_batches_of_activations_alive_than_gpipe(runs):
     gpipe, one_f_one_b = (lesson.peak_activations(name(s), log_dir=runs) for s in ("gpipe", "1f1b"))
     # 4 micro-batches: GPipe holds all 4 before its first backward; 1F1B at most 2 on stage 0, 1 on stage 1
     assert (one_f_one_b / gpipe).tolist() == pytest.approx([2 / 4, 1 / 4], rel=0.02)
+
+
+def test_recomputing_keeps_each_blocks_input_only_as_counted_by_hand(runs):
+    """Each stage's peak is a whole number of micro-batches as counted by hand from the model's code
+    (lessons/recompute.py), without --recompute (s_1f1b) and with it (the 2 x 2 job, half the
+    micro-batch): the meter sees what checkpoint keeps, and 1F1B keeps 2 and 1 in flight."""
+    t = recompute.table(name("1f1b"), "pp2xdp2", log_dir=runs)
+    assert lesson.layout("pp2xdp2", log_dir=runs)["recompute"] is True
+    assert t["plain"]["in_flight"].tolist() == t["recompute"]["in_flight"].tolist() == [2, 1]
+    assert (t["recompute"]["one_microbatch"] < t["plain"]["one_microbatch"] / 2).all()
 
 
 def test_pipelines_side_by_side_split_the_batch_and_place_ranks(runs):
@@ -235,6 +247,8 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, monkeypatch, caps
               ["--schedule zbv", "4 stages", "more than its --blocks 3"]),
              ([], ["--schedule", "gpipe,fast"], ["--schedule", "unknown schedule 'fast'"]),
              ([], ["--schedule", "gpipe,1f1b", "--stages", "1"], ["several schedules", "--stages 1"]),
+             ([], ["--recompute", "--split", "traced"], ["--recompute", "--split manual"]),
+             ([], ["--recompute", "--stages", "1"], ["--recompute", "--stages 2 or more"]),
              ([], [], ["needs 2 processes", "has 1"]),
              (["RANK=0", "WORLD_SIZE=3", "LOCAL_RANK=0"], [], ["needs 2 processes", "has 3"])]
     for env, flags, words in cases:

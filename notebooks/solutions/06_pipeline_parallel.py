@@ -33,8 +33,20 @@ def stage_memory_mb(blocks, width, stages, bytes_per_value=4):
     return dict(parameters_mb=per_stage / 1e6, with_grads_and_adam_mb=4 * per_stage / 1e6)
 
 
+def kept_per_microbatch(blocks, width, microbatch, recompute, bytes_per_value=4):
+    """Exercise 4: bytes one micro-batch leaves saved for backward in `blocks` of the block stack
+    (trainup/models.Block: LayerNorm, Linear, ReLU, a residual add). Without recomputation each block
+    keeps its input (LayerNorm saves it), LayerNorm's output (the Linear's input) and ReLU's output
+    (`width` values a sample each) and LayerNorm's mean and 1/std (one each); recomputed, its input
+    only."""
+    per_sample = width if recompute else 3 * width + 2
+    return blocks * per_sample * microbatch * bytes_per_value
+
+
 if __name__ == "__main__":
     for p in (2, 4, 8):
         print(f"{p} stages: {microbatches_for(p)} micro-batches for a bubble of 10% or less")
     print("GPipe", activations_held(4, 8, "gpipe"), "1F1B", activations_held(4, 8, "1f1b"))
     print(stage_memory_mb(blocks=48, width=4096, stages=4))
+    for recompute in (False, True):
+        print(f"recompute {recompute}: {kept_per_microbatch(4, 256, 8, recompute)} bytes kept")

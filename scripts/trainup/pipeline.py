@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed import pipelining as pp
+from torch.utils.checkpoint import checkpoint
 
 from . import UserError, devices
 from .meter import Meter
@@ -130,27 +131,47 @@ class ActivationMeter:
 
 class StagePart(nn.Module):
     """One stage's piece of a BlockStack: its blocks (the stem first, the head last), under the full
-    model's parameter names, so the stages' state dicts together are the whole model's."""
-    def __init__(self, model, first, end, has_stem, has_head):
+    model's parameter names, so the stages' state dicts together are the whole model's. recompute:
+    each block's activations are computed again in its backward (torch.utils.checkpoint), so a
+    micro-batch in flight keeps only each block's input."""
+    def __init__(self, model, first, end, has_stem, has_head, recompute=False):
         super().__init__()
         self.stem = model.stem if has_stem else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(first, end)})
         self.head = model.head if has_head else None
         self.meter = ActivationMeter(self.parameters())
+        self.recompute = recompute
 
     def forward(self, x):
         with self.meter.saving():
             if self.stem is not None:
                 x = self.stem(x.flatten(1))
             for block in self.blocks.values():
-                x = block(x)
+                x = KeptInput.apply(checkpoint(block, x, use_reentrant=False), x) \
+                    if self.recompute else block(x)
             return self.head(x) if self.head is not None else x
 
 
-def cut(model, n_stages):
+class KeptInput(torch.autograd.Function):
+    """The output of a checkpointed block, unchanged, with the block's input saved for backward.
+    checkpoint keeps that input alive itself, where no saved-tensor hook sees it (its own hooks
+    replace the meter's inside the block): saved here as well, under the meter's hook, it is
+    counted until the block's backward, as the memory it is."""
+    @staticmethod
+    def forward(ctx, out, inp):
+        ctx.save_for_backward(inp)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def cut(model, n_stages, recompute=False):
     """The model's pieces, one per stage, cut by hand: each a StagePart that knows the model."""
     ranges = block_ranges(len(model.blocks), n_stages)
-    return [StagePart(model, a, b, i == 0, i == n_stages - 1) for i, (a, b) in enumerate(ranges)]
+    return [StagePart(model, a, b, i == 0, i == n_stages - 1, recompute)
+            for i, (a, b) in enumerate(ranges)]
 
 
 def traced(model, n_stages, example):
@@ -323,7 +344,7 @@ class Pipe:
         example = torch.zeros(args.batch_size // args.data_parallel // microbatches,
                               *args.image_shape)  # a micro-batch, for the tracer
         parts = (traced(model, self.n_stages, example) if args.split == "traced"
-                 else cut(model, self.n_stages))
+                 else cut(model, self.n_stages, args.recompute))
         ids = stage_ids(args.schedule, layout.position, args.stages)
         self.parts = [parts[i].to(device) for i in ids]
         self.stages = [TimedStage(replicated(parts[i], layout, device), i, self.n_stages, device,

@@ -19,7 +19,8 @@ def schedule_list(text):
 
 
 def add_flags(p):
-    """The pipeline's shape (--schedule, --stages, --microbatches, --data-parallel) and --sweep."""
+    """The pipeline's shape (--schedule, --stages, --microbatches, --data-parallel), --split,
+    --recompute and --sweep."""
     p.add_argument("--schedule", dest="schedules", default=["gpipe"], type=schedule_list,
                    metavar="NAME[,NAME...]",
                    help="naive: the whole batch at once; gpipe: all forwards, then all backwards; "
@@ -35,6 +36,10 @@ def add_flags(p):
     p.add_argument("--split", choices=("manual", "traced"), default="manual",
                    help="manual: each stage's blocks picked by hand (pipeline.cut); traced: "
                         "torch's tracer (pipeline(), SplitPoint) cuts the graph at the same blocks")
+    p.add_argument("--recompute", action="store_true",
+                   help="each block's activations computed again in its backward "
+                        "(torch.utils.checkpoint): a micro-batch in flight keeps only each block's "
+                        "input")
     # measure the schedule only
     cli.add_sweep(p, steps=3, what="micro-batch counts", example="1,2,4,8")
 
@@ -42,6 +47,9 @@ def add_flags(p):
 def check_flags(p, args):
     """After parsing: the first schedule is args.schedule; several need a pipeline."""
     args.schedule = args.schedules[0]
+    if args.recompute and (args.split == "traced" or args.stages == 1):
+        p.error("--recompute checkpoints the blocks of the stages cut by hand: use it with "
+                "--split manual and --stages 2 or more")
     if len(args.schedules) > 1 and args.stages == 1:
         p.error("several schedules need a pipeline (--stages 2 or more); --stages 1 is the "
                 "one-process baseline")
@@ -74,7 +82,7 @@ def log_layout(log, args, ctx, layout):
               microbatch_size=args.batch_size // args.data_parallel // args.microbatches,
               blocks=args.blocks, width=args.width,
               stage_blocks=pipeline.block_ranges(args.blocks, n_stages), placement=placement,
-              split=args.split)
+              split=args.split, recompute=args.recompute)
 
 
 def sweep(args, model, layout, train_set, ctx, log, train_step, optimizer_for):

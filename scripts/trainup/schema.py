@@ -74,7 +74,7 @@ OPTIONAL = {"env": ("cores", "load_start"), "summary": ("load_end",),
             "shard_memory": ("forward_param_bytes",),
             "tp": ("heads", "sequence_parallel", "tokens"),  # _trainup_tp_sp.py's transformer
             "sharding": ("prefetch", "offload"),  # FSDP2's options (2026-11-25)
-            "pipeline": ("split",),  # manual or traced (2026-11-25)
+            "pipeline": ("split", "recompute"),  # (2026-11-25, 2026-11-26)
             "epoch": ("flops_per_s", "mfu", "lr")}
 # Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
 # a run without epochs (a sweep) has no loss.
@@ -95,6 +95,7 @@ TYPES_IN = {
     "tp": dict(tp=INT, dp=INT, param_bytes=("list",), sharded_bytes=("list",), full_param_bytes=INT,
                full_sharded_bytes=INT),
     "tp_comm": dict(epoch=INT, collectives=("list",)),
+    "pipeline": dict(split=TEXT, recompute=("bool",)),
 }
 
 
