@@ -182,3 +182,19 @@ def test_a_truncated_digits_cache_is_made_again(tmp_path, monkeypatch):
     assert x.shape == (5000, 784) and y.shape == (5000,)
     with np.load(tmp_path / good.name) as f:
         assert f["x"].shape == (5000, 784)  # written whole again
+
+
+def test_loader_workers_start_from_a_fork_server_and_give_the_batches_a_fork_gives(monkeypatch):
+    """A worker forked from a process whose gloo threads run can hang inside the fork (CPython
+    issue 112275, Python 3.11.7 here): the lessons' loader starts its workers from a fork server,
+    and its batches are those of the loader without workers, in order."""
+    images = data.Images(torch.randn(40, 1, 4, 4), torch.arange(40) % 10, 10)
+    args = SimpleNamespace(workers=2, no_pin_memory=False, seed=3)
+    sampler = data.ShuffleSampler(len(images), 3, 0, 1)
+    loader = data.loader(images, 8, sampler, args, torch.device("cpu"))
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    alone = data.loader(images, 8, sampler, SimpleNamespace(**{**vars(args), "workers": 0}),
+                        torch.device("cpu"))
+    assert alone.multiprocessing_context is None
+    for (x, y), (x0, y0) in zip(loader, alone, strict=True):
+        assert torch.equal(x, x0) and torch.equal(y, y0)

@@ -93,7 +93,22 @@ def loader(dataset, batch_size, sampler, args, device):
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
                       pin_memory=device.type == "cuda" and not args.no_pin_memory,
                       persistent_workers=args.workers > 0, generator=torch.Generator().manual_seed(args.seed),
-                      worker_init_fn=preempt.loader_worker_init)  # a stop is the main process's
+                      worker_init_fn=preempt.loader_worker_init,  # a stop is the main process's
+                      multiprocessing_context=worker_start() if args.workers > 0 else None)
+
+
+def worker_start():
+    """How loader workers start: from a fork server (a clean process that imported torch once), not
+    as forks of this process. Once a run has joined its process group, gloo's threads call into
+    Python at moments of their own, and a fork that lands while one of them holds CPython's lock of
+    thread states leaves the worker waiting for it for ever: CPython issue 112275, fixed in 3.11.8.
+    Seen here on 3.11.7 (2026-11-26): a DDP rank's test-set worker hung inside the fork, its rank
+    waited for the worker's batches, the other rank timed out. Python 3.14 starts workers this way
+    by default. Tensors reach the workers through shared memory, not copied."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "trainup.data"])  # imported once, in the server
+    return ctx
 
 
 def full_batches(loader, batch_size):
