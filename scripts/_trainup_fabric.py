@@ -81,6 +81,7 @@ def main(argv=None):
 
     train_loader = fabric.setup_dataloaders(  # a DistributedSampler put in; batches to device
         DataLoader(train_set, per_rank, shuffle=True, num_workers=args.workers,
+                   multiprocessing_context=data.worker_start() if args.workers else None,
                    pin_memory=device.type == "cuda" and not args.no_pin_memory))
     # the test set in the course's shares: Fabric's sampler would pad it to equal ones, counting
     # some samples twice

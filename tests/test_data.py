@@ -198,3 +198,5 @@ def test_loader_workers_start_from_a_fork_server_and_give_the_batches_a_fork_giv
     assert alone.multiprocessing_context is None
     for (x, y), (x0, y0) in zip(loader, alone, strict=True):
         assert torch.equal(x, x0) and torch.equal(y, y0)
+    from trainup import preempt  # a run resumed mid-epoch: the rest of the epoch, started alike
+    assert preempt._skipped(loader, 2).multiprocessing_context is loader.multiprocessing_context

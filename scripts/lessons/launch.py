@@ -160,8 +160,9 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           ("_trainup_ddp.py", "_trainup_horovod.py", 89),
           ("_trainup_ddp.py", "_trainup_ray.py", 90),
           # Fabric (lesson 07): its calls in lesson 04's loop (about 60 lines); the rest is sweeps,
-          # the stop signal and GPU statistics left to the Trainer, which has its own
-          ("_trainup_ddp.py", "_trainup_fabric.py", 126),
+          # the stop signal and GPU statistics left to the Trainer, which has its own; its own
+          # DataLoader starts workers as data.loader does (data.worker_start)
+          ("_trainup_ddp.py", "_trainup_fabric.py", 127),
           # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy
           ("_trainup_fabric.py", "_trainup_lightning.py", 161),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson

@@ -342,7 +342,8 @@ def _skipped(loader, skip):
         rest = list(loader.sampler)[skip * loader.batch_size:]  # the sampler's order, after set_epoch
         return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=rest, num_workers=loader.num_workers,
                           pin_memory=loader.pin_memory, collate_fn=loader.collate_fn, drop_last=loader.drop_last,
-                          generator=loader.generator, worker_init_fn=loader.worker_init_fn)
+                          generator=loader.generator, worker_init_fn=loader.worker_init_fn,
+                          multiprocessing_context=loader.multiprocessing_context)  # as it started
     return itertools.islice(loader, skip, None)
 
 
