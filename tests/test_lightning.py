@@ -10,6 +10,7 @@ from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process,
 from lessons import checks, launch, lightning, report, slurm
 
 SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
+FSDP_SCRIPT = str(SCRIPTS / "_trainup_lightning_fsdp.py")  # ModelParallelStrategy, fully_shard
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
 # float64 (checks.PROOF): the proofs hold on any processor (see checks.FLOAT64_ATOL).
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--batch-size", "64", *checks.PROOF]
@@ -166,11 +167,14 @@ def test_inside_a_notebook_ddp_is_refused_in_one_sentence_that_names_ddp_noteboo
     assert not (log_dir / "kernel.lock").exists()  # the run's lock let go: the kernel lives on
 
 
-@pytest.mark.parametrize("damage", ["bytes", "empty", "another file"])
+@pytest.mark.parametrize("damage", ["bytes", "empty", "another file", "shards without metadata"])
 def test_a_damaged_lightning_checkpoint_is_one_sentence(main, damage, capsys, log_dir):
     ckpt = log_dir / "checkpoints" / "dmg-lightning.ckpt"
     ckpt.parent.mkdir(parents=True, exist_ok=True)
-    if damage == "another file":
+    if damage == "shards without metadata":  # ModelParallelStrategy's folder, cut short
+        ckpt.mkdir()
+        (ckpt / "__0_0.distcp").write_bytes(b"half")
+    elif damage == "another file":
         torch.save({"model": {}}, ckpt)  # a course checkpoint, not Lightning's
     else:
         ckpt.write_bytes(b"PK\x03\x04 not a checkpoint" if damage == "bytes" else b"")
@@ -178,10 +182,54 @@ def test_a_damaged_lightning_checkpoint_is_one_sentence(main, damage, capsys, lo
     assert_clean_error(proc, "cannot be read", "damaged or not Lightning's", "without --resume")
 
 
+def test_the_sharded_script_takes_no_other_strategy_and_a_count_of_devices(capsys, log_dir):
+    import _trainup_lightning_fsdp
+    for flags, words in ((["--strategy", "ddp"], ["ModelParallelStrategy", "_trainup_lightning.py"]),
+                         (["--devices", "auto"], ["--devices auto", "number of processes"])):
+        proc = in_process(_trainup_lightning_fsdp.main, [*TINY, "--accelerator", "cpu", *flags,
+                                                         "--run-name", "bad", *_out(log_dir)], capsys)
+        assert_clean_error(proc, *words)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the sentence for a machine without a GPU")
 def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, log_dir):
     assert_clean_error(in_process(main, [*TINY, "--accelerator", "gpu", *_out(log_dir)], capsys),
                        "needs an NVIDIA GPU", "--accelerator cpu")
+
+
+# --- FSDP2 under the Trainer: ModelParallelStrategy -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sharded(request, runs, tmp_path_factory):
+    """_trainup_lightning_fsdp.py on 2 processes under torchrun: notebook 07's run (the same
+    flags) where this session ran it, else this module's own beside its baseline."""
+    log_dir, _ = runs
+
+    def own():
+        ok(finish_job(start_job(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [
+            FSDP_SCRIPT, *TINY, "--accelerator", "cpu", "--run-name", "pl_fsdp", *_out(log_dir)],
+            launch.environment())))
+        return log_dir, "pl_fsdp", log_dir / "checkpoints", "one"
+
+    def load():
+        found = (ROOT / "logs" / "l_fsdp.jsonl").exists()
+        return found and (ROOT / "logs", "l_fsdp", ROOT / "checkpoints", "l_one")
+
+    return notebook_or_own(request, READS_NOTEBOOK, load, own)
+
+
+def test_fsdp2_under_the_trainer_ends_like_one_process_and_saves_shards_and_a_whole_model(sharded):
+    folder, name, ckpts, one = sharded
+    checks.learned(name, log_dir=folder)
+    assert lightning.setup(name, folder)["strategy"] == "ModelParallelStrategy"
+    worst = checks.same_parameters(name, one, atol=checks.FLOAT64_ATOL, checkpoint_dir=ckpts)
+    assert worst <= checks.FLOAT64_ATOL
+    files = lightning.shard_files(name, ckpts)  # Lightning's: a file of shards a rank
+    assert [f for f in files if f.endswith(".distcp")] == ["__0_0.distcp", "__1_0.distcp"]
+    assert {".metadata", "meta.pt"} <= set(files)
+    # the course's, by rank 0: whole tensors gathered from both ranks' shards, not rank 0's DTensors
+    whole = torch.load(ckpts / f"{name}.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(type(t) is torch.Tensor for t in whole.values()), {type(t) for t in whole.values()}
 
 
 # --- SLURM: srun, one task per process, nodes from SLURM's variables ------------------------------------
@@ -293,14 +341,16 @@ def test_a_run_refused_for_a_live_writer_leaves_the_live_runs_tensorboard_alone(
     assert (board / "events.out").read_text() == "the live run's"
 
 
-def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path):
+@pytest.mark.parametrize("script", [SCRIPT, FSDP_SCRIPT])
+def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path, script):
     """A SIGTERM (a time limit, scancel) mid-run: Lightning stops after the step, the course saves its
-    checkpoint whole and exits 75 (Lightning alone exits 0, unsaved); --resume then finishes the run."""
+    checkpoint whole and exits 75 (Lightning alone exits 0, unsaved); --resume then finishes the run.
+    Under ModelParallelStrategy that checkpoint is a folder of shards, put in place whole."""
     import signal
     import subprocess
     import time
     log_dir, ckpt_dir = tmp_path / "logs", tmp_path / "ckpt"
-    cmd = [sys.executable, str(SCRIPTS / "_trainup_lightning.py"), *TINY, "--accelerator", "cpu", "--epochs", 3,
+    cmd = [sys.executable, script, *TINY, "--accelerator", "cpu", "--epochs", 3,
            "--run-name", "stop", "--log-dir", log_dir, "--checkpoint-dir", ckpt_dir]
     cmd = [str(c) for c in cmd]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -314,6 +364,7 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path):
     assert proc.returncode == 75, f"exit {proc.returncode}\n{err[-3000:]}"
     assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
     assert (ckpt_dir / "stop-lightning.ckpt").exists() and not list(ckpt_dir.glob(".*.tmp"))
+    assert not list(ckpt_dir.glob(".*.old"))  # a folder of shards: the one it replaced, removed
     assert report.read_run(log)["summary"]["status"] == "stopped"  # as every course script logs a stop
     again = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]

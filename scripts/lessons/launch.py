@@ -165,6 +165,8 @@ LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           ("_trainup_ddp.py", "_trainup_fabric.py", 127),
           # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy
           ("_trainup_fabric.py", "_trainup_lightning.py", 161),
+          # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3)
+          ("_trainup_lightning.py", "_trainup_lightning_fsdp.py", 45),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
           ("_trainup_ddp.py", "_trainup_blocks.py", 130),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),

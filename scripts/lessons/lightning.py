@@ -99,6 +99,13 @@ def setup(name, log_dir=LOG_DIR):
                               "world_size", "sampler", "rank_samples", "sync_dist")}
 
 
+def shard_files(name, checkpoint_dir=None):
+    """The files of Lightning's own checkpoint of a ModelParallelStrategy run: a folder, a file of
+    shards a rank and DCP's .metadata (written last)."""
+    folder = Path(checkpoint_dir or CHECKPOINT_DIR) / f"{name}-lightning.ckpt"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
 def fabric_setup(name, log_dir=LOG_DIR):
     """What Fabric chose for a run of _trainup_fabric.py: its 'fabric' record."""
     s = records(name, "fabric", log_dir)[0]

@@ -10,11 +10,10 @@ lessons/ (report.run, launch.run and its kin, horovod.run) passes its arguments 
 import os
 
 # The flag that says where a script runs, and its GPU value; the other scripts listed take --device.
-FLAG = {"_trainup_lightning.py": ("--accelerator", "gpu"),
-        "_trainup_fabric.py": ("--accelerator", "gpu")}
+LIGHTNING = ("_trainup_lightning.py", "_trainup_lightning_fsdp.py", "_trainup_fabric.py")
+FLAG = {script: ("--accelerator", "gpu") for script in LIGHTNING}
 CHOOSES_DEVICE = {"_trainup_gpu.py", "_trainup_ddp.py", "_trainup_ddp_tuned.py", "_trainup_fsdp.py",
-                  "_trainup_horovod.py", "_trainup_lightning.py", "_trainup_fabric.py",
-                  "_trainup_blocks.py",
+                  "_trainup_horovod.py", *LIGHTNING, "_trainup_blocks.py",
                   "_trainup_pipeline.py", "_trainup_tp.py"}
 # Where a script's --device defaults to cpu, a job that names none never uses a GPU.
 DEFAULT = {"_trainup_blocks.py": "cpu", "_trainup_pipeline.py": "cpu", "_trainup_tp.py": "cpu"}
@@ -42,7 +41,7 @@ def processes(script, args, nproc=1):
     """How many processes the job starts: nproc, or Lightning's --devices (the Trainer's, Fabric's)
     when it spawns its own."""
     args = [str(a) for a in args]
-    if script in ("_trainup_lightning.py", "_trainup_fabric.py") and "--devices" in args:
+    if script in LIGHTNING and "--devices" in args:
         value = args[args.index("--devices") + 1]
         return int(value) * nproc if value.isdigit() else nproc
     return nproc

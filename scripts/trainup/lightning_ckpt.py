@@ -1,7 +1,9 @@
 """Lightning's own checkpoint, treated as the course treats every checkpoint: a damaged one to resume from is
 one sentence, and a SIGTERM leaves one written whole and exit status 75 (resumable), as every script does."""
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import torch
 
@@ -10,7 +12,16 @@ from . import UserError, preempt
 
 def readable(ckpt):
     """A checkpoint to resume from that Lightning can read: else one sentence before any process starts
-    (Lightning would stop with a traceback from torch.load)."""
+    (Lightning would stop with a traceback from torch.load). A folder is a checkpoint of shards
+    (ModelParallelStrategy's): whole once torch.distributed.checkpoint's .metadata (written last)
+    and Lightning's meta.pt (the epoch, the loops) are in it."""
+    if Path(ckpt).is_dir():
+        lost = [f for f in (".metadata", "meta.pt") if not (Path(ckpt) / f).is_file()]
+        if lost:
+            raise UserError(f"checkpoint {ckpt} cannot be read (a folder of shards without "
+                            f"{' and '.join(lost)}): it is damaged or not Lightning's; delete it, "
+                            f"or run without --resume")
+        return
     try:
         state = torch.load(ckpt, map_location="cpu", weights_only=False)  # Lightning's own files hold more
         assert isinstance(state, dict) and "state_dict" in state and "loops" in state
@@ -23,9 +34,22 @@ def stopped(trainer, ckpt):
     """A SIGTERM (a scheduler's time limit, scancel): Lightning's checkpoint of where the run stood, written
     whole (every rank joins, rank 0 writes, then a rename), and exit 75 as every course script: resumable."""
     tmp = ckpt.with_name(f".{ckpt.name}.tmp")
-    trainer.save_checkpoint(tmp)
+    trainer.save_checkpoint(tmp)  # every rank's shards, under ModelParallelStrategy
     if trainer.is_global_zero:
-        os.replace(tmp, ckpt)
+        replace(tmp, ckpt)
         print(f"stopped by SIGTERM at epoch {trainer.current_epoch + 1}, step {trainer.global_step}: "
               f"{ckpt.name} saved; run again with --resume to go on", file=sys.stderr)
     sys.exit(preempt.STOPPED_EXIT)
+
+
+def replace(tmp, ckpt):
+    """os.replace, also for a folder of shards (a folder cannot replace a folder that holds
+    files): the old one is moved aside, the new one put in its place, then the old one removed."""
+    if Path(tmp).is_dir() and Path(ckpt).exists():
+        old = ckpt.with_name(f".{ckpt.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(ckpt, old)
+        os.replace(tmp, ckpt)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, ckpt)

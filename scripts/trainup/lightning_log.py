@@ -27,6 +27,29 @@ def _gathered(pl_module, meter):
     return [metrics.Meter.from_tensor(p.cpu()) for p in parts]
 
 
+class _Saved:
+    """A state already gathered, where checkpoint.save asks for .state_dict()."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+
+def _whole(model, optimizer):
+    """What rank 0 saves: the model and its optimizer; or, where fully_shard sharded them (FSDP2
+    under ModelParallelStrategy: DTensors, a shard on each rank), their whole states,
+    gathered from every rank's shards onto rank 0's CPU: every rank must call it."""
+    from torch.distributed.fsdp import FSDPModule
+    if not isinstance(model, FSDPModule):  # fully_shard made the model's class a subclass of it
+        return model, optimizer
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    whole, state = get_state_dict(model, optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
+    return _Saved(whole), _Saved(state)
+
+
 def _summed(meters):
     return metrics.Meter.from_tensor(torch.stack([m.as_tensor() for m in meters]).sum(0))
 
@@ -76,9 +99,10 @@ class CourseLog(Callback):
                        rank_loss=[m.mean_loss for m in ranks], rank_samples=[m.samples for m in ranks],
                        sampler=self.sampler)
         self.run_log.epoch(epoch, train, test, max(self.tock - self.tick, 1e-9))
+        model, optimizer = _whole(pl_module.model, trainer.optimizers[0])  # on every rank
         if trainer.is_global_zero:  # one writer; the others would race for the same file
             scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-            checkpoint.save(self.ckpt, pl_module.model, trainer.optimizers[0], scheduler, epoch, self.args)
+            checkpoint.save(self.ckpt, model, optimizer, scheduler, epoch, self.args)
 
     def on_fit_end(self, trainer, pl_module):
         self.run_log.summary(checkpoint=self.ckpt)

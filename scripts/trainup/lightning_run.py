@@ -70,6 +70,14 @@ class Run:
         self.callbacks = [course_log, *watchers, own_ckpt, *lightning_callbacks.callbacks(args)]
         self.ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"
 
+    @property
+    def processes(self):
+        """devices x num_nodes: every process of the job, where --devices is a count."""
+        if not isinstance(self.devices, int):
+            raise UserError(f"--devices {self.devices}: give a number of processes a node here "
+                            f"(the strategy's mesh is made before Lightning counts them)")
+        return self.devices * self.nodes
+
     def release(self):
         """The run's lock let go: inside a notebook's kernel the process lives on after the run."""
         if self.lock:
