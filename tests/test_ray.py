@@ -95,3 +95,32 @@ def test_a_run_ray_gave_up_on_is_one_sentence_naming_each_rank():
                         "by peer")})
     assert ray_run.why(error) == ("rank 0: another rank is gone (Connection reset by peer); "
                                   "rank 1: its process died")
+
+
+def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypatch):
+    """Ray waits its own 30 s for a local raylet; past that (a loaded machine) the processes that
+    first start began are ended and ray.init runs again. Any other failure is Ray's to say."""
+    import subprocess
+    import sys
+
+    import psutil
+    from trainup import ray_run
+    began, calls = [], []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:  # as Ray's Node: processes started, then the wait given up
+            began.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+            raise Exception("The current node timed out during startup. This could happen ...")
+        return "started"
+
+    monkeypatch.setattr(ray_run.ray, "init", init)
+    monkeypatch.setattr(ray_run.ray, "shutdown", lambda: None)
+    assert ray_run.start(dict(num_cpus=2)) == "started" and calls == [dict(num_cpus=2)] * 2
+    assert began[0].wait(timeout=10) is not None and not psutil.pid_exists(began[0].pid)
+
+    def other(**kwargs):
+        raise Exception("something else")
+    monkeypatch.setattr(ray_run.ray, "init", other)
+    with pytest.raises(Exception, match="something else"):
+        ray_run.start({})
