@@ -104,25 +104,35 @@ def timed_call(op, size, world):
     return lambda: reduce_scatter_single(mine, whole), n * 4
 
 
-def show_bandwidth(log, rank, world, sizes, ops=("all_reduce",)):
+def show_bandwidth(log, rank, world, sizes, ops=("all_reduce",), rounds=1):
     """Each op's time against message size; bandwidths as nccl-tests defines them. all_reduce's
-    records are allreduce_bw (lesson 04), the others' collective_bw (lesson 11 fits each op)."""
+    records are allreduce_bw (lesson 04), the others' collective_bw (lesson 11 fits each op).
+    rounds: the whole sweep this many times over, each size's time their mean: on a shared
+    machine a call's latency changes from one second to the next (threads woken on busy cores),
+    and one pass catches one moment."""
+    timed = {}
+    for _ in range(rounds):
+        for op in ops:
+            for size in sizes:
+                call, size_bytes = timed_call(op, size, world)
+                repeats = 20 if size <= 2**20 else 5
+                for _ in range(2):  # warm-up: connections, buffers
+                    call()
+                dist.barrier()
+                tick = time.perf_counter()
+                for _ in range(repeats):
+                    call()
+                mine = torch.tensor([(time.perf_counter() - tick) / repeats])
+                dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # as slow as its slowest rank
+                timed.setdefault((op, size), []).append((float(mine), size_bytes, repeats))
     for op in ops:
         bus = BUS_FACTOR[op](world)
         if rank == 0 and len(ops) > 1:
             print(f"{op}:")
         for size in sizes:
-            call, size_bytes = timed_call(op, size, world)
-            repeats = 20 if size <= 2**20 else 5
-            for _ in range(2):  # warm-up: connections, buffers
-                call()
-            dist.barrier()
-            tick = time.perf_counter()
-            for _ in range(repeats):
-                call()
-            mine = torch.tensor([(time.perf_counter() - tick) / repeats])
-            dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the job is as slow as its slowest rank
-            seconds = float(mine)
+            seconds = sum(t for t, _, _ in timed[op, size]) / rounds
+            _, size_bytes, repeats = timed[op, size][0]
+            repeats *= rounds
             algbw = size_bytes / seconds / 1e9
             if op == "all_reduce":
                 line = log.write("allreduce_bw", size_bytes=size_bytes, world_size=world,
@@ -243,6 +253,8 @@ def parse_args(argv=None):
                    help="--show bandwidth: message sizes (bytes)")
     p.add_argument("--ops", default="all_reduce",
                    help=f"--show bandwidth: the collectives timed, comma-separated: {', '.join(OPS)}")
+    p.add_argument("--rounds", type=cli.positive(int), default=1,
+                   help="--show bandwidth: the sweep this many times over, each size's mean")
     p.add_argument("--timeout", type=cli.positive(float), default=300,
                    help="--show hang: seconds rank 0 waits in the collective rank 1 skips (the others: at least 120)")
     p.add_argument("--seed", type=int, default=1)
@@ -296,7 +308,7 @@ def main(argv=None):
             if show == "collectives":
                 show_collectives(log, rank, world)
             elif show == "bandwidth":
-                show_bandwidth(log, rank, world, args.sizes, args.ops)
+                show_bandwidth(log, rank, world, args.sizes, args.ops, args.rounds)
             else:
                 show_ddp(log, rank, world, args.seed)
         log.summary()

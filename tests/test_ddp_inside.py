@@ -36,8 +36,9 @@ def jobs(tmp_path_factory, request):
         shows=lambda: ranks(COLLECTIVES, "--show", "collectives,bandwidth,ddp", "--sizes", "1K,64K,1M",
                                "--run-name", "shows", *common),
         # 3 processes: the ring factor 2(N-1)/N is 4/3 (with 2 it is 1, and a missing factor hides)
-        bw3=lambda: ranks(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--run-name", "bw3", *common,
-                             nproc=3),
+        # --rounds 2: the sweep twice over, each size's time the mean of the two
+        bw3=lambda: ranks(COLLECTIVES, "--show", "bandwidth", "--sizes", "1K,64K", "--rounds", 2,
+                          "--run-name", "bw3", *common, nproc=3),
         # 200 samples: each rank's epoch ends with a short batch of 4 (one micro-batch of the last step)
         acc1=lambda: ranks(TUNED, *train, *SHORT_LAST, "--accumulate", 1, "--run-name", "acc1"),
         acc4=lambda: ranks(TUNED, *train, *SHORT_LAST, "--accumulate", 4, "--run-name", "acc4"),
@@ -83,6 +84,7 @@ def test_bus_bandwidth_is_algbw_times_the_ring_factor(jobs):
     assert (t["busbw_gbps"] == t["algbw_gbps"]).all()  # N=2: 2(N-1)/N = 1
     three = collectives.bandwidth_table("bw3", jobs["log_dir"])  # checked against the definitions, N = 3
     assert (three["world_size"] == 3).all() and len(three) == 2
+    assert three["repeats"].tolist() == [40, 40] and t["repeats"].tolist() == [20, 20, 20]
     assert three["busbw_gbps"].tolist() == pytest.approx((three["algbw_gbps"] * 4 / 3).tolist(), rel=1e-12)
 
 

@@ -87,6 +87,8 @@ def test_a_sharded_run_is_predicted_from_its_one_process_run_and_the_sweep(tmp_p
     assert (r.steps, r.calls_per_step, r.strategy) == (steps, 22, "ZeRO-1")
     assert r.compute_s == pytest.approx(compute) and r.comm_s == pytest.approx(comm_s)
     assert r.predicted_s == pytest.approx(compute + comm_s)
+    # the calls' latencies in it: 2 all-reduce calls at 2 alpha each, 20 broadcasts at alpha
+    assert r.alpha_share == pytest.approx(steps * (2 * 2 * A + 20 * A) / comm_s)
     assert r.measured_s == 1.5 and r.error == pytest.approx((compute + comm_s) / 1.5 - 1)
     assert len(table) == 1  # a pair without its log is left out
     # 2 all-reduce buckets overlap backward: never more than the step without overlap
@@ -132,6 +134,33 @@ def test_a_miss_is_said_with_its_cost_per_call_and_the_better_overlap_is_compute
     table, fits = ph.predictions(tmp_path, [("two", "slow")])
     assert "that run computed slower than a rank of this one" in ph.about_misses(table, fits)[0]
     assert "better without overlap" in ph.about_overlap(table)  # no all-reduce: the same
+
+
+def test_the_runs_are_told_apart_by_what_their_communication_mostly_is():
+    import pandas as pd
+    table = pd.DataFrame(dict(run=["a", "b", "c"], alpha_share=[0.9, 0.6, 0.1],
+                              error=[-0.40, -0.30, -0.05]))
+    assert ph.about_regimes(table) == (
+        "2 run(s) whose predicted communication is mostly latency (alpha's share 60% to 90%): "
+        "errors -40% to -30%, 0 within 15%. 1 run(s) whose predicted communication is mostly "
+        "bytes (alpha's share 10% to 10%): errors -5% to -5%, 1 within 15%.")
+    assert ph.about_regimes(table[table.alpha_share < 0.5]).startswith("1 run(s) whose")
+
+
+def test_a_set_is_quiet_when_other_programs_took_almost_none_of_the_cores(tmp_path):
+    """machine.json counts the CPU time of programs other than the set's jobs (the machine's busy
+    time less the jobs' own): at most 5 % of the cores' time, and an idle start, is quiet."""
+    def made(**info):
+        (tmp_path / "machine.json").write_text(json.dumps(dict(cores=2, load_after=3.3, **info)))
+        return reference.quiet(tmp_path)
+    # its own 2-process jobs may lift the load above the cores: that is not someone else's
+    assert made(load_before=0.7, wall_s=400.0, others_cpu_s=12.0)
+    assert not made(load_before=0.7, wall_s=400.0, others_cpu_s=80.0)  # 10 % of 800 s
+    assert not made(load_before=1.5, wall_s=400.0, others_cpu_s=0.0)  # busy when it began
+    before = reference.busy_cpu_s(), reference.own_cpu_s()
+    sum(i * i for i in range(3 * 10**6))  # this process's own work: counted on both sides
+    spent = reference.own_cpu_s() - before[1]
+    assert spent > 0.05 and reference.busy_cpu_s() - before[0] >= 0.5 * spent
 
 
 def test_the_newest_reference_set_is_found_by_its_date(tmp_path):

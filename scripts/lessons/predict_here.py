@@ -27,7 +27,8 @@ SWEEP = "ref_bandwidth"
 STAGES = ("none", "optimizer", "gradients", "parameters")
 # each predicted run of 2 processes, and the 1-process run at its per-rank batch
 PREDICTED = [("ref_ddp_n2", "ref_ddp_n1_b32")] + [
-    (f"ref_fsdp_n2_{m}", f"ref_fsdp_n1_b32_{m}") for m in STAGES]
+    (f"ref_{stack}_n2_{m}", f"ref_{stack}_n1_b32_{m}") for stack in ("fsdp", "wide")
+    for m in STAGES]
 FIRST_BUCKET, BUCKET_CAP = 2**20, 25 * 2**20  # DDP's bucket_cap_mb and its smaller first bucket
 
 
@@ -98,6 +99,9 @@ def predict_run(folder, name, one, alpha, beta):
     ops = step_ops(run)
     world = run["env"]["world_size"]
     comm = steps * pm.collectives(ops, world, alpha, beta)
+    # the part of it the calls' latencies make, the bytes left out: alpha's share
+    latency = steps * pm.collectives({op: dict(c, bytes=0) for op, c in ops.items()}, world,
+                                     alpha, beta)
     calls = sum(c.get("calls", 0) for c in ops.values())
     buckets = ops.get("all_reduce", {}).get("calls", 1)
     # No communication hidden: both cores compute (a rank each, one thread each), gloo moves CPU
@@ -109,7 +113,9 @@ def predict_run(folder, name, one, alpha, beta):
     shard = run["config"]["args"].get("shard", "none")
     measured = epoch_s(run)
     return dict(run=name, strategy=LABELS[shard], processes=world, steps=steps,
-                calls_per_step=calls, measured_s=measured, compute_s=compute, comm_s=comm,
+                width=run["config"]["args"].get("width"), calls_per_step=calls,
+                alpha_share=latency / comm if comm else 0.0,
+                measured_s=measured, compute_s=compute, comm_s=comm,
                 predicted_s=predicted, error=predicted / measured - 1,
                 overlapped_s=overlapped, overlapped_error=overlapped / measured - 1)
 
@@ -165,6 +171,21 @@ def about_misses(table, fits, goal=GOAL):
             out.append(f"{head}; the model added {-gap * 1e3:.2f} ms a step: its "
                        f"{r.calls_per_step} collective calls cost less than alpha and beta say.")
     return out
+
+
+def about_regimes(table, goal=GOAL):
+    """Where the model holds, worked out from the table: the runs whose predicted communication is
+    mostly the calls' latencies (alpha's share above half) against those where it is mostly
+    bytes, each group's errors and how many are within the goal."""
+    out = []
+    for name, part in (("mostly latency", table[table.alpha_share > 0.5]),
+                       ("mostly bytes", table[table.alpha_share <= 0.5])):
+        if len(part):
+            out.append(f"{len(part)} run(s) whose predicted communication is {name} (alpha's "
+                       f"share {part.alpha_share.min():.0%} to {part.alpha_share.max():.0%}): "
+                       f"errors {part.error.min():+.0%} to {part.error.max():+.0%}, "
+                       f"{int(within(part, goal).sum())} within {goal:.0%}.")
+    return " ".join(out)
 
 
 def about_overlap(table):

@@ -3,8 +3,8 @@
     cd scripts && python -m lessons.reference          # into logs/reference/<host>_<YYYY-MM-DD>/
 
 Made on a quiet machine, one job after another (two jobs side by side would time each other):
-lesson 04's DDP script on 1 and 2 processes, the sharding script's ZeRO stages on 1 and 2, and
-lesson 04's all-reduce sweep, so the model's alpha and beta come from the same machine and day.
+lesson 04's DDP script on 1 and 2 processes, the sharding script's ZeRO stages on 1 and 2 (on the
+block stack 256 wide, and 1024 wide), and lesson 04's all-reduce sweep, so the model's alpha and beta come from the same machine and day.
 The 1-process runs are made at the global batch (the scaling report's strong-scaling baseline)
 and at the per-rank batch (the compute a rank of 2 does: lessons/predict_here.py). Only logs
 are kept (the checkpoints go to a temporary folder); machine.json says where, when and under
@@ -20,6 +20,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from trainup import LOG_DIR, ROOT
@@ -35,13 +36,17 @@ EPOCHS = 4  # the first is not timed by the model (warm-up; the sharding script'
 CPU = ["--device", "cpu", "--threads", 1, "--epochs", EPOCHS]  # one thread a process: a core each
 STAGES = ("none", "optimizer", "gradients", "parameters")  # DDP, ZeRO-1, ZeRO-2, ZeRO-3
 BLOCKS = ["--blocks", 4, "--width", 256, "--shard", ",".join(STAGES)]  # lesson 09's stack, wider
+# the same stack 4 times wider (16 times the bytes, the same calls): there the bytes a step moves
+# outweigh its calls' fixed costs, as on a cluster's large models; at 256 the calls do
+WIDE = ["--blocks", 4, "--width", 1024, "--shard", ",".join(STAGES)]
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M"  # lesson 04's sweep, past the largest gradient here
+ROUNDS = 10  # the sweep 10 times over (about 15 s): each call's latency averaged over moments
 OPS = "all_reduce,broadcast,all_gather,reduce_scatter"  # every op the ZeRO stages run, timed apart
 # (name, script, processes, flags); a sharding job with several --shard modes names each run
 # <name>_<mode>.
 RUNS = (
     ("ref_bandwidth", "_trainup_collectives.py", 2, ["--show", "bandwidth", "--ops", OPS,
-                                                     "--sizes", SIZES]),
+                                                     "--sizes", SIZES, "--rounds", ROUNDS]),
     ("ref_ddp_n1", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH]),
     ("ref_ddp_n1_b32", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH // 2]),
     ("ref_ddp_n2", "_trainup_ddp.py", 2, [*CPU, "--batch-size", BATCH]),
@@ -49,6 +54,8 @@ RUNS = (
                                              "--batch-size", BATCH]),
     ("ref_fsdp_n1_b32", "_trainup_fsdp.py", 1, [*CPU, *BLOCKS, "--batch-size", BATCH // 2]),
     ("ref_fsdp_n2", "_trainup_fsdp.py", 2, [*CPU, *BLOCKS, "--batch-size", BATCH]),
+    ("ref_wide_n1_b32", "_trainup_fsdp.py", 1, [*CPU, *WIDE, "--batch-size", BATCH // 2]),
+    ("ref_wide_n2", "_trainup_fsdp.py", 2, [*CPU, *WIDE, "--batch-size", BATCH]),
 )
 
 
@@ -99,6 +106,7 @@ def make(folder=None, runs=RUNS, say=print):
     folder = Path(folder or REFERENCE_DIR / label())
     folder.mkdir(parents=True, exist_ok=True)
     load_before, cores = machine_load()
+    busy_before, ours_before, tick = busy_cpu_s(), own_cpu_s(), time.monotonic()
     commands = []
     with tempfile.TemporaryDirectory(prefix="trainup_reference_") as checkpoints:
         for name, script, nproc, flags in runs:
@@ -112,18 +120,27 @@ def make(folder=None, runs=RUNS, say=print):
             commands.append(shown[2:].replace(checkpoints, TEMPORARY))
         relative_paths(folder, checkpoints)
     load_after, _ = machine_load()
+    others = (busy_cpu_s() - busy_before - (own_cpu_s() - ours_before)
+              if busy_before is not None else None)
+    wall = time.monotonic() - tick
     shutil.rmtree(folder / "tensorboard", ignore_errors=True)  # the logs hold the same scalars
     about = dict(machine=host(), cpu=cpu_model(), cores=cores,
                  date=datetime.date.today().isoformat(), load_before=load_before,
-                 load_after=load_after, command="cd scripts && python -m lessons.reference",
+                 load_after=load_after, wall_s=round(wall, 1),
+                others_cpu_s=None if others is None else round(others, 1),
+                command="cd scripts && python -m lessons.reference",
                  runs=commands)
     (folder / "machine.json").write_text(json.dumps(about, indent=1) + "\n")
     say(f"{folder}: {len(list(folder.glob('*.jsonl')))} logs; load average {load_before} before, "
         f"{load_after} after, on {cores} cores")
     if not quiet(folder):  # notebook 11 asserts its goal on a quiet set only
-        say(f"The load average was {load_before:.1f} before and up to {max(loads(folder)):.1f} on "
-            f"{cores} cores: other programs took turns with these runs. Stop them and make the set "
-            f"again before committing it.")
+        say(f"The load average was {load_before:.1f} before, and other programs than the set's "
+            f"used {others:.0f} CPU-seconds of the {wall * cores:.0f} its {wall:.0f} s had on "
+            f"{cores} cores: they took turns with these runs. Stop them and make the set again "
+            f"before committing it." if others is not None else
+            f"The load average was {load_before:.1f} before and up to {max(loads(folder)):.1f} "
+            f"on {cores} cores: other programs took turns with these runs. Stop them and make "
+            f"the set again before committing it.")
     return folder
 
 
@@ -173,13 +190,43 @@ def relative_paths(folder, checkpoints=None):
         path.write_text(text)
 
 
+OTHERS = 0.05  # the most of the cores' time that other programs may take while the set is made
+
+
+def busy_cpu_s():
+    """Seconds the machine's cores have run programs since it started (/proc/stat: user, nice,
+    system, irq and softirq; not idle, iowait, or steal, another machine's); None without /proc."""
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks[i] for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
+
+
+# others_cpu_s may come out a few seconds below 0: a job's CPU time counts the moments the
+# hypervisor took its core (steal, left out of busy_cpu_s). At or below 0, no one else ran.
+
+
+def own_cpu_s():
+    """CPU-seconds of this process and of the jobs it has waited for (torchrun waits for its
+    workers, so theirs are in it)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def quiet(folder):
     """Nothing else took turns with the runs: the machine idle when the set began (a load average
-    below half its cores), and no load average above its cores plus a half after that. The set's
-    own 2-process jobs keep the cores busy, so its own load approaches the cores (the course's
-    threshold for a busy machine, lessons/claims.py); the half is torchrun's agent and start-ups."""
+    below half its cores), and, while it was made, other programs than the set's own jobs used
+    at most OTHERS of the cores' time (the machine's busy time against the jobs' own CPU time).
+    A set made where that cannot be counted (no /proc/stat) is judged by its load averages
+    instead: none above the cores plus a half (the set's own 2-process jobs bring the load near
+    the cores; the half is torchrun's agent and start-ups)."""
     info = about(folder)
-    return info["load_before"] < info["cores"] / 2 and max(loads(folder)) <= info["cores"] + 0.5
+    if info["load_before"] >= info["cores"] / 2:
+        return False
+    if info.get("others_cpu_s") is not None:
+        return info["others_cpu_s"] <= OTHERS * info["wall_s"] * info["cores"]
+    return max(loads(folder)) <= info["cores"] + 0.5
 
 
 def main(argv=None):
