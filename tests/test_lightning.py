@@ -139,7 +139,10 @@ def main():
     (["--strategy", "horovod"], ["removed strategy 'horovod'", "lesson 05"]),
     (["--num-processes", "2"], ["--accelerator cpu --devices 2"]),
     (["--strategy", "nosuch"], ["no strategy 'nosuch'", "ddp_spawn", "fsdp"]),
-    (["--strategy", "fsdp", "--accelerator", "cpu"], ["requires a GPU accelerator"]),
+    # FSDPStrategy: refused before Lightning's own GPU check, on any machine (on a GPU rank 0's
+    # save would hold its shards alone); the sharded script is named
+    (["--strategy", "fsdp", "--accelerator", "cpu"], ["FSDPStrategy needs GPUs", "_trainup_lightning_fsdp.py"]),
+    (["--strategy", "fsdp_cpu_offload"], ["FSDPStrategy", "_trainup_lightning_fsdp.py"]),
     (["--accelerator", "cpu", "--devices", "3", "--strategy", "ddp"], ["cannot be split evenly over 3 processes"]),
     (["--early-stop", "-1"], ["--early-stop", "0 or more"]),
     (["--keep-best", "0"], ["--keep-best", "greater than 0"]),

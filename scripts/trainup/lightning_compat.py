@@ -22,7 +22,8 @@ REMOVED_STRATEGIES = {
     "horovod": "Lightning 2 removed strategy 'horovod': use --strategy ddp, or Horovod itself without Lightning "
                "(lesson 05, scripts/_trainup_horovod.py)",
     "ddp2": "Lightning 2 has no strategy 'ddp2' (removed in the 1.x series): use --strategy ddp",
-    "ddp_sharded": "Lightning 2 removed strategy 'ddp_sharded' (FairScale): use --strategy fsdp (on GPUs)",
+    "ddp_sharded": "Lightning 2 removed strategy 'ddp_sharded' (FairScale): the course's sharded run "
+                   "is scripts/_trainup_lightning_fsdp.py (FSDP2)",
 }
 
 # Precision spellings Lightning 1.x used -> Lightning 2's names (Lightning 2 still takes the old ones, warning).
@@ -37,6 +38,17 @@ def check_removed(args):
             raise UserError(sentence.format(value=value))
     if args.strategy in REMOVED_STRATEGIES:
         raise UserError(REMOVED_STRATEGIES[args.strategy])
+
+
+def check_sharded(name):
+    """Lightning's FSDPStrategy (fsdp, fsdp_cpu_offload): one sentence. It needs GPUs, and this
+    script's log callback saves the model from rank 0 alone, which under FullyShardedDataParallel
+    holds rank 0's shards only (gathering them needs every rank): the sharded script does that."""
+    if name.startswith("fsdp"):
+        raise UserError(f"--strategy {name}: Lightning's FSDPStrategy needs GPUs and its shards "
+                        f"gathered by every rank; the course's sharded Lightning run is "
+                        f"scripts/_trainup_lightning_fsdp.py (FSDP2 under ModelParallelStrategy), "
+                        f"on any machine")
 
 
 def check_strategy(name, available):

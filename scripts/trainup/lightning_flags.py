@@ -57,6 +57,7 @@ def check(args):
     if args.gradient_clip_val is not None and args.gradient_clip_val <= 0:
         raise UserError(f"--gradient-clip-val {args.gradient_clip_val}: a norm to clip to is "
                         f"positive")
+    lightning_compat.check_sharded(args.strategy)
     lightning_compat.check_strategy(args.strategy, StrategyRegistry.available_strategies())
     if args.sync_batchnorm and args.model == "cnn":
         raise UserError("--sync-batchnorm changes nothing here: the model has no BatchNorm layer "
