@@ -172,6 +172,21 @@ def test_a_sweep_tilted_below_the_origin_gets_no_negative_latency():
     assert alpha == 0 and beta == pytest.approx(2 * (2 - 1) / 2 / (x.sum() / (x ** 2).sum()))
 
 
+def test_a_sweep_tilted_down_gets_a_flat_line_not_a_negative_bandwidth():
+    """Noise can make the small messages slower than the large (seen once in notebook 11's quick
+    sweep): no cost per byte shows, and the fit is the best flat line, beta infinite."""
+    import numpy as np
+    import pandas as pd
+
+    sizes = [2**k for k in range(10, 23, 2)]
+    times = [2e-3 - 1e-4 * k for k in range(len(sizes))]  # each size a little faster
+    sweep = pd.DataFrame(dict(size_bytes=sizes, world_size=2, time_s=times))
+    alpha, beta, table = predict.fit_alpha_beta(sweep)
+    inv = 1 / np.array(times)
+    assert beta == float("inf") and alpha == pytest.approx(inv.sum() / (inv ** 2).sum() / 2)
+    assert (table["predicted_s"] == 2 * alpha).all()  # ring on 2 ranks: 2 alpha, no bytes term
+
+
 def test_what_if_keeps_one_gpu_at_efficiency_1_and_slower_links_cost_more(facts):
     from dataclasses import replace
 

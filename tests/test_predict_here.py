@@ -151,10 +151,12 @@ def test_a_set_is_quiet_when_other_programs_took_almost_none_of_the_cores(tmp_pa
     """machine.json counts the CPU time of programs other than the set's jobs (the machine's busy
     time less the jobs' own): at most 5 % of the cores' time, and an idle start, is quiet."""
     def made(**info):
-        (tmp_path / "machine.json").write_text(json.dumps(dict(cores=2, load_after=3.3, **info)))
+        (tmp_path / "machine.json").write_text(json.dumps(dict(cpu="a CPU", cores=2, load_after=3.3, **info)))
         return reference.quiet(tmp_path)
     # its own 2-process jobs may lift the load above the cores: that is not someone else's
     assert made(load_before=0.7, wall_s=400.0, others_cpu_s=12.0)
+    assert reference.describe(tmp_path).endswith("other programs than its jobs: 12 CPU-seconds of "
+                                                 "the cores' 800")
     assert not made(load_before=0.7, wall_s=400.0, others_cpu_s=80.0)  # 10 % of 800 s
     assert not made(load_before=1.5, wall_s=400.0, others_cpu_s=0.0)  # busy when it began
     before = reference.busy_cpu_s(), reference.own_cpu_s()

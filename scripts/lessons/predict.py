@@ -219,7 +219,10 @@ def fit_alpha_beta(sweep, op="all_reduce"):
     if a < 0:  # a busy machine's noise can tilt the line below the origin: no latency is
         # physical then; the best line through the origin (a = 0), as non-negative least squares
         a, b = 0.0, float(rows[:, 1].sum() / (rows[:, 1] ** 2).sum())
-    alpha, beta = a / per_alpha, per_byte / b
+    elif b <= 0:  # or tilt it down (small messages slower than large ones): no cost per byte
+        # shows then; the best flat line (b = 0, beta infinite), as non-negative least squares
+        a, b = float(rows[:, 0].sum() / (rows[:, 0] ** 2).sum()), 0.0
+    alpha, beta = a / per_alpha, (per_byte / b if b > 0 else math.inf)
     table = sweep.sort_values("size_bytes").assign(
         predicted_s=lambda t: [formula(s, n, alpha, beta) for s in t["size_bytes"]]
     )

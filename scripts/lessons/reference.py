@@ -164,6 +164,17 @@ def about(folder):
     return json.loads((Path(folder) / "machine.json").read_text())
 
 
+def describe(folder):
+    """One line: where and when the set was made, and how quiet the machine was."""
+    info = about(folder)
+    line = (f"{Path(folder).name}: {info['cpu']}, {info['cores']} cores, load average at most "
+            f"{max(loads(folder)):.2f} while the set was made (its own 2-process jobs in it)")
+    if info.get("others_cpu_s") is not None:  # a CPU time below 0 is no one's: see own_cpu_s
+        line += (f"; other programs than its jobs: {max(info['others_cpu_s'], 0):.0f} "
+                 f"CPU-seconds of the cores' {info['wall_s'] * info['cores']:.0f}")
+    return line
+
+
 def loads(folder):
     """Every one-minute load average the set recorded: before and after it, and at each run's
     start and end (its log's env and summary)."""
