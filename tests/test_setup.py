@@ -106,6 +106,29 @@ def test_setup_env_says_step_by_step_what_it_would_do(course_copy, tmp_path):
     assert cpu.returncode == 0 and "CPU-only build" in cpu.stdout and "download.pytorch.org/whl/cpu" in cpu.stdout
 
 
+def test_a_disk_too_full_for_the_cuda_build_is_one_sentence_before_pip(course_copy, tmp_path):
+    """A `df` (first on PATH) that reports 1 GB free: the set-up stops before making .venv, in
+    one sentence naming the space it needs and the smaller build; 100 GB free goes on."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    df = bin_dir / "df"
+    env = {"PYTHON": str(fake_python(tmp_path, "3.12")), "TRAINUP_CPU_ONLY": "0",
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    for free_kb, code in ((1024 ** 2, 1), (100 * 1024 ** 2, 0)):
+        df.write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+                      f"echo '/dev/x 200000000 1 {free_kb} 1% /'\n")
+        df.chmod(0o755)
+        done = setup_env(course_copy, "--dry-run", env=env)
+        assert done.returncode == code, done.stdout + done.stderr
+        assert not (course_copy / ".venv").exists()
+    df.write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+                  f"echo '/dev/x 200000000 1 {1024 ** 2} 1% /'\n")
+    full = setup_env(course_copy, "--dry-run", env=env)
+    lines = full.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs about 6 GB free" in lines[0] and "has 1 GB free" in lines[0]
+    assert "tools/setup_env.sh --cpu" in lines[0] and "step 4/4" not in full.stdout
+
+
 def test_setup_env_uses_the_active_conda_environment_when_asked(course_copy, tmp_path):
     """--conda: .venv becomes a link to $CONDA_PREFIX (here a stand-in whose python is this one, which holds
     the pinned packages), pip only checks the pins, and the two commands then reuse it without asking."""

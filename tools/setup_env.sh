@@ -105,6 +105,12 @@ else
   size="about 5.4 GB"; first="about 2.5 min on 2 idle cores with a fast network, measured 2026-11-22; much longer on a busy machine"; key=$want
 fi
 say "step 3/4: install $n pinned packages from $reqs into $PWD/.venv ($size; the first time took $first)"
+# A disk that fills up halfway leaves pip's OSError and a half-made .venv: say so before starting.
+free_kb=$(df -Pk . 2>/dev/null | awk 'NR == 2 {print $4}')
+if [ "$flavour" = cuda ] && [ -n "$free_kb" ] && [ "$free_kb" -lt $(( 6 * 1024 * 1024 )) ]; then
+  echo "error: the CUDA build needs about 6 GB free (5.4 GB installed, and pip's unpacking); the disk of $PWD has $(( free_kb / 1024 / 1024 )) GB free: free some space there, or install the CPU-only build (tools/setup_env.sh --cpu)" >&2
+  exit 1
+fi
 say "  pip's own output goes to $PWD/$LOG"
 if [ $dry = 1 ]; then
   say "  would run: $python -m venv .venv && .venv/bin/python -m pip install ${pip_args[*]}"
