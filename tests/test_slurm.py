@@ -201,6 +201,47 @@ def test_a_second_local_slurm_runs_beside_this_one(local_slurm, tmp_path_factory
     assert [(tmp / f"{n}.out").read_text() for n in ids] == [f"job {j}\n" for j in ids.values()]
 
 
+NOTEBOOK_KERNEL = """
+import sys, time
+from pathlib import Path
+from lessons import slurm
+have, here = slurm.for_notebook()
+print("RESULT", have, here, slurm.state_dir(), flush=True)
+Path(sys.argv[1]).touch()
+while not Path(sys.argv[2]).exists():  # until the other notebook has its SLURM too
+    time.sleep(0.1)
+job = slurm.submit(sys.argv[3], sbatch_args=[f"--output={sys.argv[1]}.out"])
+print("STATE", slurm.wait([job], timeout=120)[job], flush=True)
+slurm.done_with(here)
+"""
+
+
+def test_two_notebooks_side_by_side_each_start_and_stop_a_slurm_of_their_own(local_slurm, tmp_path):
+    """Lessons 04b and 07 open at once (two kernels; the suite's two notebook units) with no SLURM
+    running: each starts its own (a folder of its own under .slurm/), runs a job on it and stops
+    it, and neither stops the other's. One shared folder had them start it twice (a new munge key
+    under the first's daemons) and stop it under the other's jobs."""
+    base = tmp_path / "s"  # the course's .slurm/, where no SLURM runs
+    batch = tmp_path / "id.sbatch"
+    batch.write_text("#!/bin/bash\necho job $SLURM_JOB_ID\n")
+    env = {**os.environ, "TRAINUP_SLURM_DIR": str(base), "TRAINUP_START_SLURM": "1"}
+    marks = [tmp_path / "a", tmp_path / "b"]
+    kernels = [subprocess.Popen([sys.executable, "-c", NOTEBOOK_KERNEL, str(mine), str(other), str(batch)],
+                                cwd=ROOT / "scripts", env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+               for mine, other in (marks, marks[::-1])]
+    outs = [k.communicate(timeout=300) for k in kernels]
+    assert [k.returncode for k in kernels] == [0, 0], [err[-2000:] for _, err in outs]
+    results = [next(l.split()[1:] for l in out.splitlines() if l.startswith("RESULT")) for out, _ in outs]
+    assert [r[:2] for r in results] == [["True", "True"]] * 2, outs
+    folders = [Path(r[2]) for r in results]
+    assert folders[0] != folders[1] and all(f.parent == base for f in folders), folders
+    assert all("STATE COMPLETED" in out for out, _ in outs), outs
+    assert not any(f.exists() for f in folders)  # each stopped and removed its own
+    assert subprocess.run(["bash", str(ROOT / "tools" / "local_slurm.sh"), "status"],
+                          env=env, capture_output=True).returncode != 0  # none left in the base
+
+
 @pytest.fixture(scope="module")
 def python_without_torch(tmp_path_factory):
     venv = tmp_path_factory.mktemp("venv")

@@ -13,7 +13,9 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${TRAINUP_SLURM_DIR:-$ROOT/.slurm}
-mkdir -p "$DIR" && DIR=$(cd "$DIR" && pwd)
+# made by start only: a stop or status of a SLURM that is gone (a notebook's, removed) leaves no folder
+if [ "${1:-}" = start ]; then mkdir -p "$DIR"; fi
+if [ -d "$DIR" ]; then DIR=$(cd "$DIR" && pwd); fi
 CONF=$DIR/slurm.conf
 SOCKET=$DIR/munge/munge.socket
 NODES=(n1 n2)

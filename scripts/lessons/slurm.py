@@ -12,6 +12,7 @@
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -85,6 +86,9 @@ def for_notebook():
     if running():
         print("A local SLURM is running: the jobs below go to it.")
     elif os.environ.get("TRAINUP_START_SLURM") == "1":
+        # one of this notebook's own (its folder, ports and munge key): two notebooks open side by
+        # side (two kernels, the suite's two units) would else start, and stop, the same one
+        os.environ["TRAINUP_SLURM_DIR"] = str(own_dir())
         state, why = start(owner=os.getpid())
         started_here = state == "running"
         print("Started the local SLURM for this notebook." if started_here else f"No SLURM here: {why}.")
@@ -96,10 +100,19 @@ def for_notebook():
     return have, started_here
 
 
+def own_dir():
+    """The folder of a SLURM a notebook starts for itself: .slurm/k<its kernel's pid> (short: the
+    munge socket's path must stay under 100 characters)."""
+    base = Path(os.environ.get("TRAINUP_SLURM_DIR", ROOT / ".slurm"))
+    return base if base.name == f"k{os.getpid()}" else base / f"k{os.getpid()}"
+
+
 def done_with(started_here):
-    """The end of a notebook's SLURM section: the local SLURM stopped if the notebook started it."""
+    """The end of a notebook's SLURM section: the local SLURM stopped if the notebook started it,
+    and its folder removed (its jobs' outputs are in the course's logs/)."""
     if started_here:
         stop()
+        shutil.rmtree(state_dir(), ignore_errors=True)
         print("Stopped the local SLURM this notebook started.")
 
 
