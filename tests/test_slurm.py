@@ -216,7 +216,8 @@ slurm.done_with(here)
 """
 
 
-def test_two_notebooks_side_by_side_each_start_and_stop_a_slurm_of_their_own(local_slurm, tmp_path):
+def test_two_notebooks_side_by_side_each_start_and_stop_a_slurm_of_their_own(local_slurm,
+                                                                              tmp_path):
     """Lessons 04b and 07 open at once (two kernels; the suite's two notebook units) with no SLURM
     running: each starts its own (a folder of its own under .slurm/), runs a job on it and stops
     it, and neither stops the other's. One shared folder had them start it twice (a new munge key
@@ -226,13 +227,14 @@ def test_two_notebooks_side_by_side_each_start_and_stop_a_slurm_of_their_own(loc
     batch.write_text("#!/bin/bash\necho job $SLURM_JOB_ID\n")
     env = {**os.environ, "TRAINUP_SLURM_DIR": str(base), "TRAINUP_START_SLURM": "1"}
     marks = [tmp_path / "a", tmp_path / "b"]
-    kernels = [subprocess.Popen([sys.executable, "-c", NOTEBOOK_KERNEL, str(mine), str(other), str(batch)],
-                                cwd=ROOT / "scripts", env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    kernels = [subprocess.Popen([sys.executable, "-c", NOTEBOOK_KERNEL, str(mine), str(other),
+                                 str(batch)], cwd=ROOT / "scripts", env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for mine, other in (marks, marks[::-1])]
     outs = [k.communicate(timeout=300) for k in kernels]
     assert [k.returncode for k in kernels] == [0, 0], [err[-2000:] for _, err in outs]
-    results = [next(l.split()[1:] for l in out.splitlines() if l.startswith("RESULT")) for out, _ in outs]
+    results = [next(line.split()[1:] for line in out.splitlines() if line.startswith("RESULT"))
+               for out, _ in outs]
     assert [r[:2] for r in results] == [["True", "True"]] * 2, outs
     folders = [Path(r[2]) for r in results]
     assert folders[0] != folders[1] and all(f.parent == base for f in folders), folders

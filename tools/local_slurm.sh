@@ -13,7 +13,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${TRAINUP_SLURM_DIR:-$ROOT/.slurm}
-# made by start only: a stop or status of a SLURM that is gone (a notebook's, removed) leaves no folder
+# made by start only: a stop or status of a SLURM gone (a notebook's, removed) leaves no folder
 if [ "${1:-}" = start ]; then mkdir -p "$DIR"; fi
 if [ -d "$DIR" ]; then DIR=$(cd "$DIR" && pwd); fi
 CONF=$DIR/slurm.conf
