@@ -41,6 +41,29 @@ def test_a_forked_job_ends_as_a_fresh_interpreter_does(tmp_path):
     assert forked.pid != os.getpid() and (tmp_path / "checkpoints" / "forked.pt").exists()
 
 
+def test_torchruns_agent_is_forked_and_its_workers_start_fresh(tmp_path):
+    """`python -m torch.distributed.run ... scripts/_trainup_ddp.py`: the agent is a fork (it
+    imports torch too), its 2 workers fresh interpreters it starts; the job ends as one started
+    fresh does, bit for bit."""
+    from lessons import launch
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    jobs = {}
+    for name in ("forked", "fresh"):
+        cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2),
+               str(SCRIPTS / "_trainup_ddp.py"), *FLAGS, "--run-name", name,
+               "--log-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path / "checkpoints")]
+        jobs[name] = (warm_start.start(cmd, env, ROOT) if name == "forked" else
+                      subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True))
+    assert isinstance(jobs["forked"], warm_start.Job)
+    done = {name: finish_job(job) for name, job in jobs.items()}
+    assert [d.returncode for d in done.values()] == [0, 0], done["forked"].stderr[-3000:]
+    ranks = records(tmp_path, "forked", "ddp")[0]["ranks"]
+    assert len({r["pid"] for r in ranks} | {jobs["forked"].pid}) == 3  # the agent and 2 workers
+    forked, fresh = (records(tmp_path, n, "epoch")[0] for n in ("forked", "fresh"))
+    assert (forked["loss"], forked["test_loss"]) == (fresh["loss"], fresh["test_loss"])
+
+
 def test_start_time_variables_give_a_server_of_their_own(tmp_path):
     """OpenMP reads OMP_NUM_THREADS as torch loads it: a job with its own value is forked from a
     server started with that value, and runs with it."""

@@ -17,7 +17,9 @@ import (TORCH_*, except torchelastic's), TRAINUP_LOG_DIR (trainup's __init__). A
 a server started with exactly its values of every variable but those read while it runs (RUNTIME:
 a rank's place, the store's address, SLURM's and torchelastic's variables); where servers would
 multiply, or the script lives elsewhere (a breakage's copy), the job starts as a fresh interpreter
-(start() returns None). TRAINUP_WARM_START=0 turns it off.
+(start() returns None). torchrun's agent (`python -m torch.distributed.run ... scripts/x.py`)
+is forked the same way; the workers it starts are its own fresh interpreters. TRAINUP_WARM_START=0
+turns it off.
 """
 import json
 import os
@@ -35,6 +37,7 @@ RUNTIME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
            "MASTER_PORT",
            "PYTEST_CURRENT_TEST", "TRAINUP_RUN_CACHE")  # the last two: the tests' own
 RUNTIME_PREFIXES = ("SLURM_", "TORCHELASTIC_")
+TORCHRUN = "torch.distributed.run"
 MAX_SERVERS = 3  # a server holds torch's pages (some 400 MB): a few environments, not each
 # imported once by each server: what the scripts that fork import at their top (Horovod's,
 # Lightning's and Ray's scripts import their engines themselves, in the child)
@@ -105,7 +108,10 @@ for fd in (null, *fds_of_job):
 os.environ.clear()
 os.environ.update(job["env"])
 sys.argv = job["argv"]
-runpy.run_path(sys.argv[0], run_name="__main__")
+if job.get("module"):  # torchrun's agent: `python -m torch.distributed.run ...`
+    runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 
@@ -146,10 +152,11 @@ class Server:
                     self.running.discard(said["ended"])
                     self.ended.notify_all()
 
-    def fork(self, argv, env, cwd, new_session):
-        """Fork a job; its pid and the reading ends of its stdout and stderr."""
+    def fork(self, argv, env, cwd, new_session, module=None):
+        """Fork a job (a script, or a module run as `python -m`); its pid and the reading ends of
+        its stdout and stderr."""
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-        job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session)
+        job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session, module=module)
         with self.lock:
             socket.send_fds(self.sock, [json.dumps(job).encode()], [out_w, err_w])
             pid = self.pids.get()
@@ -194,9 +201,15 @@ def start(cmd, env, cwd, new_session=True):
         return None
     if os.environ.get("TRAINUP_SCRIPTS_DIR"):  # a breakage's pytest (a copy of scripts/): a
         return None  # server of its own would cost more than its job or two would save
-    if len(cmd) < 2 or cmd[0] != sys.executable or not str(cmd[1]).endswith(".py"):
+    if len(cmd) < 2 or cmd[0] != sys.executable:
         return None
-    script = Path(cmd[1])
+    # torchrun's agent imports torch too (2 CPU-seconds of a 2-process job's 10); its workers are
+    # its own fresh interpreters, as always
+    module = cmd[2] if [str(a) for a in cmd[1:3]] == ["-m", TORCHRUN] else None
+    scripts = [Path(a) for a in cmd[3 if module else 1:] if str(a).endswith(".py")]
+    if not scripts or (not module and str(cmd[1]) != str(scripts[0])):
+        return None
+    script = scripts[0]
     if script.parent.name != "scripts" or not script.name.startswith("_trainup_"):
         return None
     if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
@@ -214,7 +227,8 @@ def start(cmd, env, cwd, new_session=True):
     _SERVERS[key] = server
     if not server.ready:
         return None
-    pid, out, err = server.fork([str(a) for a in cmd[1:]], env, cwd, new_session)
+    argv = [str(a) for a in cmd[3 if module else 1:]]
+    pid, out, err = server.fork([module, *argv] if module else argv, env, cwd, new_session, module)
     return Job(server, pid, [str(a) for a in cmd], out, err)
 
 
