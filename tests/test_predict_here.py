@@ -95,6 +95,29 @@ def test_a_sharded_run_is_predicted_from_its_one_process_run_and_the_sweep(tmp_p
     assert r.overlapped_s <= r.predicted_s
 
 
+def test_a_ranks_compute_is_the_mean_of_the_one_process_run_and_its_copy_made_beside_it(tmp_path):
+    sweep(tmp_path)
+    comm = dict(type="shard_comm", shard="optimizer", world_size=2, parameters=1,
+                ops={"all_reduce": {"calls": 1, "bytes": 10**6}})
+    one = "ref_fsdp_n1_b32_optimizer"
+    assert reference.beside(one) == "ref_fsdp_n1_b32_beside_optimizer"
+    assert reference.beside("ref_fsdp_n2_optimizer") is None  # a 2-process run has no copy
+    write(tmp_path, one, "_trainup_fsdp.py", 1, 32, [9.0, 2.0, 2.0], shard="optimizer")
+    write(tmp_path, "two", "_trainup_fsdp.py", 2, 64, [7.0, 1.5, 1.5], [comm], shard="optimizer")
+    alone = ph.predictions(tmp_path, [("two", one)])[0].iloc[0].compute_s
+    assert alone == pytest.approx(2.0 / 2)  # no copy in the folder (a set made before BESIDE)
+    # beside it, the copy took 2.4 s an epoch: the two's mean, for half the samples
+    write(tmp_path, reference.beside(one), "_trainup_fsdp.py", 1, 32, [9.0, 2.4, 2.4],
+          shard="optimizer")
+    r = ph.predictions(tmp_path, [("two", one)])[0].iloc[0]
+    assert r.compute_s == pytest.approx((2.0 + 2.4) / 2 / 2)
+    assert r.predicted_s == pytest.approx(r.compute_s + r.comm_s)
+    assert reference.names("ref_ddp_n1_b32", "_trainup_ddp.py", []) == \
+        ["ref_ddp_n1_b32", "ref_ddp_n1_b32_beside"]
+    assert reference.names("ref_ddp_n1_b32", "_trainup_ddp.py", [], copies=False) == \
+        ["ref_ddp_n1_b32"]
+
+
 def test_each_op_the_sweep_timed_is_priced_with_its_own_alpha_and_beta(tmp_path):
     # gloo's reduce-scatter here: slower than its ring formula at all-reduce's alpha and beta
     sweep(tmp_path, others={"reduce_scatter": (3 * A, B / 4), "broadcast": (A / 2, 2 * B)})

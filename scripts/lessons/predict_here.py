@@ -5,7 +5,8 @@ sweep (a reference set that lessons/reference.py made), and the prediction check
 
 - compute: the 1-process run of the same script, stage and model at the per-rank batch (each
   step then does what a rank of 2 does: the same per-step costs, the optimizer step, the stage's
-  own hooks and copies), scaled to the rank's share of the samples;
+  own hooks and copies), scaled to the rank's share of the samples; made beside a copy of itself
+  (lessons/reference.py's BESIDE), as a rank computes beside the other: the mean of the two;
 - collectives: what a step runs (lesson 09's shard_comm record; for lesson 04's DDP script, its
   gradients in DDP's buckets), each costed by the alpha-beta model (lessons/perfmodel.py) with
   the alpha and beta fitted to that op's sweep (all_reduce, broadcast, all_gather and
@@ -17,6 +18,7 @@ import math
 from pathlib import Path
 
 from . import perfmodel as pm
+from . import reference
 from .collectives import op_table, swept_ops
 from .log_reader import read_run
 from .predict import fit_alpha_beta
@@ -94,8 +96,11 @@ def predict_run(folder, name, one, alpha, beta):
     """One 2-process run against its prediction: a row of the table."""
     run, alone = read(folder, name), read(folder, one)
     per_rank, steps = rank_share(run)
-    # the 1-process run did every sample at the per-rank batch: a rank does its share of them
-    compute = epoch_s(alone) * per_rank / alone["epochs"][-1]["samples"]
+    # the 1-process run did every sample at the per-rank batch: a rank does its share of them.
+    # With the copy made beside it, the two's mean (a set made before BESIDE has the one alone).
+    pair = [alone] + [read(folder, b) for b in [reference.beside(one)]
+                      if b and (Path(folder) / f"{b}.jsonl").exists()]
+    compute = sum(epoch_s(r) / r["epochs"][-1]["samples"] for r in pair) / len(pair) * per_rank
     ops = step_ops(run)
     world = run["env"]["world_size"]
     comm = steps * pm.collectives(ops, world, alpha, beta)

@@ -4,11 +4,14 @@
 
 Made on a quiet machine, one job after another (two jobs side by side would time each other):
 lesson 04's DDP script on 1 and 2 processes, the sharding script's ZeRO stages on 1 and 2 (on the
-block stack 256 wide, and 1024 wide), and lesson 04's all-reduce sweep, so the model's alpha and beta come from the same machine and day.
+block stack 256 wide, and 1024 wide), and lesson 04's all-reduce sweep, so the model's alpha and
+beta come from the same machine and day.
 The 1-process runs are made at the global batch (the scaling report's strong-scaling baseline)
-and at the per-rank batch (the compute a rank of 2 does: lessons/predict_here.py). Only logs
-are kept (the checkpoints go to a temporary folder); machine.json says where, when and under
-what load.
+and at the per-rank batch (the compute a rank of 2 does: lessons/predict_here.py). Those at the
+per-rank batch are made twice at once, on purpose (BESIDE): a rank of 2 computes while the
+other computes on the other core, and the two share the memory and the caches; alone, a process
+has them to itself. Only logs are kept (the checkpoints go to a temporary folder); machine.json
+says where, when and under what load.
 """
 import argparse
 import datetime
@@ -18,6 +21,7 @@ import platform
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,13 +61,26 @@ RUNS = (
     ("ref_wide_n1_b32", "_trainup_fsdp.py", 1, [*CPU, *WIDE, "--batch-size", BATCH // 2]),
     ("ref_wide_n2", "_trainup_fsdp.py", 2, [*CPU, *WIDE, "--batch-size", BATCH]),
 )
+# the per-rank runs, each made beside a copy of itself (<name>_beside): what a rank computes
+# while another rank computes next to it
+BESIDE = ("ref_ddp_n1_b32", "ref_fsdp_n1_b32", "ref_wide_n1_b32")
 
 
-def names(name, script, flags):
-    """The runs one job makes: one per --shard mode of a sharding job of several."""
+def beside(name):
+    """The run name of the copy made beside run `name` (a mode's run: <job>_beside_<mode>)."""
+    for job in BESIDE:
+        if name == job or name.startswith(f"{job}_"):
+            return f"{job}_beside{name[len(job):]}"
+    return None
+
+
+def names(name, script, flags, copies=True):
+    """The runs one job makes: one per --shard mode of a sharding job of several; and those of
+    the copy made beside it (BESIDE), unless copies is False."""
     flags = [str(f) for f in flags]
     modes = flags[flags.index("--shard") + 1].split(",") if "--shard" in flags else []
-    return [f"{name}_{m}" for m in modes] if len(modes) > 1 else [name]
+    runs = [f"{name}_{m}" for m in modes] if len(modes) > 1 else [name]
+    return runs + ([beside(r) for r in runs] if copies and name in BESIDE else [])
 
 
 def command(name, script, nproc, flags, folder, checkpoints):
@@ -111,8 +128,19 @@ def make(folder=None, runs=RUNS, say=print):
     with tempfile.TemporaryDirectory(prefix="trainup_reference_") as checkpoints:
         for name, script, nproc, flags in runs:
             argv, shown = command(name, script, nproc, flags, folder, checkpoints)
+            copy = None
+            if name in BESIDE:  # its copy starts first, and runs all the while (see BESIDE)
+                argv_b, shown_b = command(beside(name), script, nproc, flags, folder, checkpoints)
+                shown = f"{shown_b} & {shown[2:]}; wait"
+                copy = subprocess.Popen(argv_b, cwd=ROOT, env=launch.environment(),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
             say(shown)
             proc = jobs.run(argv, timeout=1800, env=launch.environment())
+            if copy is not None:
+                out, _ = copy.communicate(timeout=1800)
+                if copy.returncode != 0:
+                    raise failed(beside(name), out[-2000:], copy.returncode)
             if proc.returncode != 0:
                 raise failed(name, proc.stdout[-1000:] + proc.stderr, proc.returncode)
             for run in names(name, script, flags):
