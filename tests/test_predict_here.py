@@ -112,8 +112,23 @@ def test_a_ranks_compute_is_the_mean_of_the_one_process_run_and_its_copy_made_be
     r = ph.predictions(tmp_path, [("two", one)])[0].iloc[0]
     assert r.compute_s == pytest.approx((2.0 + 2.4) / 2 / 2)
     assert r.predicted_s == pytest.approx(r.compute_s + r.comm_s)
+    assert math.isnan(r.compute_alone_s)  # no run made alone in the folder
+    # the same run made alone took 2.0 s an epoch: its prediction, and the sentence comparing both
+    assert reference.alone(one) == "ref_fsdp_n1_b32_alone_optimizer"
+    write(tmp_path, reference.alone(one), "_trainup_fsdp.py", 1, 32, [9.0, 2.0, 2.0],
+          shard="optimizer")
+    table = ph.predictions(tmp_path, [("two", one)])[0]
+    r = table.iloc[0]
+    assert r.compute_alone_s == pytest.approx(2.0 / 2)
+    assert r.alone_error == pytest.approx((2.0 / 2 + r.comm_s) / r.measured_s - 1)
+    slower = 2.2 / 2.0 - 1  # beside: the mean of 2.0 and 2.4, against 2.0 alone: +10 %
+    sentence = ph.about_beside(table.assign(width=256.0))
+    assert sentence.startswith(f"Beside a copy of itself, a 1-process run computed {slower:+.0%} "
+                               f"to {slower:+.0%} against the same run alone (the stack 256 wide")
+    assert f"errors would be {r.alone_error:+.0%} to {r.alone_error:+.0%}" in sentence
     assert reference.names("ref_ddp_n1_b32", "_trainup_ddp.py", []) == \
         ["ref_ddp_n1_b32", "ref_ddp_n1_b32_beside"]
+    assert reference.beside("ref_fsdp_n1_b32_alone_none") is None  # a variant has no variant
     assert reference.names("ref_ddp_n1_b32", "_trainup_ddp.py", [], copies=False) == \
         ["ref_ddp_n1_b32"]
 

@@ -101,6 +101,11 @@ def predict_run(folder, name, one, alpha, beta):
     pair = [alone] + [read(folder, b) for b in [reference.beside(one)]
                       if b and (Path(folder) / f"{b}.jsonl").exists()]
     compute = sum(epoch_s(r) / r["epochs"][-1]["samples"] for r in pair) / len(pair) * per_rank
+    # the same run made alone, where the set has it: what the prediction would be from that
+    solo = [read(folder, a) for a in [reference.alone(one)]
+            if a and (Path(folder) / f"{a}.jsonl").exists()]
+    compute_alone = (epoch_s(solo[0]) / solo[0]["epochs"][-1]["samples"] * per_rank if solo
+                     else math.nan)
     ops = step_ops(run)
     world = run["env"]["world_size"]
     comm = steps * pm.collectives(ops, world, alpha, beta)
@@ -122,7 +127,9 @@ def predict_run(folder, name, one, alpha, beta):
                 alpha_share=latency / comm if comm else 0.0,
                 measured_s=measured, compute_s=compute, comm_s=comm,
                 predicted_s=predicted, error=predicted / measured - 1,
-                overlapped_s=overlapped, overlapped_error=overlapped / measured - 1)
+                overlapped_s=overlapped, overlapped_error=overlapped / measured - 1,
+                compute_alone_s=compute_alone,
+                alone_error=(compute_alone + comm) / measured - 1)
 
 
 def predictions(folder, pairs=PREDICTED, sweep=SWEEP):
@@ -191,6 +198,25 @@ def about_regimes(table, goal=GOAL):
                        f"errors {part.error.min():+.0%} to {part.error.max():+.0%}, "
                        f"{int(within(part, goal).sum())} within {goal:.0%}.")
     return " ".join(out)
+
+
+def about_beside(table, goal=GOAL):
+    """What computing beside another process costs, from the runs made both ways, and what the
+    prediction would be with each rank's compute measured alone."""
+    both = table[table["compute_alone_s"].notna()]
+    if not len(both):
+        return "The set has no 1-process run made alone: nothing to compare."
+    slower = both["compute_s"] / both["compute_alone_s"] - 1
+    groups = [("lesson 04's CNN", slower[both.width.isna()])] + [
+        (f"the stack {int(w)} wide", slower[both.width == w])
+        for w in sorted(both.width.dropna().unique())]
+    per = "; ".join(f"{label} {s.min():+.0%} to {s.max():+.0%}" for label, s in groups if len(s))
+    met = int((both["alone_error"].abs() <= goal).sum())
+    return (f"Beside a copy of itself, a 1-process run computed {slower.min():+.0%} to "
+            f"{slower.max():+.0%} against the same run alone ({per}). From the runs alone the "
+            f"errors would be {both.alone_error.min():+.0%} to {both.alone_error.max():+.0%}, "
+            f"{met} of {len(both)} within {goal:.0%}, against {int(within(both, goal).sum())} "
+            f"from the runs made beside.")
 
 
 def about_overlap(table):

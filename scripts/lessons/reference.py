@@ -10,8 +10,8 @@ The 1-process runs are made at the global batch (the scaling report's strong-sca
 and at the per-rank batch (the compute a rank of 2 does: lessons/predict_here.py). Those at the
 per-rank batch are made twice at once, on purpose (BESIDE): a rank of 2 computes while the
 other computes on the other core, and the two share the memory and the caches; alone, a process
-has them to itself. Only logs are kept (the checkpoints go to a temporary folder); machine.json
-says where, when and under what load.
+has them to itself (they are made alone too, to show what that costs). Only logs are kept (the
+checkpoints go to a temporary folder); machine.json says where, when and under what load.
 """
 import argparse
 import datetime
@@ -60,18 +60,32 @@ RUNS = (
     ("ref_fsdp_n2", "_trainup_fsdp.py", 2, [*CPU, *BLOCKS, "--batch-size", BATCH]),
     ("ref_wide_n1_b32", "_trainup_fsdp.py", 1, [*CPU, *WIDE, "--batch-size", BATCH // 2]),
     ("ref_wide_n2", "_trainup_fsdp.py", 2, [*CPU, *WIDE, "--batch-size", BATCH]),
+    # the per-rank runs once more, each alone: what sharing the machine costs (predict_here)
+    ("ref_ddp_n1_b32_alone", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH // 2]),
+    ("ref_fsdp_n1_b32_alone", "_trainup_fsdp.py", 1, [*CPU, *BLOCKS, "--batch-size", BATCH // 2]),
+    ("ref_wide_n1_b32_alone", "_trainup_fsdp.py", 1, [*CPU, *WIDE, "--batch-size", BATCH // 2]),
 )
 # the per-rank runs, each made beside a copy of itself (<name>_beside): what a rank computes
 # while another rank computes next to it
 BESIDE = ("ref_ddp_n1_b32", "ref_fsdp_n1_b32", "ref_wide_n1_b32")
 
 
-def beside(name):
-    """The run name of the copy made beside run `name` (a mode's run: <job>_beside_<mode>)."""
+def variant(name, tag):
+    """A per-rank run's other run: its copy made beside it (tag "beside") or the same run made
+    alone ("alone"); a mode's run <job>_<mode> has <job>_<tag>_<mode>. None for any other run."""
     for job in BESIDE:
-        if name == job or name.startswith(f"{job}_"):
-            return f"{job}_beside{name[len(job):]}"
+        rest = name[len(job):] if name.startswith(job) else None
+        if rest == "" or (rest and rest[1:] in STAGES):
+            return f"{job}_{tag}{rest}"
     return None
+
+
+def beside(name):
+    return variant(name, "beside")
+
+
+def alone(name):
+    return variant(name, "alone")
 
 
 def names(name, script, flags, copies=True):
