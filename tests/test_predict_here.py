@@ -90,6 +90,7 @@ def test_a_sharded_run_is_predicted_from_its_one_process_run_and_the_sweep(tmp_p
     # the calls' latencies in it: 2 all-reduce calls at 2 alpha each, 20 broadcasts at alpha
     assert r.alpha_share == pytest.approx(steps * (2 * 2 * A + 20 * A) / comm_s)
     assert r.measured_s == 1.5 and r.error == pytest.approx((compute + comm_s) / 1.5 - 1)
+    assert r.spread == pytest.approx((1.6 - 1.4) / 1.5)  # the timed epochs' range over their median
     assert len(table) == 1  # a pair without its log is left out
     # 2 all-reduce buckets overlap backward: never more than the step without overlap
     assert r.overlapped_s <= r.predicted_s
@@ -172,6 +173,16 @@ def test_a_miss_is_said_with_its_cost_per_call_and_the_better_overlap_is_compute
     table, fits = ph.predictions(tmp_path, [("two", "slow")])
     assert "that run computed slower than a rank of this one" in ph.about_misses(table, fits)[0]
     assert "better without overlap" in ph.about_overlap(table)  # no all-reduce: the same
+
+
+def test_a_miss_is_weighed_against_the_spread_of_the_runs_own_epochs():
+    import pandas as pd
+    table = pd.DataFrame(dict(run=["a", "b", "c"], spread=[0.05, 0.30, 0.10],
+                              error=[-0.40, -0.20, -0.05]))
+    # a and b miss 15 %; a by more than its spread, b by less; c is within
+    assert ph.about_noise(table) == (
+        "Each run's own timed epochs spread by 5% to 30% of their median (the same job, epoch "
+        "after epoch); 1 of the 2 run(s) outside 15% missed by more than their own spread.")
 
 
 def test_the_runs_are_told_apart_by_what_their_communication_mostly_is():

@@ -122,10 +122,12 @@ def predict_run(folder, name, one, alpha, beta):
     overlapped = compute + steps * pm.exposed(comm / steps, 2 / 3 * compute / steps, buckets)
     shard = run["config"]["args"].get("shard", "none")
     measured = epoch_s(run)
+    timed = [e["wall_s"] for e in run["epochs"][1:]]
     return dict(run=name, strategy=LABELS[shard], processes=world, steps=steps,
                 width=run["config"]["args"].get("width"), calls_per_step=calls,
                 alpha_share=latency / comm if comm else 0.0,
-                measured_s=measured, compute_s=compute, comm_s=comm,
+                measured_s=measured, spread=(max(timed) - min(timed)) / measured,
+                compute_s=compute, comm_s=comm,
                 predicted_s=predicted, error=predicted / measured - 1,
                 overlapped_s=overlapped, overlapped_error=overlapped / measured - 1,
                 compute_alone_s=compute_alone,
@@ -198,6 +200,17 @@ def about_regimes(table, goal=GOAL):
                        f"errors {part.error.min():+.0%} to {part.error.max():+.0%}, "
                        f"{int(within(part, goal).sum())} within {goal:.0%}.")
     return " ".join(out)
+
+
+def about_noise(table, goal=GOAL):
+    """How far apart the run's own timed epochs are (max - min, over their median: spread),
+    against the errors: a miss within that spread is not told apart from the machine's noise."""
+    missed = table[~within(table, goal)]
+    beyond = int((missed["error"].abs() > missed["spread"]).sum())
+    return (f"Each run's own timed epochs spread by {table.spread.min():.0%} to "
+            f"{table.spread.max():.0%} of their median (the same job, epoch after epoch); "
+            f"{beyond} of the {len(missed)} run(s) outside {goal:.0%} missed by more than "
+            f"their own spread.")
 
 
 def about_beside(table, goal=GOAL):
