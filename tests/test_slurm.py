@@ -6,9 +6,11 @@ also when a test fails. Where it cannot run (not root, no Debian registry), thos
 with TRAINUP_REQUIRE_SLURM=1 (CI sets it) they fail instead.
 """
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -217,12 +219,15 @@ slurm.done_with(here)
 
 
 def test_two_notebooks_side_by_side_each_start_and_stop_a_slurm_of_their_own(local_slurm,
-                                                                              tmp_path):
+                                                                              tmp_path, request):
     """Lessons 04b and 07 open at once (two kernels; the suite's two notebook units) with no SLURM
     running: each starts its own (a folder of its own under .slurm/), runs a job on it and stops
     it, and neither stops the other's. One shared folder had them start it twice (a new munge key
     under the first's daemons) and stop it under the other's jobs."""
-    base = tmp_path / "s"  # the course's .slurm/, where no SLURM runs
+    # the course's .slurm/, where no SLURM runs; short, as the course's own folder is (tmp_path can
+    # be too long a path for slurmd's job sockets: local_slurm.sh refuses it)
+    base = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
     batch = tmp_path / "id.sbatch"
     batch.write_text("#!/bin/bash\necho job $SLURM_JOB_ID\n")
     env = {**os.environ, "TRAINUP_SLURM_DIR": str(base), "TRAINUP_START_SLURM": "1"}
@@ -242,6 +247,25 @@ def test_two_notebooks_side_by_side_each_start_and_stop_a_slurm_of_their_own(loc
     assert not any(f.exists() for f in folders)  # each stopped and removed its own
     assert subprocess.run(["bash", str(ROOT / "tools" / "local_slurm.sh"), "status"],
                           env=env, capture_output=True).returncode != 0  # none left in the base
+
+
+def test_a_slurm_folder_too_long_for_slurmds_job_sockets_is_one_sentence_before_any_daemon(
+        request):
+    """slurmd's job steps make Unix sockets in the spool folder (at most 107 characters): a longer
+    folder let every job fail to start and sit requeued for minutes. local_slurm.sh refuses it."""
+    if os.geteuid() != 0:
+        pytest.skip("local_slurm.sh start needs root")
+    top = Path(tempfile.mkdtemp(dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    long = top / ("x" * (80 - len(str(top)) - 1))  # 80 characters: munge's socket (99) fits
+    proc = subprocess.run(["bash", str(ROOT / "tools" / "local_slurm.sh"), "start"],
+                          env={**os.environ, "TRAINUP_SLURM_DIR": str(long)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "too long a path (80 characters) for slurmd's job sockets" in proc.stderr, proc.stderr
+    assert "shorter folder (at most 7" in proc.stderr  # 77 to 79, as its job ids have digits
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not long.exists() or not any(long.iterdir())  # nothing started, nothing left
 
 
 @pytest.fixture(scope="module")

@@ -142,6 +142,16 @@ start() {
   exec 9>"${TMPDIR:-/tmp}/trainup-local-slurm.lock"
   flock -w 120 9 || fail "another local SLURM took more than 120 s to start"
   write_conf
+  # slurmd's job steps make their sockets in the spool folder (<node>_<job>.<step>): past 107
+  # characters every job fails to start and waits, requeued, for minutes. Its job ids: FirstJobId
+  # and the next 999 (write_conf)
+  local step
+  step=$DIR/spool/n1/n1_$(( $(sed -n 's/^FirstJobId=//p' "$CONF") + 999 )).4294967291
+  if [ ${#step} -gt 107 ]; then
+    rm -rf "$DIR/state" "$DIR/spool" "$DIR/run" "$DIR/log" "$DIR/munge" "$CONF"  # none half-made
+    cannot "the SLURM folder $DIR is too long a path (${#DIR} characters) for slurmd's job" \
+      "sockets; set TRAINUP_SLURM_DIR to a shorter folder (at most $((${#DIR} - ${#step} + 107)))"
+  fi
   munged --force --key-file="$DIR/munge/munge.key" --socket="$SOCKET" --pid-file="$DIR/run/munged.pid" \
     --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed" 9>&- ||
     fail "munged did not start; see $DIR/log/munged.log"

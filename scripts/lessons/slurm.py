@@ -102,7 +102,8 @@ def for_notebook():
 
 def own_dir():
     """The folder of a SLURM a notebook starts for itself: .slurm/k<its kernel's pid> (short: the
-    munge socket's path must stay under 100 characters)."""
+    sockets of munge and of slurmd's job steps are made in it, and a socket's path has at most 107
+    characters)."""
     base = Path(os.environ.get("TRAINUP_SLURM_DIR", ROOT / ".slurm"))
     return base if base.name == f"k{os.getpid()}" else base / f"k{os.getpid()}"
 
