@@ -146,17 +146,3 @@ def test_the_notebooks_kernels_start_their_jobs_from_a_warm_interpreter():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-
-
-def test_a_job_that_spawns_finds_its_script_from_its_own_folder(tmp_path, monkeypatch):
-    """multiprocessing's spawn (Hogwild's workers) finds a __main__ named from the job's folder
-    through the folder the interpreter started in: a fork's is the job's, not its server's."""
-    monkeypatch.chdir(tmp_path)  # the server starts here, as a kernel's starts in notebooks/
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINUP_SERVER_OF_THIS_TEST": "1"}
-    cmd = [sys.executable, "scripts/_trainup_hogwild.py", "--num-processes", "2", "--threads",
-           "1", "--quick", "--epochs", "1", "--no-progress", "--log-dir", str(tmp_path)]
-    job = warm_start.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    assert isinstance(job, warm_start.Job)
-    out, _ = job.communicate(timeout=300)
-    assert job.returncode == 0, out[-3000:]

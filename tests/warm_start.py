@@ -102,8 +102,6 @@ if job["new_session"]:
     os.setsid()
 os.write(started_w, b"1"), os.close(started_w)
 os.chdir(job["cwd"])
-if "multiprocessing.process" in sys.modules:  # the folder it started in, as a fresh one has it:
-    sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()  # spawn finds __main__ by it
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0), os.dup2(fds_of_job[0], 1), os.dup2(fds_of_job[1], 2)
 for fd in (null, *fds_of_job):
