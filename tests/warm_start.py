@@ -8,9 +8,8 @@ test's job is, where it can be, a fork of a server that imported the course's sc
 child takes the job's argv, environment, folder, session and output pipes, runs the script file as
 __main__ (runpy, as `python script.py` does) and leaves through the interpreter's own shutdown, as
 the script would. tests/test_exit.py forks its ranks the same way. Its processes are as real as
-any: they talk over gloo, get signals, exit with their own status. Under the tests the
-notebooks' kernels start their jobs so too (install_in_kernel, run as each kernel starts:
-tests/nbval_kernels.py); command 1 and a learner's Jupyter start each as a fresh interpreter.
+any: they talk over gloo, get signals, exit with their own status. The notebooks run every
+command as a learner types it.
 
 What is read once, at a process's start, cannot change after the fork: the interpreter's flags
 (PYTHON*), OpenMP's and the allocator's settings (OMP_*, MALLOC_*), the variables torch reads at
@@ -153,11 +152,10 @@ class Server:
                     self.running.discard(said["ended"])
                     self.ended.notify_all()
 
-    def fork(self, argv, env, cwd, new_session, module=None, merge=False):
+    def fork(self, argv, env, cwd, new_session, module=None):
         """Fork a job (a script, or a module run as `python -m`); its pid and the reading ends of
-        its stdout and stderr (merge: stderr into stdout, as stderr=subprocess.STDOUT; None)."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = (None, out_w) if merge else os.pipe()
+        its stdout and stderr."""
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session, module=module)
         with self.lock:
             socket.send_fds(self.sock, [json.dumps(job).encode()], [out_w, err_w])
@@ -165,12 +163,9 @@ class Server:
             with self.ended:
                 if pid is not None and pid not in self.codes:
                     self.running.add(pid)
-        for fd in {out_w, err_w}:
-            os.close(fd)
+        os.close(out_w), os.close(err_w)
         if pid is None:
-            for fd in (out_r, err_r):
-                if fd is not None:
-                    os.close(fd)
+            os.close(out_r), os.close(err_r)
             raise RuntimeError("the warm-start server died")
         return pid, out_r, err_r
 
@@ -199,10 +194,9 @@ def _key(env):
                         if k not in RUNTIME and not k.startswith(RUNTIME_PREFIXES)))
 
 
-def start(cmd, env, cwd, new_session=True, merge=False, text=True):
+def start(cmd, env, cwd, new_session=True):
     """cmd ([sys.executable, a script of the course's, args...]) forked from a warm server made
-    with env's start-time variables; None where it must start as a fresh interpreter instead.
-    merge: stderr into stdout; text: str pipes (else bytes), as subprocess.Popen's."""
+    with env's start-time variables; None where it must start as a fresh interpreter instead."""
     if os.environ.get("TRAINUP_WARM_START") == "0" or sys.platform != "linux":
         return None
     if os.environ.get("TRAINUP_SCRIPTS_DIR"):  # a breakage's pytest (a copy of scripts/): a
@@ -215,7 +209,7 @@ def start(cmd, env, cwd, new_session=True, merge=False, text=True):
     scripts = [Path(a) for a in cmd[3 if module else 1:] if str(a).endswith(".py")]
     if not scripts or (not module and str(cmd[1]) != str(scripts[0])):
         return None
-    script = Path(cwd, scripts[0])  # a notebook's job names it from the course's folder
+    script = scripts[0]
     if script.parent.name != "scripts" or not script.name.startswith("_trainup_"):
         return None
     if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
@@ -234,32 +228,8 @@ def start(cmd, env, cwd, new_session=True, merge=False, text=True):
     if not server.ready:
         return None
     argv = [str(a) for a in cmd[3 if module else 1:]]
-    pid, out, err = server.fork([module, *argv] if module else argv, env, cwd, new_session, module,
-                                merge)
-    return Job(server, pid, [str(a) for a in cmd], out, err, text)
-
-
-def popen(argv, **kw):
-    """subprocess.Popen(argv, **kw), or where it can, that job forked from a warm server: what
-    lessons.jobs.start is in the notebooks' kernels under the tests (install_in_kernel)."""
-    piped = (kw.get("stdout") == subprocess.PIPE
-             and kw.get("stderr") in (subprocess.PIPE, subprocess.STDOUT))
-    if piped and set(kw) <= {"cwd", "env", "stdout", "stderr", "text", "start_new_session"}:
-        job = start(argv, dict(kw.get("env") or os.environ), kw.get("cwd") or os.getcwd(),
-                    new_session=kw.get("start_new_session", False),
-                    merge=kw["stderr"] == subprocess.STDOUT, text=kw.get("text", False))
-        if job is not None:
-            return job
-    return subprocess.Popen(argv, **kw)
-
-
-def install_in_kernel():
-    """Run at the start of a notebook's kernel under the tests (tests/nbval_kernels.py): each job
-    its cells start (lessons.jobs.start: the commands they print) that runs one of the course's
-    scripts is forked from a warm server, as the tests' own jobs are. What the cells show and
-    check is the same: the job is the same script, run as __main__ in a process of its own."""
-    from lessons import jobs
-    jobs.start = popen
+    pid, out, err = server.fork([module, *argv] if module else argv, env, cwd, new_session, module)
+    return Job(server, pid, [str(a) for a in cmd], out, err)
 
 
 def close_all():
@@ -271,12 +241,10 @@ def close_all():
 class Job:
     """A forked job, as subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True) answers."""
 
-    def __init__(self, server, pid, args, out, err, text=True):
+    def __init__(self, server, pid, args, out, err):
         self.server, self.pid, self.args, self.returncode = server, pid, args, None
-        pipe = (lambda fd: open(fd, encoding="utf-8", errors="replace")) if text else (
-            lambda fd: open(fd, "rb"))
-        self.stdout = pipe(out)
-        self.stderr = None if err is None else pipe(err)  # None: merged into stdout
+        self.stdout = open(out, encoding="utf-8", errors="replace")
+        self.stderr = open(err, encoding="utf-8", errors="replace")
         self._read = None
 
     def poll(self):
@@ -296,7 +264,7 @@ class Job:
         if self._read is None:
             self._read = {}
             self._threads = [threading.Thread(target=self._drain, args=(f,), daemon=True)
-                             for f in (self.stdout, self.stderr) if f is not None]
+                             for f in (self.stdout, self.stderr)]
             for t in self._threads:
                 t.start()
         deadline = None if timeout is None else _now() + timeout
@@ -305,7 +273,7 @@ class Job:
             if t.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(0.01, deadline - _now()))
-        return self._read[self.stdout], self._read.get(self.stderr)
+        return self._read[self.stdout], self._read[self.stderr]
 
     def _drain(self, f):
         self._read[f] = f.read()
