@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import warm_start
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job
@@ -41,27 +42,62 @@ def test_a_forked_job_ends_as_a_fresh_interpreter_does(tmp_path):
     assert forked.pid != os.getpid() and (tmp_path / "checkpoints" / "forked.pt").exists()
 
 
-def test_torchruns_agent_is_forked_and_its_workers_start_fresh(tmp_path):
-    """`python -m torch.distributed.run ... scripts/_trainup_ddp.py`: the agent is a fork (it
-    imports torch too), its 2 workers fresh interpreters it starts; the job ends as one started
-    fresh does, bit for bit."""
+def test_torchruns_agent_and_its_workers_are_forked_and_end_as_a_fresh_job_does(tmp_path):
+    """`python -m torch.distributed.run ... scripts/_trainup_ddp.py`: the agent is a fork, and so
+    are its 2 workers (forks of the agent's zygote, in sessions of their own, as torchrun starts
+    them); the job ends as one started fresh (torchrun's own Popen of each worker) does, bit for
+    bit."""
     from lessons import launch
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     jobs = {}
     for name in ("forked", "fresh"):
         cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2),
-               str(SCRIPTS / "_trainup_ddp.py"), *FLAGS, "--run-name", name,
+               str(SCRIPTS / "_trainup_ddp.py"), *FLAGS, "--epochs", "4", "--run-name", name,
                "--log-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path / "checkpoints")]
         jobs[name] = (warm_start.start(cmd, env, ROOT) if name == "forked" else
                       subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True))
-    assert isinstance(jobs["forked"], warm_start.Job)
+    agent = jobs["forked"]
+    assert isinstance(agent, warm_start.Job)
+    first = agent.stdout.readline()  # an epoch done: 3 to go, the workers still there
+    workers = [r["pid"] for r in records(tmp_path, "forked", "ddp")[0]["ranks"]]
+    for pid in workers:
+        zygote = parent(pid)
+        assert parent(zygote) == agent.pid and zygote not in workers, first
+        assert os.getsid(pid) == pid  # a session of its own, as torchrun's Popen makes
+        assert b"\0-c\0" in Path(f"/proc/{pid}/cmdline").read_bytes()  # the server's, forked
     done = {name: finish_job(job) for name, job in jobs.items()}
     assert [d.returncode for d in done.values()] == [0, 0], done["forked"].stderr[-3000:]
-    ranks = records(tmp_path, "forked", "ddp")[0]["ranks"]
-    assert len({r["pid"] for r in ranks} | {jobs["forked"].pid}) == 3  # the agent and 2 workers
-    forked, fresh = (records(tmp_path, n, "epoch")[0] for n in ("forked", "fresh"))
-    assert (forked["loss"], forked["test_loss"]) == (fresh["loss"], fresh["test_loss"])
+    fresh_pids = {r["pid"] for r in records(tmp_path, "fresh", "ddp")[0]["ranks"]}
+    assert len(fresh_pids | {jobs["fresh"].pid}) == 3  # the agent and 2 workers of its own
+    for forked, fresh in zip(*(records(tmp_path, n, "epoch") for n in ("forked", "fresh"))):
+        assert (forked["loss"], forked["test_loss"]) == (fresh["loss"], fresh["test_loss"])
+    assert first.startswith("epoch 1: loss ") and done["forked"].stdout.count("epoch ") == 3
+
+
+def test_forked_workers_whose_agent_was_killed_are_orphaned_and_end_with_one_sentence_each(
+        tmp_path):
+    """The zygote dies with the agent (PR_SET_PDEATHSIG): the workers lose their parent as fresh
+    ones do, notice, and end with one sentence each; nothing trains on."""
+    from lessons import launch
+    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2), str(SCRIPTS / "_trainup_ddp.py"),
+           *FLAGS, "--epochs", "200", "--run-name", "orphan", "--log-dir", str(tmp_path),
+           "--checkpoint-dir", str(tmp_path / "checkpoints")]
+    agent = warm_start.start(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, ROOT)
+    agent.stdout.readline()
+    workers = [r["pid"] for r in records(tmp_path, "orphan", "ddp")[0]["ranks"]]
+    os.kill(agent.pid, signal.SIGKILL)
+    done = finish_job(agent)  # its output's pipes: open until the workers have gone too
+    assert done.returncode == -signal.SIGKILL
+    # (counted, not split into lines: two ranks that notice at once may write into each other's)
+    assert done.stderr.count("error: ") == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "this rank ends here" in done.stderr
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]]
+
+
+def parent(pid):
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def test_start_time_variables_give_a_server_of_their_own(tmp_path):

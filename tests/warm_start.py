@@ -18,8 +18,14 @@ a server started with exactly its values of every variable but those read while 
 a rank's place, the store's address, SLURM's and torchelastic's variables); where servers would
 multiply, or the script lives elsewhere (a breakage's copy), the job starts as a fresh interpreter
 (start() returns None). torchrun's agent (`python -m torch.distributed.run ... scripts/x.py`)
-is forked the same way; the workers it starts are its own fresh interpreters. TRAINUP_WARM_START=0
-turns it off.
+is forked the same way, and so are the workers it starts: before the agent starts, while it is still
+one thread with torch imported, it forks a process of its own that forks each worker on the
+agent's request (zygote()), in the worker's own session with the worker's argv, variables, folder
+and output, as `python -u scripts/x.py` starts; the agent's Popen of a worker (torchrun's
+SubprocessHandler._popen) asks it, and anything else it starts as before. It dies with the agent
+(PR_SET_PDEATHSIG), so that a worker whose agent was killed is orphaned as a fresh one is. The
+notebooks' torchrun jobs start every worker fresh: torchrun's own start of its workers runs there.
+TRAINUP_WARM_START=0 turns it all off.
 """
 import json
 import os
@@ -35,6 +41,7 @@ from pathlib import Path
 RUNTIME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
            "MASTER_PORT",
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING",  # torchrun's, for its workers: read by NCCL's group
            "PYTEST_CURRENT_TEST", "TRAINUP_RUN_CACHE")  # the last two: the tests' own
 RUNTIME_PREFIXES = ("SLURM_", "TORCHELASTIC_")
 TORCHRUN = "torch.distributed.run"
@@ -108,6 +115,11 @@ for fd in (null, *fds_of_job):
 os.environ.clear()
 os.environ.update(job["env"])
 sys.argv = job["argv"]
+if job.get("tests"):  # torchrun's agent, whose workers are forked too (warm_start.zygote)
+    sys.path.append(job["tests"])
+    import warm_start
+    sys.path.pop()
+    job = warm_start.zygote(sys.path[0]) or job  # in a worker: its job, as `python -u script`
 if job.get("module"):  # torchrun's agent: `python -m torch.distributed.run ...`
     runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
 else:
@@ -115,29 +127,23 @@ else:
 '''
 
 
-class Server:
-    """One warm process (SERVER) and the thread that reads what it says: each fork's pid, each
-    child's exit status."""
+class Forks:
+    """A process that forks jobs on request (a SERVER, or an agent's zygote) and the thread that
+    reads what it says: each fork's pid, each child's exit status."""
 
-    def __init__(self, scripts, env):
+    def __init__(self, sock, ready=True):
         import queue
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()),
-                                      str(scripts), *WARM], pass_fds=[theirs.fileno()],
-                                     env=env, stdin=subprocess.DEVNULL)
-        theirs.close()
-        self.sock, self.pids, self.codes, self.running = ours, queue.Queue(), {}, set()
+        self.sock, self.pids, self.codes, self.running = sock, queue.Queue(), {}, set()
         self.ended = threading.Condition()
         self.lock = threading.Lock()
-        first = json.loads(self.sock.recv(1 << 16) or b'{"ready": false}')
-        self.ready = first["ready"]
+        self.ready = ready
         if self.ready:
             threading.Thread(target=self._listen, daemon=True).start()
 
     def _listen(self):
         while True:
             data = self.sock.recv(1 << 16)
-            if not data:  # the server died: no job of its will be told it ended
+            if not data:  # the process died: no job of its will be told it ended
                 self.ready = False
                 self.pids.put(None)
                 with self.ended:
@@ -152,22 +158,17 @@ class Server:
                     self.running.discard(said["ended"])
                     self.ended.notify_all()
 
-    def fork(self, argv, env, cwd, new_session, module=None):
-        """Fork a job (a script, or a module run as `python -m`); its pid and the reading ends of
-        its stdout and stderr."""
-        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-        job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session, module=module)
+    def send(self, job, fds):
+        """Ask for a fork; its pid, once it runs in its own session."""
         with self.lock:
-            socket.send_fds(self.sock, [json.dumps(job).encode()], [out_w, err_w])
+            socket.send_fds(self.sock, [json.dumps(job).encode()], fds)
             pid = self.pids.get()
             with self.ended:
                 if pid is not None and pid not in self.codes:
                     self.running.add(pid)
-        os.close(out_w), os.close(err_w)
         if pid is None:
-            os.close(out_r), os.close(err_r)
             raise RuntimeError("the warm-start server died")
-        return pid, out_r, err_r
+        return pid
 
     def code(self, pid, timeout):
         with self.ended:
@@ -178,12 +179,155 @@ class Server:
                 raise RuntimeError("the warm-start server died before its job ended")
             return None
 
+
+class Server(Forks):
+    """One warm process (SERVER)."""
+
+    def __init__(self, scripts, env):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()),
+                                      str(scripts), *WARM], pass_fds=[theirs.fileno()],
+                                     env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        first = json.loads(ours.recv(1 << 16) or b'{"ready": false}')
+        super().__init__(ours, first["ready"])
+
+    def fork(self, argv, env, cwd, new_session, module=None):
+        """Fork a job (a script, or a module run as `python -m`); its pid and the reading ends of
+        its stdout and stderr."""
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session, module=module,
+                   tests=str(Path(__file__).parent) if module == TORCHRUN else None)
+        try:
+            pid = self.send(job, [out_w, err_w])
+        except RuntimeError:
+            os.close(out_r), os.close(err_r)
+            raise
+        finally:
+            os.close(out_w), os.close(err_w)
+        return pid, out_r, err_r
+
     def close(self):
         self.sock.close()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def zygote(scripts):
+    """In torchrun's agent, forked from a SERVER before it starts (one thread, torch imported):
+    fork the process that forks the agent's workers. None in the agent, whose Popen of a course
+    script (torchrun's SubprocessHandler._popen) now asks that process for a fork; in a worker,
+    its job, the process set up as `python -u script.py args` sets one up."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    agent, key = os.getpid(), _key(os.environ)
+    if os.fork():
+        theirs.close()
+        _route_workers(Forks(ours), scripts, key)
+        return None
+    ours.close()
+    return _serve_workers(theirs, agent)
+
+
+def _route_workers(forks, scripts, key):
+    """The agent's side: a worker that is a script of the course's, with the variables read at
+    start that the zygote has, is a fork of it; anything else starts as torchrun starts it."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+    handler = subprocess_handler.SubprocessHandler
+    popen = handler._popen
+
+    def _popen(self, args, env):
+        argv = [str(a) for a in args]
+        script = Path(argv[2]) if len(argv) > 2 and argv[:2] == [sys.executable, "-u"] else None
+        if (script is None or not forks.ready or _key(env) != key
+                or not script.name.startswith("_trainup_") or script.suffix != ".py"
+                or Path(os.getcwd(), script).resolve().parent != Path(scripts).resolve()):
+            return popen(self, args, env)
+        outs = [f.fileno() if f else fd for f, fd in ((self._stdout, 1), (self._stderr, 2))]
+        job = dict(argv=argv[2:], env=env, cwd=os.getcwd())
+        return Job(forks, forks.send(job, outs), argv)
+
+    handler._popen = _popen
+
+
+def _serve_workers(sock, agent):
+    """The zygote: forks a worker for each request; says each one's pid and exit status. It holds
+    nothing of the agent's open (its output's readers wait for the end of it) and dies with it."""
+    import ctypes
+    import select
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != agent:  # it died before that
+        os._exit(0)
+    os.closerange(3, sock.fileno())
+    os.closerange(sock.fileno() + 1, 1 << 16)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)  # a child's end wakes the select below
+    signal.signal(signal.SIGCHLD, lambda *a: None)
+    children, listening = set(), True
+    while listening or children:
+        ready = select.select([sock, wake_r] if listening else [wake_r], [], [])[0]
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if sock in ready:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+            if not data:  # the agent is done: the zygote ends with its last worker
+                listening = False
+                continue
+            started_r, started_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (sock.fileno(), wake_r, wake_w, started_r):
+                    os.close(fd)
+                os.setsid()  # torchrun starts each worker in a session of its own
+                os.write(started_w, b"1"), os.close(started_w)
+                return _become_worker(json.loads(data), fds)
+            os.close(started_w)
+            os.read(started_r, 1)  # its session made: torchrun's killpg reaches it from now on
+            os.close(started_r)
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            sock.send(json.dumps({"pid": pid}).encode())
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                break
+            children.discard(pid)
+            if listening:
+                try:
+                    sock.send(json.dumps({"ended": pid,
+                                          "code": os.waitstatus_to_exitcode(status)}).encode())
+                except OSError:  # the agent is gone: no one to tell
+                    listening = False
+    os._exit(0)
+
+
+def _become_worker(job, fds):
+    """A worker's process, as `python -u script.py args` has it: the job run by the SERVER's end."""
+    import io
+    os.chdir(job["cwd"])
+    os.dup2(fds[0], 1), os.dup2(fds[1], 2)
+    for fd in fds:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(job["env"])
+    sys.argv = job["argv"]
+    for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
+        # -u: written through to the file at once
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
+                                  encoding=getattr(sys, name).encoding, errors=errors)
+        setattr(sys, name, stream), setattr(sys, f"__{name}__", stream)
+    if "multiprocessing.process" in sys.modules:  # the folder `python script.py` started in
+        sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
+    return dict(argv=job["argv"], module=None)
 
 
 _SERVERS = {}
@@ -241,10 +385,10 @@ def close_all():
 class Job:
     """A forked job, as subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True) answers."""
 
-    def __init__(self, server, pid, args, out, err):
+    def __init__(self, server, pid, args, out=None, err=None):
         self.server, self.pid, self.args, self.returncode = server, pid, args, None
-        self.stdout = open(out, encoding="utf-8", errors="replace")
-        self.stderr = open(err, encoding="utf-8", errors="replace")
+        self.stdout = None if out is None else open(out, encoding="utf-8", errors="replace")
+        self.stderr = None if err is None else open(err, encoding="utf-8", errors="replace")
         self._read = None
 
     def poll(self):
