@@ -18,10 +18,10 @@ a server started with exactly its values of every variable but those read while 
 a rank's place, the store's address, SLURM's and torchelastic's variables); where servers would
 multiply, or the script lives elsewhere (a breakage's copy), the job starts as a fresh interpreter
 (start() returns None). torchrun's agent (`python -m torch.distributed.run ... scripts/x.py`)
-is forked the same way, and so are the workers it starts: before the agent starts, while it is still
-one thread with torch imported, it forks a process of its own that forks each worker on the
-agent's request (zygote()), in the worker's own session with the worker's argv, variables, folder
-and output, as `python -u scripts/x.py` starts; the agent's Popen of a worker (torchrun's
+is forked the same way, and so are the workers it starts: before the agent starts, while it is
+still one thread with torch imported, it forks a process of its own that forks each worker on
+the agent's request (zygote()), in the worker's own session with the worker's argv, variables,
+folder and output, as `python -u scripts/x.py` starts; the agent's Popen of a worker (torchrun's
 SubprocessHandler._popen) asks it, and anything else it starts as before. It dies with the agent
 (PR_SET_PDEATHSIG), so that a worker whose agent was killed is orphaned as a fresh one is. The
 notebooks' torchrun jobs start every worker fresh: torchrun's own start of its workers runs there.
@@ -311,7 +311,7 @@ def _serve_workers(sock, agent):
 
 
 def _become_worker(job, fds):
-    """A worker's process, as `python -u script.py args` has it: the job run by the SERVER's end."""
+    """A worker's process, as `python -u script.py args` has it; the SERVER's end runs it."""
     import io
     os.chdir(job["cwd"])
     os.dup2(fds[0], 1), os.dup2(fds[1], 2)
