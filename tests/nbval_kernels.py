@@ -10,6 +10,7 @@ be taken in between. What a notebook's cells do is tested as before: only the st
 """
 import atexit
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,11 +21,42 @@ from jupyter_client.manager import KernelManager
 _start = nbval.kernel.start_new_kernel
 
 
+# IPython runs the files in its profile's startup folder as a kernel starts, before any cell: there
+# the kernel's jobs are set to start from a warm interpreter (tests/warm_start.py). The folder is
+# the tests' own (IPYTHONDIR), so a learner's IPython profile is neither read nor written.
+STARTUP = f"""import sys
+sys.path.append({str(Path(__file__).parent)!r})
+import warm_start
+sys.path.remove({str(Path(__file__).parent)!r})
+warm_start.install_in_kernel()
+"""
+
+
+class _Kernels(KernelManager):
+    def start_kernel(self, **kw):
+        kw["env"] = {**(kw.get("env") or os.environ), "IPYTHONDIR": _ipython_dir()}
+        return super().start_kernel(**kw)
+
+
+def _ipython_dir():
+    global _IPYTHON_DIR
+    if _IPYTHON_DIR is None:
+        _IPYTHON_DIR = tempfile.mkdtemp(prefix="nbval-ipython-")
+        atexit.register(shutil.rmtree, _IPYTHON_DIR, ignore_errors=True)
+        startup = Path(_IPYTHON_DIR, "profile_default", "startup")
+        startup.mkdir(parents=True)
+        (startup / "00-warm-start.py").write_text(STARTUP)
+    return _IPYTHON_DIR
+
+
+_IPYTHON_DIR = None
+
+
 def _manager(**kwargs):
     folder = Path(tempfile.mkdtemp(prefix="nbval-kernel-"))  # short: a socket's path has <108 bytes
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return KernelManager(transport="ipc", connection_file=str(folder / "kernel.json"),
-                         ip=str(folder / "kernel-ipc"), **kwargs)
+    return _Kernels(transport="ipc", connection_file=str(folder / "kernel.json"),
+                    ip=str(folder / "kernel-ipc"), **kwargs)
 
 
 def _start_new_kernel(*args, **kwargs):

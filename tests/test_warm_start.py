@@ -134,3 +134,65 @@ def test_a_forked_job_gets_signals_in_its_own_session_and_says_how_it_ended(tmp_
     out, err = bad.communicate(timeout=120)
     assert_clean_error(subprocess.CompletedProcess(bad.args, bad.returncode, out, err),
                        "--batch-size")
+
+
+def test_a_notebooks_job_is_forked_with_its_output_as_the_cell_reads_it(tmp_path, monkeypatch):
+    """lessons.jobs.start as the tests' kernels have it (install_in_kernel): a script named from
+    the course's folder is forked, stderr merged into stdout where asked, bytes or text as asked;
+    any other command is subprocess.Popen's."""
+    from lessons import jobs
+    monkeypatch.setattr(jobs, "start", jobs.start)  # put back after the test
+    warm_start.install_in_kernel()
+    assert jobs.start is warm_start.popen
+    started = []
+    monkeypatch.setattr(warm_start, "Job", lambda *a: started.append(a) or warm_start_job(*a))
+    cmd = [sys.executable, "scripts/_trainup_gpu.py", *FLAGS, "--batch-size", "0",
+           "--log-dir", str(tmp_path)]
+    bad = jobs.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr_to_stdout=True)
+    assert len(started) == 1, "the job was not forked"
+    assert bad.returncode == 2 and bad.stderr == ""
+    # argparse's sentence, from stderr, merged into stdout
+    assert bad.stdout.startswith("_trainup_gpu.py: error: argument --batch-size")
+    proc = jobs.start(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out) == (2, "") and err.startswith("_trainup_gpu.py: error: ")
+    plain = jobs.start([sys.executable, "-c", "print(1)"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)
+    assert isinstance(plain, subprocess.Popen) and plain.communicate()[0] == b"1\n"
+    assert len(started) == 2
+
+
+warm_start_job = warm_start.Job
+
+
+def test_the_notebooks_kernels_start_their_jobs_from_a_warm_interpreter():
+    """tests/nbval_kernels.py: a kernel nbval starts runs install_in_kernel before any cell."""
+    import nbval_kernels
+    km = nbval_kernels._manager(kernel_name="python3")
+    km.start_kernel(cwd=str(ROOT / "notebooks"))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        said = []
+        kc.execute_interactive("from lessons import jobs; print(jobs.start.__module__)",
+                               timeout=120, output_hook=lambda m: said.append(
+                                   m["content"].get("text", "")))
+        assert "".join(said).strip() == "warm_start"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_a_job_that_spawns_finds_its_script_from_its_own_folder(tmp_path, monkeypatch):
+    """multiprocessing's spawn (Hogwild's workers) finds a __main__ named from the job's folder
+    through the folder the interpreter started in: a fork's is the job's, not its server's."""
+    monkeypatch.chdir(tmp_path)  # the server starts here, as a kernel's starts in notebooks/
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINUP_SERVER_OF_THIS_TEST": "1"}
+    cmd = [sys.executable, "scripts/_trainup_hogwild.py", "--num-processes", "2", "--threads",
+           "1", "--quick", "--epochs", "1", "--no-progress", "--log-dir", str(tmp_path)]
+    job = warm_start.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    assert isinstance(job, warm_start.Job)
+    out, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, out[-3000:]

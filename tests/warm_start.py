@@ -8,8 +8,9 @@ test's job is, where it can be, a fork of a server that imported the course's sc
 child takes the job's argv, environment, folder, session and output pipes, runs the script file as
 __main__ (runpy, as `python script.py` does) and leaves through the interpreter's own shutdown, as
 the script would. tests/test_exit.py forks its ranks the same way. Its processes are as real as
-any: they talk over gloo, get signals, exit with their own status. The notebooks run every
-command as a learner types it.
+any: they talk over gloo, get signals, exit with their own status. Under the tests the
+notebooks' kernels start their jobs so too (install_in_kernel, run as each kernel starts:
+tests/nbval_kernels.py); command 1 and a learner's Jupyter start each as a fresh interpreter.
 
 What is read once, at a process's start, cannot change after the fork: the interpreter's flags
 (PYTHON*), OpenMP's and the allocator's settings (OMP_*, MALLOC_*), the variables torch reads at
@@ -23,9 +24,10 @@ still one thread with torch imported, it forks a process of its own that forks e
 the agent's request (zygote()), in the worker's own session with the worker's argv, variables,
 folder and output, as `python -u scripts/x.py` starts; the agent's Popen of a worker (torchrun's
 SubprocessHandler._popen) asks it, and anything else it starts as before. It dies with the agent
-(PR_SET_PDEATHSIG), so that a worker whose agent was killed is orphaned as a fresh one is. The
-notebooks' torchrun jobs start every worker fresh: torchrun's own start of its workers runs there.
-TRAINUP_WARM_START=0 turns it all off.
+(PR_SET_PDEATHSIG), so that a worker whose agent was killed is orphaned as a fresh one is.
+torchrun's own start of its workers runs where a job cannot be forked (a test's sitecustomize:
+tests/test_ddp.py's and tests/test_preemption.py's torchrun jobs) and in the fresh job that
+tests/test_warm_start.py compares a forked one with. TRAINUP_WARM_START=0 turns it all off.
 """
 import json
 import os
@@ -108,6 +110,8 @@ if job["new_session"]:
     os.setsid()
 os.write(started_w, b"1"), os.close(started_w)
 os.chdir(job["cwd"])
+if "multiprocessing.process" in sys.modules:  # the folder it started in, as a fresh one has it:
+    sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()  # spawn finds __main__ by it
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0), os.dup2(fds_of_job[0], 1), os.dup2(fds_of_job[1], 2)
 for fd in (null, *fds_of_job):
@@ -192,19 +196,22 @@ class Server(Forks):
         first = json.loads(ours.recv(1 << 16) or b'{"ready": false}')
         super().__init__(ours, first["ready"])
 
-    def fork(self, argv, env, cwd, new_session, module=None):
+    def fork(self, argv, env, cwd, new_session, module=None, merge=False):
         """Fork a job (a script, or a module run as `python -m`); its pid and the reading ends of
-        its stdout and stderr."""
-        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        its stdout and stderr (merge: stderr into stdout, as stderr=subprocess.STDOUT; None)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = (None, out_w) if merge else os.pipe()
         job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session, module=module,
                    tests=str(Path(__file__).parent) if module == TORCHRUN else None)
         try:
             pid = self.send(job, [out_w, err_w])
         except RuntimeError:
-            os.close(out_r), os.close(err_r)
+            for fd in {out_r, err_r} - {None}:
+                os.close(fd)
             raise
         finally:
-            os.close(out_w), os.close(err_w)
+            for fd in {out_w, err_w}:
+                os.close(fd)
         return pid, out_r, err_r
 
     def close(self):
@@ -338,9 +345,10 @@ def _key(env):
                         if k not in RUNTIME and not k.startswith(RUNTIME_PREFIXES)))
 
 
-def start(cmd, env, cwd, new_session=True):
+def start(cmd, env, cwd, new_session=True, merge=False, text=True):
     """cmd ([sys.executable, a script of the course's, args...]) forked from a warm server made
-    with env's start-time variables; None where it must start as a fresh interpreter instead."""
+    with env's start-time variables; None where it must start as a fresh interpreter instead.
+    merge: stderr into stdout; text: str pipes (else bytes), as subprocess.Popen's."""
     if os.environ.get("TRAINUP_WARM_START") == "0" or sys.platform != "linux":
         return None
     if os.environ.get("TRAINUP_SCRIPTS_DIR"):  # a breakage's pytest (a copy of scripts/): a
@@ -353,7 +361,7 @@ def start(cmd, env, cwd, new_session=True):
     scripts = [Path(a) for a in cmd[3 if module else 1:] if str(a).endswith(".py")]
     if not scripts or (not module and str(cmd[1]) != str(scripts[0])):
         return None
-    script = scripts[0]
+    script = Path(cwd, scripts[0])  # a notebook's job names it from the course's folder
     if script.parent.name != "scripts" or not script.name.startswith("_trainup_"):
         return None
     if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
@@ -372,8 +380,32 @@ def start(cmd, env, cwd, new_session=True):
     if not server.ready:
         return None
     argv = [str(a) for a in cmd[3 if module else 1:]]
-    pid, out, err = server.fork([module, *argv] if module else argv, env, cwd, new_session, module)
-    return Job(server, pid, [str(a) for a in cmd], out, err)
+    pid, out, err = server.fork([module, *argv] if module else argv, env, cwd, new_session, module,
+                                merge)
+    return Job(server, pid, [str(a) for a in cmd], out, err, text)
+
+
+def popen(argv, **kw):
+    """subprocess.Popen(argv, **kw), or where it can, that job forked from a warm server: what
+    lessons.jobs.start is in the notebooks' kernels under the tests (install_in_kernel)."""
+    piped = (kw.get("stdout") == subprocess.PIPE
+             and kw.get("stderr") in (subprocess.PIPE, subprocess.STDOUT))
+    if piped and set(kw) <= {"cwd", "env", "stdout", "stderr", "text", "start_new_session"}:
+        job = start(argv, dict(kw.get("env") or os.environ), kw.get("cwd") or os.getcwd(),
+                    new_session=kw.get("start_new_session", False),
+                    merge=kw["stderr"] == subprocess.STDOUT, text=kw.get("text", False))
+        if job is not None:
+            return job
+    return subprocess.Popen(argv, **kw)
+
+
+def install_in_kernel():
+    """Run at the start of a notebook's kernel under the tests (tests/nbval_kernels.py): each job
+    its cells start (lessons.jobs.start: the commands they print) that runs one of the course's
+    scripts is forked from a warm server, as the tests' own jobs are. What the cells show and
+    check is the same: the job is the same script, run as __main__ in a process of its own."""
+    from lessons import jobs
+    jobs.start = popen
 
 
 def close_all():
@@ -385,10 +417,13 @@ def close_all():
 class Job:
     """A forked job, as subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True) answers."""
 
-    def __init__(self, server, pid, args, out=None, err=None):
+    def __init__(self, server, pid, args, out=None, err=None, text=True):
         self.server, self.pid, self.args, self.returncode = server, pid, args, None
-        self.stdout = None if out is None else open(out, encoding="utf-8", errors="replace")
-        self.stderr = None if err is None else open(err, encoding="utf-8", errors="replace")
+        pipe = (lambda fd: open(fd, encoding="utf-8", errors="replace")) if text else (
+            lambda fd: open(fd, "rb"))
+        # None: not piped (a worker's output is the agent's), or stderr merged into stdout
+        self.stdout = None if out is None else pipe(out)
+        self.stderr = None if err is None else pipe(err)
         self._read = None
 
     def poll(self):
@@ -408,7 +443,7 @@ class Job:
         if self._read is None:
             self._read = {}
             self._threads = [threading.Thread(target=self._drain, args=(f,), daemon=True)
-                             for f in (self.stdout, self.stderr)]
+                             for f in (self.stdout, self.stderr) if f is not None]
             for t in self._threads:
                 t.start()
         deadline = None if timeout is None else _now() + timeout
@@ -417,7 +452,7 @@ class Job:
             if t.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(0.01, deadline - _now()))
-        return self._read[self.stdout], self._read[self.stderr]
+        return self._read[self.stdout], self._read.get(self.stderr)
 
     def _drain(self, f):
         self._read[f] = f.read()

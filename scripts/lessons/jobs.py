@@ -57,11 +57,18 @@ def latest(text):
     return pieces[-1].strip() if pieces else ""
 
 
+def start(argv, **popen):
+    """Where every job a notebook starts begins: subprocess.Popen(argv, **popen). One place, so
+    that what starts a job is the same for all of them (the tests start the course's scripts
+    from a warm interpreter through it: tests/warm_start.py)."""
+    return subprocess.Popen(argv, **popen)
+
+
 def run(argv, *, cwd=ROOT, env=None, timeout=900, stderr_to_stdout=False):
     """subprocess.run(argv, capture_output=True, text=True) that shows the job's progress as it
     goes; on a timeout the job is killed and subprocess.TimeoutExpired raised, as subprocess.run
     does."""
-    proc = subprocess.Popen(
+    proc = start(
         argv,
         cwd=cwd,
         env=env,

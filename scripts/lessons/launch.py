@@ -89,14 +89,14 @@ class Job:
             self.cmd, self.shown = [sys.executable] + part, "$ python " + shlex.join(part)
 
 
-def side_by_side(*jobs, timeout=900):
+def side_by_side(*runs, timeout=900):
     """Start the jobs together and wait for all: for runs that measure no speed (a proof of equal parameters,
     losses), where most of each run is starting Python and importing torch, on one core. Prints each command,
     then one checked sentence each, in order."""
-    for job in jobs:
+    for job in runs:
         print(job.shown)
-    procs = [subprocess.Popen(job.cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=environment(job.env)) for job in jobs]
+    procs = [jobs.start(job.cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=environment(job.env)) for job in runs]
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
@@ -104,13 +104,13 @@ def side_by_side(*jobs, timeout=900):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for job, p, out in zip(jobs, procs, outputs):
+    for job, p, out in zip(runs, procs, outputs):
         if p.returncode != 0:
             raise failed(job.name, out, p.returncode)
-    for job in jobs:
+    for job in runs:
         print(check(job.name))
         checks.finished(job.name)
-    return [job.name for job in jobs]
+    return [job.name for job in runs]
 
 
 def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=None, timeout=900, env=None):
@@ -127,8 +127,8 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
                            run_id=name)
         print(f"# node {node}" + (" (its node rank is assigned when the two meet)" if rendezvous == "c10d" else ""))
         print(shown(f, part))
-        procs.append(subprocess.Popen(TORCHRUN + f + part, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, env=environment(env)))
+        procs.append(jobs.start(TORCHRUN + f + part, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=environment(env)))
     outputs = []
     try:
         for p in procs:
