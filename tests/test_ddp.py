@@ -245,6 +245,18 @@ def test_python_run_directly_in_an_sbatch_script_says_so_instead_of_waiting(monk
     assert not distributed.launched_by_srun({}) and not distributed.launched_by_srun({"SLURM_STEP_ID": "4294967294"})
 
 
+def test_free_ports_come_from_below_the_ephemeral_range_where_no_connection_takes_them():
+    """A CI run failed on a port that bind(0) had given: gloo's connections of the tests beside it
+    take their local ends from the same range, and one took it before rank 0 opened it."""
+    low, high = distributed._ephemeral_range()
+    ports = [distributed.free_port() for _ in range(20)]
+    assert len(set(ports)) == 20, f"a port was handed out twice: {ports}"
+    assert all(not low <= p <= high and distributed.port_is_free(p) for p in ports), (low, high, ports)
+    with socket.socket() as s:  # what bind(0) gives, and a connection's local end: in the range
+        s.bind(("127.0.0.1", 0))
+        assert low <= s.getsockname()[1] <= high
+
+
 def test_setup_turns_the_stores_errors_into_one_sentence(monkeypatch, capsys, log_dir):
     """The two errors init_process_group can raise before any training: the others never came (timeout),
     and a MASTER_PORT taken between the check and the bind."""

@@ -25,16 +25,13 @@ ARGS = ["--quick", "--train-size", "64", "--test-size", "64", "--epochs", "1", "
         "--device", "cpu", "--no-progress"]
 
 JOBS_PROGRAM = r'''
-import faulthandler, gc, os, signal, socket, sys, threading, time
+import faulthandler, gc, os, signal, sys, threading, time
 scripts, name, jobs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 sys.path.insert(0, scripts)
 script = __import__(name)  # imported once; each rank is a fork of this process
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from trainup.distributed import free_port  # noqa: E402  (the script put trainup on the path)
 
 
 def native_threads():

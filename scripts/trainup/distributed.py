@@ -14,6 +14,7 @@ The processes can be started three ways; the first that applies wins:
 import datetime
 import gc
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -98,11 +99,35 @@ def launched_by_srun(env=None):
     return step.isdigit() and int(step) < 0xFFFFFFF0  # SLURM's batch and extern steps use ids near 2**32
 
 
+_GIVEN = set()  # ports this process handed out already: a job may ask for several before any opens
+
+
 def free_port(host="127.0.0.1"):
-    """A TCP port nobody listens on now: bind port 0 and let the kernel choose."""
-    with socket.socket() as s:
+    """A TCP port nobody listens on now, chosen at random below the kernel's ephemeral range.
+
+    Not bind(("", 0)): that port comes from the ephemeral range, where any outgoing connection
+    (gloo opens one per pair of ranks) may take it as its local end before the job opens it, and
+    the job would then fail on a port in use. Below the range only another chooser can take it.
+    """
+    low, high = _ephemeral_range()
+    choices = [p for p in range(20000, 32768) if not low <= p <= high and p not in _GIVEN]
+    for port in random.SystemRandom().sample(choices, min(64, len(choices))):
+        if port_is_free(port, host):
+            _GIVEN.add(port)
+            return port
+    with socket.socket() as s:  # nothing free below the range: let the kernel choose
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_range():
+    """Linux's ip_local_port_range; elsewhere IANA's 49152-65535 (macOS's and Windows' default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
 
 
 def port_is_free(port, host=""):
