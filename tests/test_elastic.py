@@ -43,6 +43,10 @@ def test_the_job_loses_a_node_goes_on_alone_and_takes_it_back(drill):
         starts.per_rank_batch * starts.world_size == starts.global_batch
     ).all()  # the global batch kept
     assert drill.returncodes == {"node A": 0, "node B again": 0}
+    # the whole node went: its agent and its worker (in a session of its own) by the same kill
+    assert len(drill.killed) >= 2 and not elastic.alive(drill.killed)
+    gone = drill.events["node B gone"] - drill.events["node B killed"]
+    assert gone < 10, f"node B's processes took {gone:.0f} s to end after the kill"
 
 
 def test_the_survivor_resumed_from_a_checkpoint_and_the_return_stopped_at_a_step(drill):

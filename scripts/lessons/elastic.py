@@ -100,6 +100,44 @@ class Drill:
     )  # what the drill did, by name: its time (time.time())
     outputs: dict = field(default_factory=dict)  # each agent's output, by name
     returncodes: dict = field(default_factory=dict)
+    killed: list = field(default_factory=list)  # node B's processes the kill ended: agent, workers
+
+
+def kill_node(agent):
+    """SIGKILL to a node's torchrun and every process under it, as a machine going away; the pids,
+    once all are gone. torchrun starts each worker in a session of its own, out of reach of a
+    signal to the agent's process group."""
+    import psutil
+
+    try:
+        node = psutil.Process(agent)
+        node = [node, *node.children(recursive=True)]
+    except psutil.NoSuchProcess:  # ended by itself already
+        return []
+    for p in node:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    pids = [p.pid for p in node]
+    for _ in range(300):  # a few milliseconds; bounded, as a signal lost would otherwise hang
+        if not alive(pids):
+            break
+        time.sleep(0.1)
+    return pids
+
+
+def alive(pids):
+    """Those of pids still running: a zombie (ended, its exit not yet collected) is gone."""
+    import psutil
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return [p for p in pids if running(p)]
 
 
 def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=print):
@@ -149,10 +187,9 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
         time.sleep(
             1.0
         )  # into the next epoch: the steps it takes before the kill are lost, then redone
-        os.killpg(
-            agents["node B"][0].pid, signal.SIGKILL
-        )  # the machine is gone: agent and worker at once
         d.events["node B killed"] = time.time()
+        d.killed = kill_node(agents["node B"][0].pid)  # the machine is gone: all of it at once
+        d.events["node B gone"] = time.time()
         show("node B killed (SIGKILL to its torchrun and worker) after an epoch on 2 nodes")
         _wait(
             d,
@@ -176,7 +213,7 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     # the drill's times beside its log: it can be read again later (load) without redoing it
     record = log_dir / f"{run}.drill.json"
     tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(events=d.events, returncodes=d.returncodes)))
+    tmp.write_text(json.dumps(dict(events=d.events, returncodes=d.returncodes, killed=d.killed)))
     os.replace(tmp, record)  # whole or absent
     return d
 
@@ -192,7 +229,8 @@ def load(run, log_dir="logs", checkpoint_dir="checkpoints"):
     outputs = {name: (log_dir / f"{run}_{name.replace(' ', '_')}.agent").read_text()
                for name in ("node A", "node B", "node B again")}
     return Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir,
-                 events=saved["events"], outputs=outputs, returncodes=saved["returncodes"])
+                 events=saved["events"], outputs=outputs, returncodes=saved["returncodes"],
+                 killed=saved.get("killed", []))
 
 
 def records(log):
