@@ -395,6 +395,16 @@ if len(_spec) >= 2 and _spec[0] == _rank and _first:
 '''
 
 
+def require_horovod():
+    """Skip where Horovod is not built here; fail where TRAINUP_REQUIRE_HOROVOD=1 says it must be."""
+    from lessons import horovod
+    ok, sentence = horovod.available()
+    if not ok:
+        if os.environ.get("TRAINUP_REQUIRE_HOROVOD") == "1":
+            pytest.fail(f"TRAINUP_REQUIRE_HOROVOD=1 but {sentence}", pytrace=False)
+        pytest.skip(sentence)
+
+
 @pytest.fixture(scope="session")
 def inject(tmp_path_factory):
     """inject(spec, env=None): env (a job's extra variables) plus the fault spec and its sitecustomize."""

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, start_baseline, start_job,
-                      start_script, start_wanted)
+from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, require_horovod,
+                      start_baseline, start_job, start_script, start_wanted)
 from lessons import checks, horovod, report, slurm
 from trainup import models
 
@@ -24,14 +24,6 @@ TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
 # 84 samples a rank: steps of 32, 32 and 20, so with --accumulate 2 (micro-batches of 16) the last
 # step's are 16 and 4: a mean of the micro-batches' means (loss / K) would weigh the 4 as the 16
 SHORT_LAST = ["--train-size", 168]
-
-
-def require_horovod():
-    ok, sentence = horovod.available()
-    if not ok:
-        if os.environ.get("TRAINUP_REQUIRE_HOROVOD") == "1":
-            pytest.fail(f"TRAINUP_REQUIRE_HOROVOD=1 but {sentence}", pytrace=False)
-        pytest.skip(sentence)
 
 
 def start(cmd, env=None):

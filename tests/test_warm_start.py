@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import warm_start
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job
+from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, require_horovod
 
 FLAGS = ["--quick", "--device", "cpu", "--no-progress", "--precision", "64", "--dropout", "0",
          "--epochs", "1"]
@@ -98,6 +98,71 @@ def test_forked_workers_whose_agent_was_killed_are_orphaned_and_end_with_one_sen
     while [pid for pid in workers if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in workers if alive(pid)]
+
+
+def horovodrun(name, log_dir, epochs):
+    from lessons import horovod
+    flags, _ = horovod.command(name=name, np=2, quick=False)
+    return [*horovod.HOROVODRUN, *flags, sys.executable, str(SCRIPTS / "_trainup_horovod.py"),
+            *FLAGS, "--epochs", str(epochs), "--run-name", name, "--log-dir", str(log_dir),
+            "--checkpoint-dir", str(log_dir / "checkpoints")]
+
+
+def until_epoch(job):
+    """The launcher's output up to rank 0's first epoch ("[0]<stdout>:epoch 1: ...")."""
+    lines = [job.stdout.readline()]
+    while lines[-1] and "<stdout>:epoch 1:" not in lines[-1]:
+        lines.append(job.stdout.readline())
+    return "".join(lines)
+
+
+def test_horovodruns_launcher_and_its_workers_are_forked_and_end_as_a_fresh_job_does(tmp_path):
+    """horovodrun (`python -c "...run_commandline()"`): the launcher is a fork, and so are its 2
+    workers (forks of its zygote, in sessions of their own, as horovodrun's shells are); their
+    output is prefixed by rank as horovodrun prefixes it, and the job ends as one started fresh
+    (horovodrun's own shell for each worker) does, bit for bit."""
+    from lessons import horovod
+    require_horovod()
+    env = horovod.environment()
+    assert horovod.HOROVODRUN[2] == warm_start.HOROVODRUN
+    jobs = {"forked": warm_start.start(horovodrun("forked", tmp_path, 4), env, ROOT),
+            "fresh": subprocess.Popen(horovodrun("fresh", tmp_path, 4), env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)}
+    launcher = jobs["forked"]
+    assert isinstance(launcher, warm_start.Job)
+    first = until_epoch(launcher)  # an epoch done: 3 to go, the workers still there
+    workers = [r["pid"] for r in records(tmp_path, "forked", "ddp")[0]["ranks"]]
+    for pid in workers:
+        zygote = parent(pid)
+        assert parent(zygote) == launcher.pid and zygote not in workers, first
+        assert os.getsid(pid) == pid  # a session of its own, as horovod's shell has
+        assert b"\0-c\0" in Path(f"/proc/{pid}/cmdline").read_bytes()  # the server's, forked
+    done = {name: finish_job(job) for name, job in jobs.items()}
+    assert [d.returncode for d in done.values()] == [0, 0], done["forked"].stderr[-3000:]
+    for forked, fresh in zip(*(records(tmp_path, n, "epoch") for n in ("forked", "fresh"))):
+        assert (forked["loss"], forked["test_loss"]) == (fresh["loss"], fresh["test_loss"])
+    out = {n: first + d.stdout if n == "forked" else d.stdout for n, d in done.items()}
+    epochs = {n: [line.split()[:3] for line in text.splitlines() if "<stdout>:epoch " in line]
+              for n, text in out.items()}
+    assert epochs["forked"] == epochs["fresh"] and len(epochs["fresh"]) == 4, out
+
+
+def test_a_forked_horovodrun_stopped_by_sigterm_stops_its_workers_as_horovodrun_does(tmp_path):
+    """SIGTERM to the launcher: horovodrun passes it to each worker (its shell's child), the
+    workers stop after the same step and save, and nothing is left running."""
+    from lessons import horovod
+    require_horovod()
+    launcher = warm_start.start(horovodrun("stopped", tmp_path, 200), horovod.environment(),
+                                ROOT)
+    until_epoch(launcher)
+    workers = [r["pid"] for r in records(tmp_path, "stopped", "ddp")[0]["ranks"]]
+    os.kill(launcher.pid, signal.SIGTERM)
+    done = finish_job(launcher)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "exit with status code 75" in done.stdout, done.stdout[-3000:]
+    assert "SIGTERM: stopped in epoch" in done.stdout + done.stderr
+    assert not [pid for pid in workers if alive(pid)]
+    assert (tmp_path / "checkpoints" / "stopped.pt").exists()
 
 
 def alive(pid):

@@ -25,6 +25,11 @@ the agent's request (zygote()), in the worker's own session with the worker's ar
 folder and output, as `python -u scripts/x.py` starts; the agent's Popen of a worker (torchrun's
 SubprocessHandler._popen) asks it, and anything else it starts as before. It dies with the agent
 (PR_SET_PDEATHSIG), so that a worker whose agent was killed is orphaned as a fresh one is.
+horovodrun's launcher (`python -c "...run_commandline()"`) is forked so too, and its workers are
+forks of its zygote where horovodrun would start `env HOROVOD_...=... python scripts/x.py` in a
+shell: their output is prefixed by rank by horovod's own code, a stop or another rank's failure
+ends them as horovod ends its shells, and the launcher's death sends them SIGTERM, as horovod's
+middle process does.
 torchrun's own start of its workers runs where a job cannot be forked (a test's sitecustomize:
 tests/test_ddp.py's and tests/test_preemption.py's torchrun jobs) and in the fresh job that
 tests/test_warm_start.py compares a forked one with. TRAINUP_WARM_START=0 turns it all off.
@@ -47,6 +52,9 @@ RUNTIME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
            "PYTEST_CURRENT_TEST", "TRAINUP_RUN_CACHE")  # the last two: the tests' own
 RUNTIME_PREFIXES = ("SLURM_", "TORCHELASTIC_")
 TORCHRUN = "torch.distributed.run"
+HOROVODRUN = "from horovod.runner.launch import run_commandline; run_commandline()"  # `-c` of it
+# what horovodrun adds to each worker's variables (its rank, the rendezvous): read at hvd.init()
+HOROVOD_RUNTIME = ("HOROVOD_", "NCCL_SOCKET_IFNAME")
 MAX_SERVERS = 3  # a server holds torch's pages (some 400 MB): a few environments, not each
 # imported once by each server: what the scripts that fork import at their top (Horovod's,
 # Lightning's and Ray's scripts import their engines themselves, in the child)
@@ -119,13 +127,17 @@ for fd in (null, *fds_of_job):
 os.environ.clear()
 os.environ.update(job["env"])
 sys.argv = job["argv"]
-if job.get("tests"):  # torchrun's agent, whose workers are forked too (warm_start.zygote)
+if job.get("tests"):  # torchrun's or horovodrun's launcher, whose workers are forked too
     sys.path.append(job["tests"])
     import warm_start
     sys.path.pop()
-    job = warm_start.zygote(sys.path[0]) or job  # in a worker: its job, as `python -u script`
+    # in a worker: its job, as `python -u script` starts it (warm_start.zygote)
+    job = warm_start.zygote(sys.path[0], job["route"]) or job
 if job.get("module"):  # torchrun's agent: `python -m torch.distributed.run ...`
     runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
+elif job.get("code"):  # horovodrun's launcher: `python -c "...run_commandline()" ...`
+    sys.path[0] = ""
+    exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
 else:
     runpy.run_path(sys.argv[0], run_name="__main__")
 '''
@@ -196,13 +208,15 @@ class Server(Forks):
         first = json.loads(ours.recv(1 << 16) or b'{"ready": false}')
         super().__init__(ours, first["ready"])
 
-    def fork(self, argv, env, cwd, new_session, module=None, merge=False):
-        """Fork a job (a script, or a module run as `python -m`); its pid and the reading ends of
-        its stdout and stderr (merge: stderr into stdout, as stderr=subprocess.STDOUT; None)."""
+    def fork(self, argv, env, cwd, new_session, module=None, merge=False, code=None):
+        """Fork a job (a script, a module run as `python -m`, or code run as `python -c`); its
+        pid and the reading ends of its stdout and stderr (merge: stderr into stdout, as
+        stderr=subprocess.STDOUT; None)."""
         out_r, out_w = os.pipe()
         err_r, err_w = (None, out_w) if merge else os.pipe()
+        route = "torchrun" if module == TORCHRUN else "horovod" if code == HOROVODRUN else None
         job = dict(argv=argv, env=env, cwd=str(cwd), new_session=new_session, module=module,
-                   tests=str(Path(__file__).parent) if module == TORCHRUN else None)
+                   code=code, route=route, tests=str(Path(__file__).parent) if route else None)
         try:
             pid = self.send(job, [out_w, err_w])
         except RuntimeError:
@@ -222,16 +236,20 @@ class Server(Forks):
             self.proc.kill()
 
 
-def zygote(scripts):
-    """In torchrun's agent, forked from a SERVER before it starts (one thread, torch imported):
-    fork the process that forks the agent's workers. None in the agent, whose Popen of a course
-    script (torchrun's SubprocessHandler._popen) now asks that process for a fork; in a worker,
-    its job, the process set up as `python -u script.py args` sets one up."""
+def zygote(scripts, route="torchrun"):
+    """In torchrun's agent or horovodrun's launcher, forked from a SERVER before it starts (one
+    thread, torch imported): fork the process that forks its workers. None in the launcher, whose
+    start of a course script (torchrun's SubprocessHandler._popen, horovodrun's
+    safe_shell_exec.execute) now asks that process for a fork; in a worker, its job, the process
+    set up as `python -u script.py args` sets one up."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    agent, key = os.getpid(), _key(os.environ)
+    agent = os.getpid()
     if os.fork():
         theirs.close()
-        _route_workers(Forks(ours), scripts, key)
+        if route == "horovod":
+            _route_horovod(Forks(ours), scripts, _horovod_key(os.environ))
+        else:
+            _route_workers(Forks(ours), scripts, _key(os.environ))
         return None
     ours.close()
     return _serve_workers(theirs, agent)
@@ -258,6 +276,109 @@ def _route_workers(forks, scripts, key):
     handler._popen = _popen
 
 
+def _horovod_key(env):
+    return _key({k: v for k, v in env.items() if not k.startswith(HOROVOD_RUNTIME)})
+
+
+def _horovod_job(command, env, scripts, key):
+    """A worker's job from horovodrun's command for it (`env K=V ... python script.py args`, run
+    by a shell with the launcher's variables); None where it is not a script of the course's or
+    its variables read at start differ from the zygote's."""
+    import re
+    import shlex
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if words[:1] != ["env"]:
+        return None
+    assigned = [w for w in words[1:] if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", w)]
+    argv = words[1 + len(assigned):]
+    if len(argv) < 2 or argv[0] != sys.executable or not argv[1].endswith(".py"):
+        return None
+    script = Path(os.getcwd(), argv[1])
+    if (not script.name.startswith("_trainup_")
+            or script.resolve().parent != Path(scripts).resolve()):
+        return None
+    env = {**(os.environ if env is None else env), **dict(w.split("=", 1) for w in assigned)}
+    if _horovod_key(env) != key:
+        return None
+    return dict(argv=argv[1:], env=env, cwd=os.getcwd(), pdeathsig=int(signal.SIGTERM))
+
+
+class _Fd:
+    """A pipe's reading end as horovod's prefix_connection reads it (fileno, close)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def fileno(self):
+        return self.fd
+
+    def close(self):
+        os.close(self.fd)
+
+
+def _route_horovod(forks, scripts, key):
+    """horovodrun's side: each worker that is a script of the course's, with the variables read at
+    start that the zygote has, is a fork of it, its output prefixed and its end awaited as
+    horovodrun's safe_shell_exec.execute does for the shell it starts; anything else as before.
+    A worker whose launcher dies gets SIGTERM (as horovod's middle process sends it)."""
+    from horovod.runner.common.util import safe_shell_exec
+    from horovod.runner.util.threads import in_thread, on_event
+    execute = safe_shell_exec.execute
+
+    def _execute(command, env=None, stdout=None, stderr=None, index=None, events=None,
+                 prefix_output_with_timestamp=False):
+        job = _horovod_job(command, env, scripts, key) if forks.ready else None
+        if job is None:
+            return execute(command, env, stdout, stderr, index, events,
+                           prefix_output_with_timestamp)
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        try:
+            pid = forks.send(job, [out_w, err_w])
+        except RuntimeError:  # the zygote died: the worker as horovodrun starts it
+            os.close(out_r), os.close(err_r)
+            return execute(command, env, stdout, stderr, index, events,
+                           prefix_output_with_timestamp)
+        finally:
+            os.close(out_w), os.close(err_w)
+        outputs = [in_thread(safe_shell_exec.prefix_connection,
+                             (_Fd(fd), to or default, name, index, prefix_output_with_timestamp))
+                   for fd, to, default, name in ((out_r, stdout, sys.stdout, "stdout"),
+                                                 (err_r, stderr, sys.stderr, "stderr"))]
+        stop = threading.Event()
+        for event in events or []:  # another worker failed, or horovodrun was stopped
+            on_event(event, _stop_worker, args=(pid,), stop=stop, silent=True)
+        try:
+            code = forks.code(pid, None)
+        finally:
+            stop.set()
+        for t in outputs:
+            t.join()
+        return 128 - code if code < 0 else code  # a signal's end, as the shell reports it
+
+    safe_shell_exec.execute = _execute
+
+
+def _stop_worker(pid, grace_s=5):
+    """What horovod's terminate_executor_shell_and_children does to the shell's child: SIGTERM,
+    and after grace_s, SIGKILL to it and whatever it started."""
+    import psutil
+    try:
+        worker = psutil.Process(pid)
+        worker.terminate()
+    except psutil.NoSuchProcess:
+        return
+    for p in psutil.wait_procs([worker], timeout=grace_s)[1]:
+        try:
+            for child in p.children(recursive=True):
+                child.kill()
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def _serve_workers(sock, agent):
     """The zygote: forks a worker for each request; says each one's pid and exit status. It holds
     nothing of the agent's open (its output's readers wait for the end of it) and dies with it."""
@@ -266,6 +387,7 @@ def _serve_workers(sock, agent):
     ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     if os.getppid() != agent:  # it died before that
         os._exit(0)
+    zygote = os.getpid()
     os.closerange(3, sock.fileno())
     os.closerange(sock.fileno() + 1, 1 << 16)
     null = os.open(os.devnull, os.O_RDWR)
@@ -294,8 +416,13 @@ def _serve_workers(sock, agent):
                 for fd in (sock.fileno(), wake_r, wake_w, started_r):
                     os.close(fd)
                 os.setsid()  # torchrun starts each worker in a session of its own
+                job = json.loads(data)
+                if job.get("pdeathsig"):  # horovod's: the launcher's death ends its workers
+                    ctypes.CDLL(None).prctl(1, job["pdeathsig"])  # PR_SET_PDEATHSIG
+                    if os.getppid() != zygote:  # the zygote (with the launcher) died before
+                        os.kill(os.getpid(), job["pdeathsig"])
                 os.write(started_w, b"1"), os.close(started_w)
-                return _become_worker(json.loads(data), fds)
+                return _become_worker(job, fds)
             os.close(started_w)
             os.read(started_r, 1)  # its session made: torchrun's killpg reaches it from now on
             os.close(started_r)
@@ -327,6 +454,7 @@ def _become_worker(job, fds):
     os.environ.clear()
     os.environ.update(job["env"])
     sys.argv = job["argv"]
+    sys.path[0] = str(Path(job["argv"][0]).resolve().parent)  # as `python dir/script.py` has it
     for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
         # -u: written through to the file at once
         stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
@@ -355,11 +483,12 @@ def start(cmd, env, cwd, new_session=True, merge=False, text=True):
         return None  # server of its own would cost more than its job or two would save
     if len(cmd) < 2 or cmd[0] != sys.executable:
         return None
-    # torchrun's agent imports torch too (2 CPU-seconds of a 2-process job's 10); its workers are
-    # its own fresh interpreters, as always
+    # torchrun's agent and horovodrun's launcher are forked too, and fork their workers
     module = cmd[2] if [str(a) for a in cmd[1:3]] == ["-m", TORCHRUN] else None
-    scripts = [Path(a) for a in cmd[3 if module else 1:] if str(a).endswith(".py")]
-    if not scripts or (not module and str(cmd[1]) != str(scripts[0])):
+    code = cmd[2] if [str(a) for a in cmd[1:3]] == ["-c", HOROVODRUN] else None
+    launcher = module or code
+    scripts = [Path(a) for a in cmd[3 if launcher else 1:] if str(a).endswith(".py")]
+    if not scripts or (not launcher and str(cmd[1]) != str(scripts[0])):
         return None
     script = Path(cwd, scripts[0])  # a notebook's job names it from the course's folder
     if script.parent.name != "scripts" or not script.name.startswith("_trainup_"):
@@ -379,9 +508,9 @@ def start(cmd, env, cwd, new_session=True, merge=False, text=True):
     _SERVERS[key] = server
     if not server.ready:
         return None
-    argv = [str(a) for a in cmd[3 if module else 1:]]
-    pid, out, err = server.fork([module, *argv] if module else argv, env, cwd, new_session, module,
-                                merge)
+    argv = [str(a) for a in cmd[3 if launcher else 1:]]
+    first = [module] if module else ["-c"] if code else []  # sys.argv[0], as Python sets it
+    pid, out, err = server.fork([*first, *argv], env, cwd, new_session, module, merge, code)
     return Job(server, pid, [str(a) for a in cmd], out, err, text)
 
 
