@@ -396,7 +396,7 @@ if len(_spec) >= 2 and _spec[0] == _rank and _first:
 
 
 def require_horovod():
-    """Skip where Horovod is not built here; fail where TRAINUP_REQUIRE_HOROVOD=1 says it must be."""
+    """Skip where Horovod is not built; fail where TRAINUP_REQUIRE_HOROVOD=1 says it must be."""
     from lessons import horovod
     ok, sentence = horovod.available()
     if not ok:
