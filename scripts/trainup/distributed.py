@@ -108,9 +108,11 @@ def free_port(host="127.0.0.1"):
     Not bind(("", 0)): that port comes from the ephemeral range, where any outgoing connection
     (gloo opens one per pair of ranks) may take it as its local end before the job opens it, and
     the job would then fail on a port in use. Below the range only another chooser can take it.
+    From 22000: below are Ray's workers' ports (10002-19999) and the ports a SLURM job derives
+    from its id (20000 + id, for the ids a machine of its own hands out first).
     """
     low, high = _ephemeral_range()
-    choices = [p for p in range(20000, 32768) if not low <= p <= high and p not in _GIVEN]
+    choices = [p for p in range(22000, 32768) if not low <= p <= high and p not in _GIVEN]
     for port in random.SystemRandom().sample(choices, min(64, len(choices))):
         if port_is_free(port, host):
             _GIVEN.add(port)
