@@ -30,9 +30,10 @@ forks of its zygote where horovodrun would start `env HOROVOD_...=... python scr
 shell: their output is prefixed by rank by horovod's own code, a stop or another rank's failure
 ends them as horovod ends its shells, and the launcher's death sends them SIGTERM, as horovod's
 middle process does.
-torchrun's own start of its workers runs where a job cannot be forked (a test's sitecustomize:
-tests/test_ddp.py's and tests/test_preemption.py's torchrun jobs) and in the fresh job that
-tests/test_warm_start.py compares a forked one with. TRAINUP_WARM_START=0 turns it all off.
+torchrun's and horovodrun's own starts of their workers run where a job cannot be forked (a
+test's sitecustomize: tests/test_ddp.py's, tests/test_preemption.py's and tests/test_horovod.py's
+fault jobs; SLURM's) and in the fresh jobs that tests/test_warm_start.py compares forked ones with.
+TRAINUP_WARM_START=0 turns it all off.
 """
 import json
 import os
