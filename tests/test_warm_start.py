@@ -43,6 +43,18 @@ def test_a_forked_job_ends_as_a_fresh_interpreter_does(tmp_path):
     assert forked.pid != os.getpid() and (tmp_path / "checkpoints" / "forked.pt").exists()
 
 
+def forked_workers(log_dir, launcher, said):
+    """The job "forked"'s workers, checked: forks of the server (its `-c`) by a zygote the launcher
+    forked, each in a session of its own."""
+    workers = [r["pid"] for r in records(log_dir, "forked", "ddp")[0]["ranks"]]
+    for pid in workers:
+        zygote = parent(pid)
+        assert parent(zygote) == launcher and zygote not in workers, said
+        assert os.getsid(pid) == pid
+        assert b"\0-c\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return workers
+
+
 def test_torchruns_agent_and_its_workers_are_forked_and_end_as_a_fresh_job_does(tmp_path):
     """`python -m torch.distributed.run ... scripts/_trainup_ddp.py`: the agent is a fork, and so
     are its 2 workers (forks of the agent's zygote, in sessions of their own, as torchrun starts
@@ -61,12 +73,7 @@ def test_torchruns_agent_and_its_workers_are_forked_and_end_as_a_fresh_job_does(
     agent = jobs["forked"]
     assert isinstance(agent, warm_start.Job)
     first = agent.stdout.readline()  # an epoch done: 3 to go, the workers still there
-    workers = [r["pid"] for r in records(tmp_path, "forked", "ddp")[0]["ranks"]]
-    for pid in workers:
-        zygote = parent(pid)
-        assert parent(zygote) == agent.pid and zygote not in workers, first
-        assert os.getsid(pid) == pid  # a session of its own, as torchrun's Popen makes
-        assert b"\0-c\0" in Path(f"/proc/{pid}/cmdline").read_bytes()  # the server's, forked
+    forked_workers(tmp_path, agent.pid, first)  # sessions of their own, as torchrun's Popen makes
     done = {name: finish_job(job) for name, job in jobs.items()}
     assert [d.returncode for d in done.values()] == [0, 0], done["forked"].stderr[-3000:]
     fresh_pids = {r["pid"] for r in records(tmp_path, "fresh", "ddp")[0]["ranks"]}
@@ -131,12 +138,7 @@ def test_horovodruns_launcher_and_its_workers_are_forked_and_end_as_a_fresh_job_
     launcher = jobs["forked"]
     assert isinstance(launcher, warm_start.Job)
     first = until_epoch(launcher)  # an epoch done: 3 to go, the workers still there
-    workers = [r["pid"] for r in records(tmp_path, "forked", "ddp")[0]["ranks"]]
-    for pid in workers:
-        zygote = parent(pid)
-        assert parent(zygote) == launcher.pid and zygote not in workers, first
-        assert os.getsid(pid) == pid  # a session of its own, as horovod's shell has
-        assert b"\0-c\0" in Path(f"/proc/{pid}/cmdline").read_bytes()  # the server's, forked
+    forked_workers(tmp_path, launcher.pid, first)  # sessions of their own, as horovod's shells
     done = {name: finish_job(job) for name, job in jobs.items()}
     assert [d.returncode for d in done.values()] == [0, 0], done["forked"].stderr[-3000:]
     for forked, fresh in zip(*(records(tmp_path, n, "epoch") for n in ("forked", "fresh"))):
