@@ -101,7 +101,7 @@ def main(argv=None):
     run = lightning_run.Run(args, __file__)  # the course's log and checkpoint; TensorBoard
     with run.refusals():  # a flag Lightning refuses: one sentence
         trainer = pl.Trainer(
-            accelerator=args.accelerator, devices=run.devices, num_nodes=run.nodes,
+            accelerator=run.accelerator, devices=run.devices, num_nodes=run.nodes,
             strategy=args.strategy, precision=lightning_compat.precision(args.precision),
             max_epochs=args.epochs, logger=run.tensorboard, callbacks=run.callbacks,
             accumulate_grad_batches=args.accumulate_grad_batches,

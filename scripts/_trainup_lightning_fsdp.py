@@ -115,7 +115,7 @@ def main(argv=None):
         # processes one tensor-parallel group, fed the same batches)
         strategy = ModelParallelStrategy(data_parallel_size=run.processes, tensor_parallel_size=1)
         trainer = pl.Trainer(
-            accelerator=args.accelerator, devices=run.devices, num_nodes=run.nodes,
+            accelerator=run.accelerator, devices=run.devices, num_nodes=run.nodes,
             strategy=strategy, precision=precision(args),
             max_epochs=args.epochs, logger=run.tensorboard, callbacks=run.callbacks,
             accumulate_grad_batches=args.accumulate_grad_batches,

@@ -50,6 +50,56 @@ def test_pick_follows_the_request_and_what_exists(fake_gpus):
         devices.pick("cuda", local_rank=2)
 
 
+def test_a_node_s_processes_share_no_gpu(fake_gpus, capsys):
+    """--device auto takes GPUs only where each of a node's processes gets one (on a 1-GPU H100,
+    2026-11-26, two ranks both on GPU 0 ended in NCCL's "Duplicate GPU detected"); rank 0 of the
+    node says why; --device cuda with too few is one sentence on every rank."""
+    from trainup import distributed
+    ctx = lambda rank, n, launcher="torchrun": distributed.Context(  # noqa: E731
+        rank=rank, world_size=n, local_rank=rank, local_world_size=n, launcher=launcher)
+    fake_gpus(1)
+    assert distributed.node_device(ctx(0, 2), "auto", env={}) == ("cpu", 0)
+    assert capsys.readouterr().err == ("note: This job's 2 processes would need 2 GPUs, one each, "
+                                       "and this machine has 1: it runs on 2 CPU processes instead.\n")
+    assert distributed.node_device(ctx(1, 2), "auto", env={}) == ("cpu", 1)
+    assert capsys.readouterr().err == ""  # said once a node
+    for rank in (0, 1):
+        with pytest.raises(UserError, match="--device cuda with 2 processes on this node needs 2 GPUs"):
+            distributed.node_device(ctx(rank, 2), "cuda", env={})
+    assert distributed.node_device(ctx(0, 1), "auto", env={}) == ("cuda", 0)
+    # srun --gpus-per-task=1: each task sees its own GPU, as GPU 0
+    bound = {"SLURM_GPUS_PER_TASK": "1"}
+    assert distributed.node_device(ctx(1, 4, "slurm"), "auto", env=bound) == ("auto", 0)
+    assert distributed.node_device(ctx(1, 4, "slurm"), "auto", env={}) == ("cpu", 1)
+    fake_gpus(2)
+    assert distributed.node_device(ctx(1, 2), "auto", env={}) == ("cuda", 1)
+    assert distributed.node_device(ctx(1, 2), "cpu", env={}) == ("cpu", 1)
+    fake_gpus(0)  # no GPU: auto stays auto (devices.pick says whether a driver is missing)
+    assert distributed.node_device(ctx(1, 2), "auto", env={}) == ("auto", 1)
+    assert capsys.readouterr().err == ""
+
+
+def test_lightning_s_auto_accelerator_is_the_same_decision(fake_gpus, monkeypatch, capsys):
+    from types import SimpleNamespace
+    from trainup import lightning_flags
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    args = lambda acc, devices=None: SimpleNamespace(  # noqa: E731
+        accelerator=acc, devices=devices, num_nodes=None, sync_batchnorm=False)
+    fake_gpus(1)
+    assert lightning_flags.accelerator(args("auto")) == "cuda"
+    assert lightning_flags.accelerator(args("auto", "2")) == "cpu"
+    assert "would need 2 GPUs, one each, and this machine has 1" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1"), monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1"), monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert lightning_flags.accelerator(args("auto")) == "cpu"  # torchrun's 2 workers on 1 GPU
+    assert capsys.readouterr().err == ""  # local rank 0 says it
+    assert lightning_flags.accelerator(args("gpu")) == "cuda"  # named: Lightning refuses, in a sentence
+    fake_gpus(0)
+    assert lightning_flags.accelerator(args("auto", "2")) == "auto"
+
+
 def test_require_gpus_counts_what_exists(fake_gpus):
     fake_gpus(0)
     assert devices.require_gpus(0) == []
@@ -316,3 +366,24 @@ def test_on_two_gpus_data_parallel_times_its_phases_in_the_precision_asked(log_d
     run = report.read_run(log_dir / "dp2.jsonl")
     phases = [e for e in run["extra"] if e["type"] == "dp_phases"]
     assert run["problems"] == [] and len(phases) == 1 and phases[0]["gpus"] == 2
+
+
+def test_gpu_throughput_leaves_out_the_first_epoch(tmp_path):
+    """The committed H100 reference: its first epoch holds CUDA's start, so lessons 02 and 03 time
+    the later epochs (their median); a one-epoch run keeps its whole run's figure."""
+    import statistics
+    path = gpu.references("gpu_cuda")[0]
+    epochs = report.read_run(path)["epochs"]
+    assert gpu.warm_throughput(path) == statistics.median(e["samples_per_s"] for e in epochs[1:])
+    table = gpu.runs([path])
+    assert table["samples_per_s"][0] == gpu.warm_throughput(path) > epochs[0]["samples_per_s"]
+    assert table["run_samples_per_s"][0] == report.read_run(path)["summary"]["samples_per_s"]
+    [said] = gpu.first_epochs(table)
+    assert f"its first epoch trained {epochs[0]['samples_per_s']:,.0f} samples/s" in said
+    assert "faster than the first" in said
+    one = tmp_path / "one.jsonl"  # the same log cut after its first epoch
+    kept = [line for line in path.read_text().splitlines()
+            if json.loads(line).get("type") != "epoch" or json.loads(line)["epoch"] == 1]
+    one.write_text("\n".join(kept) + "\n")
+    assert gpu.warm_throughput(one) == report.read_run(one)["summary"]["samples_per_s"]
+    assert gpu.first_epochs(gpu.runs([one])) == []

@@ -23,18 +23,15 @@ DEFAULT = {"_trainup_blocks.py": "cpu", "_trainup_pipeline.py": "cpu", "_trainup
 
 def gpu_count():
     """GPUs torch can use here (CUDA_VISIBLE_DEVICES respected); 0 without a driver or a CUDA build."""
-    import torch
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from trainup import devices
+    return devices.gpu_count()
 
 
 def decide(nproc, gpus):
-    """('cuda' or 'cpu', the sentence saying why a job falls back to the CPU, or None)."""
-    if gpus and gpus >= nproc:
-        return "cuda", None
-    if not gpus:  # a CPU machine: every lesson runs on CPU processes, nothing to explain per job
-        return "cpu", None
-    return "cpu", (f"This job's {nproc} processes would need {nproc} GPUs, one each, and this machine has "
-                   f"{gpus}: it runs on {nproc} CPU processes instead.")
+    """('cuda' or 'cpu', the sentence saying why a job falls back to the CPU, or None): the scripts'
+    own decision for --device auto (trainup/devices.py), made here before the job starts."""
+    from trainup import devices
+    return devices.auto_device(nproc, gpus)
 
 
 def processes(script, args, nproc=1):

@@ -123,6 +123,26 @@ def too_old(capabilities=None, arch_list=None, cuda=None):
     return None
 
 
+def gpu_count():
+    """GPUs torch can use here (CUDA_VISIBLE_DEVICES respected); 0 without a driver or a CUDA build."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def auto_device(nproc, gpus=None):
+    """What auto means for a node's nproc processes: ('cuda', None) where it has a GPU for each, as
+    torchrun's local ranks pick them; else ('cpu', the sentence why, or None on a machine without
+    GPUs, where every lesson runs on the CPU). Two processes on one GPU would not share it: NCCL
+    refuses them ("Duplicate GPU detected"). The one decision: the scripts' --device auto, the
+    Lightning scripts' --accelerator auto and the lessons' launchers (lessons/placement.py)."""
+    gpus = gpu_count() if gpus is None else gpus
+    if gpus and gpus >= nproc:
+        return "cuda", None
+    if not gpus:
+        return "cpu", None
+    return "cpu", (f"This job's {nproc} processes would need {nproc} GPUs, one each, and this machine "
+                   f"has {gpus}: it runs on {nproc} CPU processes instead.")
+
+
 def pick(requested="auto", local_rank=0):
     """torch.device for --device auto|cuda|cpu; on GPUs, this process's GPU is number local_rank."""
     if requested == "cpu":

@@ -169,6 +169,26 @@ def pick_backend(requested, device_request):
 import torch.distributed.nn.functional  # noqa: E402,F401  (milliseconds)
 
 
+def node_device(ctx, requested, flag="--device cuda", env=None):
+    """(--device as this rank applies it, its GPU's number): auto becomes cuda where the node has a
+    GPU for each of its processes, else cpu (rank 0 of the node says why); cuda with too few is one
+    sentence on every rank, before any waits for the others."""
+    env = os.environ if env is None else env
+    gpus = devices.gpu_count()
+    if ctx.launcher == "slurm" and gpus == 1 and (env.get("SLURM_GPUS_PER_TASK")
+                                                  or env.get("SLURM_GPU_BIND")):
+        return requested, 0  # srun --gpus-per-task=1 (or --gpu-bind) shows each task its own GPU, as 0
+    if requested == "auto" and gpus:
+        requested, why = devices.auto_device(ctx.local_world_size, gpus)
+        if why and ctx.local_rank == 0:
+            print(f"note: {why}", file=sys.stderr)
+    elif requested == "cuda" and 0 < gpus < ctx.local_world_size:
+        raise UserError(f"{flag} with {ctx.local_world_size} processes on this node needs "
+                        f"{ctx.local_world_size} GPUs, one each, and it has {gpus}; start at most "
+                        f"{gpus} per node, or use --device auto or cpu")
+    return requested, ctx.local_rank
+
+
 def setup(args):
     """Join the job's process group: the Context, with this process's device pinned from LOCAL_RANK.
 
@@ -182,11 +202,11 @@ def setup(args):
                         f"directly, in the batch script or an salloc shell), so the other {ctx.world_size - 1} process(es) would never "
                         f"come; start it as srun python ..., one task per process")
     per_rank_batch(args.batch_size, ctx.world_size)
-    ctx.backend = pick_backend(args.backend, args.device)
-    gpu = ctx.local_rank
-    if ctx.launcher == "slurm" and torch.cuda.is_available() and torch.cuda.device_count() == 1:
-        gpu = 0  # srun --gpus-per-task=1 shows each task its own GPU only, as GPU 0
-    ctx.device = devices.pick("cuda" if ctx.backend == "nccl" else args.device, gpu)
+    nccl = args.backend == "nccl" and args.device == "auto"  # NCCL only moves GPU memory
+    requested, gpu = node_device(ctx, "cuda" if nccl else args.device,
+                                 "--backend nccl" if nccl else "--device cuda")
+    ctx.backend = pick_backend(args.backend, requested)
+    ctx.device = devices.pick("cuda" if ctx.backend == "nccl" else requested, gpu)
     if ctx.launcher == "python" and not ctx.master_port:
         ctx.master_port = free_port()
     if ctx.launcher != "torchrun" and ctx.rank == 0 and not port_is_free(ctx.master_port):

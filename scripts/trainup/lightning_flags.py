@@ -1,7 +1,11 @@
 """The Lightning script's flags: the Trainer's own (--accelerator, --devices, --num-nodes,
 --strategy, --precision...), Lightning 1.x's answered in one sentence (lightning_compat), and where
 devices and num_nodes come from when the flags are left out (torchrun's or SLURM's variables)."""
+import os
+import sys
+
 from . import UserError, cli, distributed, lightning_callbacks, lightning_compat
+from . import devices as trainup_devices
 
 
 def add_launch(t):
@@ -66,11 +70,16 @@ def check(args):
 
 
 def accelerator(args):
-    """What --accelerator names: 'cuda' for gpu, and for auto where torch sees a GPU; one sentence
-    where it asks for a GPU this machine lacks, or --sync-batchnorm runs elsewhere."""
+    """What --accelerator names: 'cuda' for gpu, and for auto where this node has a GPU for each of
+    its processes (trainup/devices.py's decision: else 'cpu', and why); one sentence where it asks
+    for a GPU this machine lacks, or --sync-batchnorm runs elsewhere."""
     import torch
-    name = "cuda" if args.accelerator in ("gpu", "cuda") or (
-        args.accelerator == "auto" and torch.cuda.is_available()) else args.accelerator
+    name = "cuda" if args.accelerator in ("gpu", "cuda") else args.accelerator
+    if args.accelerator == "auto" and torch.cuda.is_available():
+        devices, _ = devices_and_nodes(args)
+        name, why = trainup_devices.auto_device(devices if isinstance(devices, int) else 1)
+        if why and os.environ.get("LOCAL_RANK", "0") == "0":  # Lightning's children get theirs
+            print(f"note: {why}", file=sys.stderr)
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--accelerator {args.accelerator} needs an NVIDIA GPU, and torch sees "
                         f"none on this machine; use --accelerator cpu (or auto)")

@@ -57,7 +57,8 @@ class Run:
             self.lock = runlock.Lock(log_dir / f"{args.run_name}.lock", f"run {args.run_name!r}")
             shutil.rmtree(log_dir / "tensorboard" / args.run_name, ignore_errors=True)
             shutil.rmtree(lightning_callbacks.best_dir(args), ignore_errors=True)  # --keep-best's
-        accelerator = lightning_flags.accelerator(args)  # one sentence: a GPU asked for, none here
+        # the device decided once (a GPU for each of a node's processes), or one sentence
+        self.accelerator = accelerator = lightning_flags.accelerator(args)
         watchers, self.skipped = lightning_gpustats.monitors(args, accelerator)
         records = [("monitor", dict(callbacks=[type(c).__name__ for c in watchers],
                                     skipped=self.skipped))] if args.monitor else []
