@@ -294,3 +294,19 @@ def test_on_two_gpus_nccl_ranks_end_like_one_gpu(log_dir):
     one, two = params(log_dir, "g1"), params(log_dir, "nccl")
     for k in one:  # cuDNN picks its kernels per shape: not bit-equal, float64 keeps it far below atol
         torch.testing.assert_close(two[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)
+
+
+def test_the_scaling_table_joins_this_machine_s_runs_and_the_references():
+    """Notebook 04 joins its runs and the committed references (index 0, 1, 2 and 0 again): each
+    machine's speedup is over its own one-process run (with the H100's reference, 2026-11-26, the
+    repeated index broke the table)."""
+    import pandas as pd
+    from lessons import ddp
+    row = lambda where, n, speed: dict(measured_on=where, run=f"ddp_n{n}", world_size=n,  # noqa: E731
+                                       batch_size=64, samples_per_s=speed)
+    here = pd.DataFrame([row("here", 1, 100.0), row("here", 2, 180.0), row("here", 4, 300.0)])
+    reference = pd.DataFrame([row("H100_2026-11-26", 1, 50000.0)])
+    table = ddp.scaling_table(pd.concat([here, reference]))
+    got = {(r.measured_on, r.world_size): (r.speedup, r.efficiency) for r in table.itertuples()}
+    assert got == {("here", 1): (1.0, 1.0), ("here", 2): (1.8, 0.9), ("here", 4): (3.0, 0.75),
+                   ("H100_2026-11-26", 1): (1.0, 1.0)}

@@ -40,6 +40,22 @@ def test_every_record_follows_the_schema(tmp_path):
     assert not hasattr(sys.stdout, "streams")  # the tee is undone when the run ends
 
 
+def test_a_stream_kept_past_the_run_writes_to_the_terminal(tmp_path, monkeypatch, capsys):
+    """rich's live display (Lightning's progress bar where rich is installed) keeps sys.stdout as
+    it found it, the run's tee, and writes to it after the run's log is closed: the terminal gets
+    it, and neither that write nor the exit's flush fails (on a GPU machine with rich, 2026-11-26,
+    the Lightning script exited with status 120)."""
+    log = metrics.RunLog(fake_args(tmp_path), "script.py", "cpu")
+    kept = sys.stdout  # what rich's Live saves when it starts
+    print("during the run")
+    log.summary(checkpoint=None)
+    kept.write("after the run\n")
+    kept.flush()
+    assert "after the run" in capsys.readouterr().out
+    assert "after the run" not in (tmp_path / "unit.stdout").read_text()
+    assert "during the run" in (tmp_path / "unit.stdout").read_text()
+
+
 def test_schema_check_names_what_is_missing():
     assert metrics.check_record({"type": "epoch", "run": "x", "time": 0, "epoch": 1}) != []
     assert any("'loss'" in p for p in metrics.check_record({"type": "epoch", "run": "x", "time": 0}))

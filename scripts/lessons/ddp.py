@@ -86,7 +86,9 @@ def same_order_every_epoch(name, log_dir=LOG_DIR):
 def scaling_table(runs):
     """From report.load_runs(...): per machine (measured_on) and world size, throughput, speedup over
     one process, the ideal speedup (= processes) and the efficiency (speedup / processes)."""
-    t = runs[["measured_on", "run", "world_size", "batch_size", "samples_per_s"]].sort_values(["measured_on", "world_size"])
+    # runs may be two tables joined (this machine's and the references'): their indexes repeat
+    t = runs[["measured_on", "run", "world_size", "batch_size", "samples_per_s"]].reset_index(drop=True)
+    t = t.sort_values(["measured_on", "world_size"])
     base = t.groupby("measured_on")["samples_per_s"].transform(
         lambda s: s[t.loc[s.index, "world_size"] == 1].iloc[0] if (t.loc[s.index, "world_size"] == 1).any() else float("nan"))
     t = t.assign(speedup=t["samples_per_s"] / base, ideal=t["world_size"].astype(float))
