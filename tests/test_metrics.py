@@ -56,6 +56,29 @@ def test_a_stream_kept_past_the_run_writes_to_the_terminal(tmp_path, monkeypatch
     assert "during the run" in (tmp_path / "unit.stdout").read_text()
 
 
+def test_the_log_names_the_gpus_without_starting_cuda(monkeypatch):
+    """The env record's GPU names come from NVML until CUDA has started: a kernel that logged a CPU
+    run could not fork Lightning's ddp_notebook ranks afterwards, nor could those ranks log (on an
+    H100, 2026-11-26: "Cannot re-initialize CUDA in forked subprocess")."""
+    import nvitop
+
+    def no_cuda(*a):
+        raise RuntimeError("Cannot re-initialize CUDA in forked subprocess")
+    fake = SimpleNamespace(name=lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_cuda)
+    monkeypatch.setattr(nvitop.Device, "from_cuda_visible_devices", staticmethod(lambda: [fake]))
+    assert metrics.environment("cpu")["gpus"] == ["NVIDIA H100 80GB HBM3"]
+    monkeypatch.setattr(nvitop.Device, "from_cuda_visible_devices", staticmethod(no_cuda))
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    assert metrics.environment("cpu")["gpus"] == []  # no NVML, and CUDA cannot start: none named
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # started: torch names them
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    assert metrics.environment("cuda:0")["gpus"] == ["NVIDIA H100 80GB HBM3"]
+
+
 def test_schema_check_names_what_is_missing():
     assert metrics.check_record({"type": "epoch", "run": "x", "time": 0, "epoch": 1}) != []
     assert any("'loss'" in p for p in metrics.check_record({"type": "epoch", "run": "x", "time": 0}))

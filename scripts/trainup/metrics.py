@@ -28,12 +28,28 @@ def machine_load():
     return (os.getloadavg()[0] if hasattr(os, "getloadavg") else None), cores
 
 
+def gpu_names():
+    """The names of the GPUs torch sees, without starting CUDA where it has not started: a process
+    that started it cannot fork ranks that use it (Lightning's ddp_notebook refuses), and a process
+    forked after it started cannot start it again (on an H100, 2026-11-26: lesson 07's CPU ranks
+    forked from a kernel failed here). NVML names them (nvitop, CUDA_VISIBLE_DEVICES respected)."""
+    if not torch.cuda.is_available():
+        return []
+    if not torch.cuda.is_initialized():
+        try:
+            from nvitop import Device
+            return [d.name() for d in Device.from_cuda_visible_devices()]
+        except Exception:  # no nvitop or no NVML: torch names them, where CUDA may still start
+            if getattr(torch.cuda, "_is_in_bad_fork", lambda: False)():
+                return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
 def environment(device, world_size=1, backend="none"):
     """What ran the job: the 'env' record, with the machine's load as the run starts (the summary has
     it as the run ends): a timing taken on a busy machine says so in its own log."""
     load, cores = machine_load()
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
+    gpus = gpu_names()
     return dict(torch=torch.__version__, python=platform.python_version(), host=socket.gethostname(),
                 platform=platform.platform(), cpu_count=os.cpu_count(), threads=torch.get_num_threads(),
                 device=str(device), gpus=gpus, cuda=torch.version.cuda, world_size=world_size,
