@@ -273,6 +273,13 @@ def test_cuda_under_a_horovod_built_without_nccl_is_one_sentence(monkeypatch, ca
     assert hvd_group.gpu_ops("cpu") == "cpu"
     monkeypatch.setattr(hvd_group.hvd, "nccl_built", lambda: 1)
     assert hvd_group.gpu_ops("cuda") == "cuda"
+    # auto: the node's ranks take GPUs only where each gets one (trainup/devices.py's decision)
+    monkeypatch.setattr(hvd_group.hvd, "local_size", lambda: 2)
+    monkeypatch.setattr(hvd_group.hvd, "local_rank", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert hvd_group.gpu_ops("auto") == "cpu" and "would need 2 GPUs" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert hvd_group.gpu_ops("auto") == "cuda"
 
 
 def test_the_build_can_be_skipped_and_names_what_it_needs():

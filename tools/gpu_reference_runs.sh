@@ -98,4 +98,7 @@ if [ "$NGPU" -ge 2 ]; then
   [ "$DRY" = 1 ] || OMP_NUM_THREADS=1 "${cmd[@]}"
 fi
 
+# no path of this machine in a committed log: the course's folder and the checkpoints' left out
+[ "$DRY" = 1 ] || (cd scripts && "$PY" -c "import sys; from lessons import reference
+reference.relative_paths('../' + sys.argv[1], sys.argv[2])" "$OUT" "$CKPT")
 echo "Done: $OUT. Check it, re-execute notebooks 02, 03, 04 and 06, and commit the folder."

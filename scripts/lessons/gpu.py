@@ -171,7 +171,8 @@ def plot_sweep(table, name, title="Throughput against batch size"):
 def plot_bars(table, y, name, title, ylabel, x="label"):
     """One bar per run (labelled with where it ran); saved to images/<name>.png."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 0.5 + 0.45 * len(table)))
+    longest = max((len(str(v)) for v in table[x]), default=0)  # a reference's label names its GPU
+    fig, ax = plt.subplots(figsize=(max(6.4, 3.5 + 0.08 * longest), 0.5 + 0.45 * len(table)))
     ax.barh(table[x].astype(str), table[y])
     ax.invert_yaxis()
     ax.set(title=title, xlabel=ylabel)

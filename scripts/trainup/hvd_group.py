@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from . import UserError, cli
+from . import UserError, cli, devices
 from .cli import positive
 from .distributed import Context, per_rank_batch
 from .meter import Meter
@@ -113,7 +113,13 @@ class Accumulation:
 def gpu_ops(requested):
     """The device, where this Horovod can all-reduce on it: a build without NCCL moves only CPU
     tensors (on a CUDA tensor it stops with its own "not compiled with CUDA")."""
-    if requested == "cpu" or hvd.nccl_built() or not torch.cuda.is_available():
+    if requested == "cpu" or not torch.cuda.is_available():
+        return requested
+    if hvd.nccl_built():
+        if requested == "auto":  # a GPU for each of the node's ranks, else the CPU (devices.py)
+            requested, why = devices.auto_device(hvd.local_size())
+            if why and hvd.local_rank() == 0:
+                print(f"note: {why}", file=sys.stderr)
         return requested
     build = "HOROVOD_GPU_OPERATIONS=NCCL tools/build_horovod.sh on this GPU machine"
     if requested == "cuda":
