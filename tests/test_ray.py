@@ -85,6 +85,22 @@ def test_workers_that_do_not_split_the_batch_are_one_sentence_before_ray_starts(
     assert not (tmp_path / "ray").exists()  # refused before Ray started
 
 
+def test_ray_s_workers_take_gpus_as_every_job_does(monkeypatch, capsys, tmp_path):
+    """--device auto: a GPU for each worker, else the CPU and why (trainup/devices.py); --device
+    cuda with too few GPUs is one sentence."""
+    from types import SimpleNamespace
+    from trainup import UserError, devices, ray_run
+    args = lambda device: SimpleNamespace(batch_size=64, ray_workers=2, device=device,  # noqa: E731
+                                          log_dir=tmp_path, checkpoint_dir=tmp_path)
+    monkeypatch.setattr(devices, "gpu_count", lambda: 1)
+    assert ray_run.check(args("auto")) == 0
+    assert "would need 2 GPUs, one each, and this machine has 1" in capsys.readouterr().err
+    with pytest.raises(UserError, match="--ray-workers 2 asks for one GPU each"):
+        ray_run.check(args("cuda"))
+    monkeypatch.setattr(devices, "gpu_count", lambda: 2)
+    assert ray_run.check(args("auto")) == 2 and ray_run.check(args("cpu")) == 0
+
+
 def test_a_run_ray_gave_up_on_is_one_sentence_naming_each_rank():
     from ray.train import WorkerGroupError
     from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError

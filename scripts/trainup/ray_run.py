@@ -15,6 +15,7 @@ driver's folder: every path handed to them is absolute.
 """
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import ROOT, UserError, checkpoint, cli
+from . import ROOT, UserError, checkpoint, cli, devices
 from .distributed import Context
 
 try:
@@ -55,7 +56,12 @@ def check(args):
         raise UserError(f"--batch-size {args.batch_size} is the global batch and cannot be split "
                         f"evenly over {args.ray_workers} Ray workers; use a multiple of "
                         f"{args.ray_workers}")
-    gpus = torch.cuda.device_count() if args.device != "cpu" else 0
+    gpus = devices.gpu_count() if args.device != "cpu" else 0
+    if args.device == "auto" and gpus:  # a GPU for each worker, else the CPU (devices.py)
+        device, why = devices.auto_device(args.ray_workers, gpus)
+        if why:
+            print(f"note: {why}", file=sys.stderr)
+        gpus = gpus if device == "cuda" else 0
     if gpus and args.ray_workers > gpus:
         raise UserError(f"--ray-workers {args.ray_workers} asks for one GPU each and this machine "
                         f"has {gpus}; use --ray-workers {gpus} or fewer, or --device cpu")
