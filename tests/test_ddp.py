@@ -302,8 +302,9 @@ def test_the_scaling_table_joins_this_machine_s_runs_and_the_references():
     repeated index broke the table)."""
     import pandas as pd
     from lessons import ddp
-    row = lambda where, n, speed: dict(measured_on=where, run=f"ddp_n{n}", world_size=n,  # noqa: E731
-                                       batch_size=64, samples_per_s=speed)
+    def row(where, n, speed):
+        return dict(measured_on=where, run=f"ddp_n{n}", world_size=n, batch_size=64,
+                    samples_per_s=speed)
     here = pd.DataFrame([row("here", 1, 100.0), row("here", 2, 180.0), row("here", 4, 300.0)])
     reference = pd.DataFrame([row("H100_2026-11-26", 1, 50000.0)])
     table = ddp.scaling_table(pd.concat([here, reference]))

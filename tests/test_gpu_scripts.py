@@ -59,12 +59,13 @@ def test_a_node_s_processes_share_no_gpu(fake_gpus, capsys):
         rank=rank, world_size=n, local_rank=rank, local_world_size=n, launcher=launcher)
     fake_gpus(1)
     assert distributed.node_device(ctx(0, 2), "auto", env={}) == ("cpu", 0)
-    assert capsys.readouterr().err == ("note: This job's 2 processes would need 2 GPUs, one each, "
-                                       "and this machine has 1: it runs on 2 CPU processes instead.\n")
+    assert capsys.readouterr().err == (
+        "note: This job's 2 processes would need 2 GPUs, one each, and this machine has 1: it "
+        "runs on 2 CPU processes instead.\n")
     assert distributed.node_device(ctx(1, 2), "auto", env={}) == ("cpu", 1)
     assert capsys.readouterr().err == ""  # said once a node
     for rank in (0, 1):
-        with pytest.raises(UserError, match="--device cuda with 2 processes on this node needs 2 GPUs"):
+        with pytest.raises(UserError, match="--device cuda with 2 processes on this node needs 2"):
             distributed.node_device(ctx(rank, 2), "cuda", env={})
     assert distributed.node_device(ctx(0, 1), "auto", env={}) == ("cuda", 0)
     # srun --gpus-per-task=1: each task sees its own GPU, as GPU 0
@@ -95,7 +96,7 @@ def test_lightning_s_auto_accelerator_is_the_same_decision(fake_gpus, monkeypatc
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
     assert lightning_flags.accelerator(args("auto")) == "cpu"  # torchrun's 2 workers on 1 GPU
     assert capsys.readouterr().err == ""  # local rank 0 says it
-    assert lightning_flags.accelerator(args("gpu")) == "cuda"  # named: Lightning refuses, in a sentence
+    assert lightning_flags.accelerator(args("gpu")) == "cuda"  # named: Lightning's own sentence
     fake_gpus(0)
     assert lightning_flags.accelerator(args("auto", "2")) == "auto"
 

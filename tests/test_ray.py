@@ -90,8 +90,9 @@ def test_ray_s_workers_take_gpus_as_every_job_does(monkeypatch, capsys, tmp_path
     cuda with too few GPUs is one sentence."""
     from types import SimpleNamespace
     from trainup import UserError, devices, ray_run
-    args = lambda device: SimpleNamespace(batch_size=64, ray_workers=2, device=device,  # noqa: E731
-                                          log_dir=tmp_path, checkpoint_dir=tmp_path)
+    def args(device):
+        return SimpleNamespace(batch_size=64, ray_workers=2, device=device, log_dir=tmp_path,
+                               checkpoint_dir=tmp_path)
     monkeypatch.setattr(devices, "gpu_count", lambda: 1)
     assert ray_run.check(args("auto")) == 0
     assert "would need 2 GPUs, one each, and this machine has 1" in capsys.readouterr().err

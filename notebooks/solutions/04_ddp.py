@@ -7,9 +7,9 @@ from lessons import checks, launch, report
 
 
 def several_devices(name, log_dir, nproc=2, quick=True, extra=()):
-    """Exercise 1: torchrun --standalone --nproc-per-node N, --device auto (N GPUs where the node has
-    them, else N CPU processes: the script decides); checked from the log: finished, learned, N
-    processes. Returns the log's 'ddp' record."""
+    """Exercise 1: torchrun --standalone --nproc-per-node N, --device auto (N GPUs where the node
+    has them, else N CPU processes: the script decides); checked from the log: finished, learned,
+    N processes. Returns the log's 'ddp' record."""
     cmd = launch.TORCHRUN + launch.torchrun_flags(nproc=nproc) + [
         str(report.ROOT / "scripts" / "_trainup_ddp.py"), "--device", "auto", "--run-name", name,
         "--log-dir", str(log_dir), "--checkpoint-dir", str(Path(log_dir) / "ckpt"), "--no-progress",

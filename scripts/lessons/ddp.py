@@ -87,7 +87,8 @@ def scaling_table(runs):
     """From report.load_runs(...): per machine (measured_on) and world size, throughput, speedup over
     one process, the ideal speedup (= processes) and the efficiency (speedup / processes)."""
     # runs may be two tables joined (this machine's and the references'): their indexes repeat
-    t = runs[["measured_on", "run", "world_size", "batch_size", "samples_per_s"]].reset_index(drop=True)
+    columns = ["measured_on", "run", "world_size", "batch_size", "samples_per_s"]
+    t = runs[columns].reset_index(drop=True)
     t = t.sort_values(["measured_on", "world_size"])
     base = t.groupby("measured_on")["samples_per_s"].transform(
         lambda s: s[t.loc[s.index, "world_size"] == 1].iloc[0] if (t.loc[s.index, "world_size"] == 1).any() else float("nan"))

@@ -110,8 +110,9 @@ def first_epochs(table):
         epochs = report.read_run(row["path"])["epochs"]
         if len(epochs) > 1 and epochs[0].get("samples_per_s"):
             first, warm = epochs[0]["samples_per_s"], row["samples_per_s"]
-            said.append(f"{row['label']}: its first epoch trained {first:,.0f} samples/s, the later "
-                        f"ones {warm:,.0f} (their median): {claims.compare(warm, first, 'the first')}.")
+            faster = claims.compare(warm, first, "the first")
+            said.append(f"{row['label']}: its first epoch trained {first:,.0f} samples/s, the "
+                        f"later ones {warm:,.0f} (their median): {faster}.")
     return said
 
 

@@ -28,8 +28,8 @@ def gpu_count():
 
 
 def decide(nproc, gpus):
-    """('cuda' or 'cpu', the sentence saying why a job falls back to the CPU, or None): the scripts'
-    own decision for --device auto (trainup/devices.py), made here before the job starts."""
+    """('cuda' or 'cpu', the sentence saying why a job falls back to the CPU, or None): the
+    scripts' own decision for --device auto (trainup/devices.py), made before the job starts."""
     from trainup import devices
     return devices.auto_device(nproc, gpus)
 

@@ -124,7 +124,8 @@ def too_old(capabilities=None, arch_list=None, cuda=None):
 
 
 def gpu_count():
-    """GPUs torch can use here (CUDA_VISIBLE_DEVICES respected); 0 without a driver or a CUDA build."""
+    """GPUs torch can use here (CUDA_VISIBLE_DEVICES respected); 0 without a driver or a CUDA
+    build."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -139,8 +140,8 @@ def auto_device(nproc, gpus=None):
         return "cuda", None
     if not gpus:
         return "cpu", None
-    return "cpu", (f"This job's {nproc} processes would need {nproc} GPUs, one each, and this machine "
-                   f"has {gpus}: it runs on {nproc} CPU processes instead.")
+    return "cpu", (f"This job's {nproc} processes would need {nproc} GPUs, one each, and this "
+                   f"machine has {gpus}: it runs on {nproc} CPU processes instead.")
 
 
 def pick(requested="auto", local_rank=0):

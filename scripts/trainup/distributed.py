@@ -177,7 +177,7 @@ def node_device(ctx, requested, flag="--device cuda", env=None):
     gpus = devices.gpu_count()
     if ctx.launcher == "slurm" and gpus == 1 and (env.get("SLURM_GPUS_PER_TASK")
                                                   or env.get("SLURM_GPU_BIND")):
-        return requested, 0  # srun --gpus-per-task=1 (or --gpu-bind) shows each task its own GPU, as 0
+        return requested, 0  # srun --gpus-per-task=1 (--gpu-bind) shows a task its own GPU, as 0
     if requested == "auto" and gpus:
         requested, why = devices.auto_device(ctx.local_world_size, gpus)
         if why and ctx.local_rank == 0:

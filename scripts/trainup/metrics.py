@@ -72,11 +72,12 @@ def progress(iterable, desc, enabled=True):
 
 
 class _Tee:
-    """The terminal and logs/<run>.stdout as one stream. A stream that fails (a full disk) is dropped after
-    its error is raised once: the error's sentence and Python's last flush at exit still reach the terminal.
-    A closed one is dropped quietly: whoever kept this stream past the run's end writes to the terminal
-    (rich's live display, Lightning's progress bar where rich is installed, as on Colab, restores it and
-    writes after the run's log is closed; found on a GPU machine, 2026-11-26: exit status 120)."""
+    """The terminal and logs/<run>.stdout as one stream. A stream that fails (a full disk) is
+    dropped after its error is raised once: the error's sentence and Python's last flush at exit
+    still reach the terminal. A closed one is dropped quietly: whoever kept this stream past the
+    run's end writes to the terminal (rich's live display, Lightning's progress bar where rich is
+    installed, as on Colab, restores it and writes after the run's log is closed; found on a GPU
+    machine, 2026-11-26: exit status 120)."""
     def __init__(self, *streams):
         self.streams = list(streams)
 
