@@ -130,20 +130,48 @@ def test_horovods_512_gpu_efficiencies_are_predicted_within_10_points(facts):
     assert table.set_index("model")["predicted"].idxmin() == "vgg16"
 
 
-def test_the_jsc_runs_held_out_are_predicted_and_the_misses_are_what_the_fit_cannot_see(facts):
+def test_the_jsc_runs_held_out_are_predicted_from_two_runs_and_the_hardware(facts):
     runs, grad = slurm.published_times(), facts["resnet50"]["params"] * 4
     two = predict.jsc_predictions(runs, grad, buckets=4)
     assert two.loc[two["fitted"], "error"].abs().max() < 1e-3  # two points, two unknowns
     held = two[~two["fitted"]].set_index("gpus")["error"]
     assert held.index.tolist() == [16, 32, 64, 128]
-    assert (held.loc[[16, 32, 64]].abs() <= predict.JSC_GOAL).all(), held
-    # the 128-GPU run misses: every held-out run took about the same minutes more than predicted,
-    # a fixed cost the two single-node runs cannot tell from per-step costs
-    extra = predict.implied_fixed_minutes(two)
-    assert all(0.5 < e < 3 for e in extra), extra
-    # with the 16-GPU run as a third point the model fits that cost: the other three within 20 %
-    three = predict.jsc_predictions(runs, grad, buckets=4, on=(1, 4, 16))
+    assert (held.abs() <= predict.JSC_GOAL).all(), held
+    # the epoch's start costs the same minutes on 128 GPUs as on 16: its share of the run grows
+    fit = predict.jsc_fit(runs, grad, 4)
+    assert fit["sync"] == fit["fixed"] == 0 and fit["epoch_start"] > 0
+    start = predict.JSC_COSTS["epoch_start"]
+    assert start(16, 128) == start(128, 128) == start(1, 256) / 2
+    # the same two runs with the excess put on each step instead: the 128-GPU run missed by far
+    # more than the goal, every held-out run short by about the same minutes
+    steps = predict.jsc_predictions(runs, grad, buckets=4, **predict.PER_STEP)
+    assert steps.set_index("gpus").loc[128, "error"] < -predict.JSC_GOAL, steps
+    assert all(0.5 < e < 3 for e in predict.implied_fixed_minutes(steps))
+    # with the 16-GPU run as a third point, a cost per step and one per job: within 20 % too
+    three = predict.jsc_predictions(runs, grad, buckets=4, **predict.THREE_POINTS)
     assert (three.loc[~three["fitted"], "error"].abs() <= predict.JSC_GOAL).all(), three
+
+
+def test_the_jsc_fit_solves_the_costs_it_names_by_hand():
+    """Two made-up runs of known per-image time and epoch start: the fit gives them back."""
+    import pandas as pd
+
+    per_image, start = 2e-3, 0.1
+    rows = []
+    for gpus, batch in ((1, 256), (4, 256)):
+        fit = dict.fromkeys(predict.JSC_COSTS, 0.0)
+        fit.update(per_sample_s=per_image, epoch_start=start)
+        comm = predict.jsc_comm(gpus, 1e6) if gpus > 1 else 0.0
+        rows.append(dict(nodes=1, gpus=gpus, per_gpu_batch=batch,
+                         minutes=predict.jsc_minutes(fit, gpus, batch, comm, 4)))
+    got = predict.jsc_fit(pd.DataFrame(rows), 1e6, 4)
+    assert got["per_sample_s"] == pytest.approx(per_image)
+    assert got["epoch_start"] == pytest.approx(start)
+    # by hand: 1 GPU, 256 a step: 10 epochs of ceil(1,281,167 / 256) = 5,005 steps, and 10
+    # epoch starts of 256 images
+    assert rows[0]["minutes"] * 60 == pytest.approx(10 * 5005 * 256 * per_image + 10 * 256 * start)
+    with pytest.raises(ValueError, match="2 runs fit 2 unknowns"):
+        predict.jsc_fit(pd.DataFrame(rows), 1e6, 4, costs=("sync", "fixed"))
 
 
 def test_alpha_and_beta_come_back_from_a_sweep_the_model_made():
@@ -191,7 +219,7 @@ def test_what_if_keeps_one_gpu_at_efficiency_1_and_slower_links_cost_more(facts)
     from dataclasses import replace
 
     runs, grad = slurm.published_times(), facts["resnet50"]["params"] * 4
-    fit = predict.jsc_fit(runs, grad, 4, on=(1, 4, 16))
+    fit = predict.jsc_fit(runs, grad, 4, **predict.THREE_POINTS)
     booster = hardware.NODES["juwels_booster"]
     nodes = {"ib": booster, "eth": replace(booster, inter="eth25", nics=1)}
     t = predict.what_if(fit, grad, [1, 16, 128], nodes).set_index(["node", "gpus"])

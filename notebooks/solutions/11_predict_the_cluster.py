@@ -12,7 +12,7 @@ def my_cluster(gpus=64, node=MY_NODE):
     """Exercise 1: the JSC job (fitted on 1, 4 and 16 of its GPUs) on another node type. Only the
     links change; the step's compute stays the A100's."""
     grad = predict.model_facts("resnet50")["params"] * 4
-    fit = predict.jsc_fit(slurm.published_times(), grad, 4, on=(1, 4, 16))
+    fit = predict.jsc_fit(slurm.published_times(), grad, 4, **predict.THREE_POINTS)
     return predict.what_if(fit, grad, [gpus], {node.name: node})
 
 

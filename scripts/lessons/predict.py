@@ -69,43 +69,68 @@ def jsc_comm(gpus, grad_bytes, node=NODES["juwels_booster"]):
     return pm.hierarchical_all_reduce(grad_bytes, nodes, g, node.intra_link(), node.inter_link())
 
 
-def jsc_fit(runs, grad_bytes, buckets, on=(1, 4)):
-    """Fit the model on some of the published runs (by GPU count). Unknowns: the time a sample
-    takes, and a cost per step that several ranks add beyond the all-reduce the hardware predicts
-    (waiting for the slowest rank, DDP's hooks: whatever a multi-GPU run shows); with a third run,
-    also a fixed cost per job (start-up, data loaders, validation). Returns a dict of them."""
+# The costs a fit may put the published runs' time in, beyond the images a GPU trains (seconds a
+# unit; what each multiplies, for a run of `gpus` GPUs at `batch` a GPU):
+# - epoch_start: each epoch's first batch. The course's scripts (code/parallelize: DataModule's
+#   DataLoader(num_workers=cpus-per-task), no persistent workers) start the loader's workers again
+#   every epoch, and the first step waits until one worker has built a whole batch alone: a cost
+#   per epoch that grows with the batch a GPU takes, not with the images it trains;
+# - sync: each step of several ranks, beyond the all-reduce the hardware predicts (waiting for the
+#   slowest rank, DDP's hooks);
+# - fixed: once a job (start-up, the last checkpoint).
+JSC_COSTS = {
+    "epoch_start": lambda gpus, batch: JSC_EPOCHS * batch,
+    "sync": lambda gpus, batch: jsc_steps(gpus, batch) * (gpus > 1),
+    "fixed": lambda gpus, batch: 1.0,
+}
+# The alternative two-point fit (every excess of the 4-GPU run on its steps), and the three-point
+# fit that a run on several nodes allows.
+PER_STEP = dict(costs=("sync",))
+THREE_POINTS = dict(on=(1, 4, 16), costs=("sync", "fixed"))
+
+
+def jsc_fit(runs, grad_bytes, buckets, on=(1, 4), costs=("epoch_start",)):
+    """Fit the model on some of the published runs (on: GPU counts), one unknown a run: the time
+    an image takes on a GPU, and the costs named (JSC_COSTS), each in seconds a unit. The
+    all-reduce is not fitted: the hardware predicts it. Returns {"per_sample_s", cost: seconds},
+    0 for the costs not fitted."""
     import numpy as np
 
+    if len(on) != 1 + len(costs):
+        raise ValueError(f"{len(on)} runs fit {len(on)} unknowns: the time an image takes and "
+                         f"{len(on) - 1} cost(s), not {len(costs)}")
     first = runs[runs["gpus"] == 1].iloc[0]
-    guess = (
-        first["minutes"] * 60 / (JSC_EPOCHS * IMAGENET_TRAIN)
-    )  # for overlap only: comm is small
+    guess = first["minutes"] * 60 / (JSC_EPOCHS * IMAGENET_TRAIN)  # for overlap only
     rows, times = [], []
     for _, r in runs[runs["gpus"].isin(on)].iterrows():
-        steps, several = jsc_steps(r["gpus"], r["per_gpu_batch"]), r["gpus"] > 1
-        comm = (
-            pm.exposed(
-                jsc_comm(r["gpus"], grad_bytes), 2 / 3 * guess * r["per_gpu_batch"], buckets
-            )
-            if several
-            else 0.0
-        )
-        rows.append([steps * r["per_gpu_batch"], steps * several] + ([1.0] if len(on) > 2 else []))
-        times.append(r["minutes"] * 60 - steps * comm)
+        gpus, batch = int(r["gpus"]), int(r["per_gpu_batch"])
+        steps = jsc_steps(gpus, batch)
+        comm = jsc_comm(gpus, grad_bytes) if gpus > 1 else 0.0
+        exposed = pm.exposed(comm, 2 / 3 * guess * batch, buckets)
+        rows.append([steps * batch] + [JSC_COSTS[c](gpus, batch) for c in costs])
+        times.append(r["minutes"] * 60 - steps * exposed)
     x = np.linalg.solve(np.array(rows, float), np.array(times, float))
-    return dict(per_sample_s=x[0], sync_s=x[1], fixed_s=x[2] if len(on) > 2 else 0.0)
+    fit = dict.fromkeys(JSC_COSTS, 0.0)
+    fit.update(per_sample_s=float(x[0]), **{c: float(v) for c, v in zip(costs, x[1:])})
+    return fit
 
 
-def jsc_predictions(runs, grad_bytes, buckets, on=(1, 4)):
+def jsc_minutes(fit, gpus, batch, comm_s, buckets):
+    """Minutes of the job on `gpus` GPUs at `batch` a GPU: every step's compute and the
+    communication backward does not hide, plus the fitted costs."""
+    step = pm.step_time(fit["per_sample_s"] * batch, comm_s, buckets=buckets)
+    extra = sum(fit[c] * unit(gpus, batch) for c, unit in JSC_COSTS.items())
+    return (step * jsc_steps(gpus, batch) + extra) / 60
+
+
+def jsc_predictions(runs, grad_bytes, buckets, on=(1, 4), costs=("epoch_start",)):
     """Every published run against the model fitted on some of them (on: GPU counts)."""
-    fit = jsc_fit(runs, grad_bytes, buckets, on)
+    fit = jsc_fit(runs, grad_bytes, buckets, on, costs)
     rows = []
     for _, r in runs.iterrows():
-        batch, gpus = r["per_gpu_batch"], r["gpus"]
-        compute = fit["per_sample_s"] * batch
+        batch, gpus = int(r["per_gpu_batch"]), int(r["gpus"])
         comm = jsc_comm(gpus, grad_bytes) if gpus > 1 else 0.0
-        step = pm.step_time(compute, comm, buckets=buckets) + (fit["sync_s"] if gpus > 1 else 0.0)
-        predicted = (step * jsc_steps(gpus, batch) + fit["fixed_s"]) / 60
+        predicted = jsc_minutes(fit, gpus, batch, comm, buckets)
         rows.append(
             dict(
                 gpus=gpus,
@@ -123,11 +148,18 @@ def jsc_predictions(runs, grad_bytes, buckets, on=(1, 4)):
 
 
 def implied_fixed_minutes(table):
-    """What the misses imply: the published minus the predicted time of each held-out run, a cost
-    the two single-node runs cannot separate from the per-step costs (start-up, data loaders
-    started each epoch, validation)."""
+    """What the misses imply: the published minus the predicted time of each held-out run."""
     held = table[~table["fitted"]]
     return (held["published_min"] - held["predicted_min"]).tolist()
+
+
+def worker_image_bound_s(runs, gpus=4, workers_per_gpu=24):
+    """The most a loader worker may take an image in steady state without slowing the published
+    run on `gpus` GPUs (its script: 24 CPUs a task, one worker each): workers over the images a
+    GPU trained a second. The epoch start's fitted cost an image compares with it."""
+    r = runs[runs["gpus"] == gpus].iloc[0]
+    per_gpu_rate = JSC_EPOCHS * IMAGENET_TRAIN / gpus / (r["minutes"] * 60)
+    return workers_per_gpu / per_gpu_rate
 
 
 # Horovod's 512-GPU benchmark
@@ -236,13 +268,11 @@ def what_if(fit, grad_bytes, gpus_list, nodes, buckets=4, batch=128, price_per_g
     """The JSC job (the model fitted on its runs) on n GPUs of each node type: minutes, efficiency
     against n times one GPU, and cost. Only the links change: the per-sample time is the A100's."""
     rows = []
-    one = (fit["per_sample_s"] * batch * jsc_steps(1, batch) + fit["fixed_s"]) / 60
+    one = jsc_minutes(fit, 1, batch, 0.0, buckets)
     for label, node in nodes.items():
         for n in gpus_list:
             comm = jsc_comm(n, grad_bytes, node) if n > 1 else 0.0
-            step = pm.step_time(fit["per_sample_s"] * batch, comm, buckets=buckets)
-            step += fit["sync_s"] if n > 1 else 0.0
-            minutes = (step * jsc_steps(n, batch) + fit["fixed_s"]) / 60
+            minutes = jsc_minutes(fit, n, batch, comm, buckets)
             rows.append(dict(node=label, gpus=n, minutes=minutes, efficiency=one / (n * minutes),
                              cost=pm.cost(n, minutes / 60, price_per_gpu_hour)))
     return pd.DataFrame(rows)

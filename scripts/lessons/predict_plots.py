@@ -11,14 +11,17 @@ def _closed(fig, name):
     return fig
 
 
-def jsc(two, three, name="predict_jsc"):
-    """Published minutes against GPUs, and the two fits' predictions (the fitted runs marked)."""
+def jsc(two, three, steps=None, name="predict_jsc"):
+    """Published minutes against GPUs, and the fits' predictions (the fitted runs marked): two
+    runs with the excess on each epoch's start, the same on each step (steps), three runs."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.loglog(two["gpus"], two["published_min"], "ko", label="published (JSC, 2023)")
-    for table, style, label in ((two, "s--", "fitted on 1 and 4 GPUs"),
-                                (three, "^:", "fitted on 1, 4 and 16 GPUs")):
+    fits = [(two, "s--", "fitted on 1 and 4 GPUs, epochs' starts"),
+            (steps, "x-.", "fitted on 1 and 4 GPUs, on each step"),
+            (three, "^:", "fitted on 1, 4 and 16 GPUs")]
+    for table, style, label in [f for f in fits if f[0] is not None]:
         line, = ax.loglog(table["gpus"], table["predicted_min"], style, label=label)
         fitted = table[table["fitted"]]
         ax.loglog(fitted["gpus"], fitted["predicted_min"], "o", mfc="none", ms=12,
