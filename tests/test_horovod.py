@@ -24,6 +24,9 @@ TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
 # 84 samples a rank: steps of 32, 32 and 20, so with --accumulate 2 (micro-batches of 16) the last
 # step's are 16 and 4: a mean of the micro-batches' means (loss / K) would weigh the 4 as the 16
 SHORT_LAST = ["--train-size", 168]
+# float16 autocast and its GradScaler, on the CPU (torch has both there; about 20 samples a second
+# here, so 128 samples an epoch: 2 steps)
+FP16 = ["--precision", "16", "--train-size", 128]
 
 
 def start(cmd, env=None):
@@ -95,6 +98,9 @@ def jobs(tmp_path_factory, request, inject):
                                  env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
                                       "TRAINUP_APART_MARK": str(site / "rank1_started_apart")}),
         one=lambda: start_baseline(tmp_path_factory, log_dir),  # once a session (BASELINE)
+        # --precision 16: 2 epochs straight, and 1 (resumed to 2 by the test that reads them)
+        fp16_straight=lambda: horovodrun(log_dir, "fp16_straight", *FP16, "--epochs", 2),
+        fp16=lambda: horovodrun(log_dir, "fp16", *FP16, "--epochs", 1),
         died=lambda: horovodrun(faults, "died", env=inject("1:3:exit")),  # os._exit(1) at step 3
         raised=lambda: horovodrun(faults, "raised", env=inject("1:3"))))  # an exception at step 3
     return SimpleNamespace(log_dir=log_dir, faults=faults, mark=site / "rank1_started_apart", **done)
@@ -119,6 +125,25 @@ def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_
     for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):  # metrics summed over both ranks
         assert e2["samples"] == e1["samples"] == 512
         assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
+
+
+@pytest.mark.jobs("fp16_straight", "fp16")
+def test_a_resumed_fp16_run_restores_its_grad_scaler_and_ends_like_a_straight_one(jobs):
+    """The GradScaler's loss scale and growth count are in the checkpoint, and --resume puts them
+    back: a scaler started afresh (scale 65536) overflows again in its first steps, skips them and
+    ends with another scale, another count and other parameters than the straight run."""
+    ok(jobs.fp16_straight), ok(jobs.fp16)
+    log_dir = jobs.log_dir
+    saved = torch.load(log_dir / "checkpoints" / "fp16.pt", weights_only=True)["scaler"]
+    assert saved["scale"] > 0 and saved["_growth_tracker"] >= 0  # epoch 1's scaler, saved
+    ok(finish(horovodrun(log_dir, "fp16", *FP16, "--epochs", 2, "--resume")))
+    straight, resumed = (torch.load(log_dir / "checkpoints" / f"{n}.pt", weights_only=True)
+                         for n in ("fp16_straight", "fp16"))
+    assert resumed["scaler"] == straight["scaler"]
+    for k in straight["model"]:
+        torch.testing.assert_close(resumed["model"][k], straight["model"][k], rtol=0, atol=0, msg=k)
+    run = report.read_run(log_dir / "fp16.jsonl")
+    assert run["problems"] == [] and run["config"]["args"]["precision"] == "16"
 
 
 @pytest.mark.jobs("one_short", "acc2")
