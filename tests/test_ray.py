@@ -141,3 +141,29 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
     monkeypatch.setattr(ray_run.ray, "init", other)
     with pytest.raises(Exception, match="something else"):
         ray_run.start({})
+
+
+def test_a_run_whose_workers_never_start_is_ended_and_started_once_more(monkeypatch, tmp_path):
+    """Ray's own start can stall on a loaded machine: no rank writes its log within the wait. The
+    drill ends that run and starts it once more, says so; a second stall is the hang sentence."""
+    said, tries = [], []
+
+    def attempt(cmd, run, log_dir, checkpoint_dir, show, outcomes):
+        tries.append(run)
+        (log_dir / f"{run}.jsonl").unlink(missing_ok=True)  # as each attempt starts afresh
+        d = ray_drill.Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir,
+                            output="stalled", returncode=outcomes.pop(0))
+        if d.returncode is not None:  # a run that started: its ranks wrote their log
+            d.log.write_text(json.dumps({"type": "ddp"}) + "\n")
+        return d
+
+    outcomes = [None, 0]
+    monkeypatch.setattr(ray_drill, "_attempt", lambda *a: attempt(*a, outcomes))
+    d = ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
+    assert len(tries) == 2 and d.returncode == 0
+    assert any("Ray's start stalled" in s and "started once more" in s for s in said)
+
+    outcomes[:] = [None, None]
+    with pytest.raises(RuntimeError, match=f"did not end within {ray_drill.WAIT_S} s: it hung"):
+        ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
+    assert len(tries) == 4  # twice, no more

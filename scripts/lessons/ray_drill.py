@@ -68,16 +68,42 @@ def storage(run, checkpoint_dir):
 
 def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=print):
     """Run the Ray job, kill rank 1 once Ray kept a checkpoint, wait for the end. Folders relative
-    to the course's top folder. Raises (one sentence first) where the run fails or hangs."""
+    to the course's top folder. Raises (one sentence first) where the run fails or hangs.
+    A run whose workers never start is ended, every process Ray started with it too, and started
+    once more: on a loaded machine Ray's own start can stall (seen 2026-11-28 on 2 busy cores: the
+    Train controller's request to its autoscaling coordinator timed out, and the worker group it
+    went on to start never came up)."""
     quick = QUICK if quick is None else quick
     # the command as a learner types it, from the course's top folder (where it runs)
     cmd = ["scripts/_trainup_ray.py", *FLAGS, "--max-failures", "1", "--run-name", run,
            "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir)] + ["--quick"] * quick
     log_dir, checkpoint_dir = ROOT / log_dir, ROOT / checkpoint_dir  # an absolute one stays
     log_dir.mkdir(parents=True, exist_ok=True)
+    show("$ python " + shlex.join(cmd))
+    for attempt in (1, 2):
+        d = _attempt(cmd, run, log_dir, checkpoint_dir, show)
+        if d.returncode is not None or elastic.records(d.log) or attempt == 2:
+            break
+        show(f"no worker started within {WAIT_S} s: Ray's start stalled (a loaded machine); "
+             "its processes ended, the run started once more")
+    if d.returncode is None:
+        raise RuntimeError(f"the Ray run did not end within {WAIT_S} s: it hung\n"
+                           f"{d.output[-3000:]}")
+    if d.returncode != 0:
+        raise failed("_trainup_ray.py", d.output, d.returncode)
+    record = log_dir / f"{run}.drill.json"
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(killed=d.killed, killed_at=d.killed_at,
+                                   returncode=d.returncode, left=d.left)))
+    os.replace(tmp, record)  # whole or absent
+    return d
+
+
+def _attempt(cmd, run, log_dir, checkpoint_dir, show):
+    """One run of the job, the kill in it; a Drill whose returncode is None where it hung (then
+    every process of it has been killed)."""
     for old in (f"{run}.jsonl", f"{run}.stdout", f"{run}.driver", f"{run}.drill.json"):
         (log_dir / old).unlink(missing_ok=True)
-    show("$ python " + shlex.join(cmd))
     d, mark = Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir), uuid.uuid4().hex
     kept = storage(run, checkpoint_dir) / "checkpoint_manager_snapshot.json"
     with open(log_dir / f"{run}.driver", "w") as out:
@@ -105,17 +131,21 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
                 proc.wait()
     d.output = (log_dir / f"{run}.driver").read_text()
     d.left = marked(mark)
-    if d.returncode is None:
-        raise RuntimeError(f"the Ray run did not end within {WAIT_S} s: it hung\n"
-                           f"{d.output[-3000:]}")
-    if d.returncode != 0:
-        raise failed("_trainup_ray.py", d.output, d.returncode)
-    record = log_dir / f"{run}.drill.json"
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(killed=d.killed, killed_at=d.killed_at,
-                                   returncode=d.returncode, left=d.left)))
-    os.replace(tmp, record)  # whole or absent
+    if d.returncode is None:  # Ray's own processes run in sessions of their own
+        for pid in d.left:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs([p for p in map(_process, d.left) if p], timeout=30)
     return d
+
+
+def _process(pid):
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 def load(run, log_dir="logs", checkpoint_dir="checkpoints"):
