@@ -76,7 +76,8 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     quick = QUICK if quick is None else quick
     # the command as a learner types it, from the course's top folder (where it runs)
     cmd = ["scripts/_trainup_ray.py", *FLAGS, "--max-failures", "1", "--run-name", run,
-           "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir)] + ["--quick"] * quick
+           "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir)]
+    cmd += ["--quick"] * quick
     log_dir, checkpoint_dir = ROOT / log_dir, ROOT / checkpoint_dir  # an absolute one stays
     log_dir.mkdir(parents=True, exist_ok=True)
     show("$ python " + shlex.join(cmd))
