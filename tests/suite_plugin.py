@@ -41,6 +41,52 @@ def pytest_configure_node(node):
         folder = config._tmp_path_factory.mktemp("outcomes")
         config._trainup_outcomes = Path(folder) / "outcomes.tsv"
     node.workerinput[SHARED_OUTCOMES] = str(config._trainup_outcomes)
+    node.workerinput[EARLY_BREAKAGES] = str(config._trainup_outcomes.parent / "breakages.json")
+
+
+# The breakages' pytests, started by the controller once a worker has collected, beside the suite
+# (tests/test_breakages.py: early_run); the module, handed out last, reads what they did. Run
+# after every other test, alone, they ended the suite with a tail of minutes that left cores idle.
+EARLY_BREAKAGES = "trainup_breakages"  # the key of that run's output file in each workerinput
+BREAKAGE_TEST = "tests/test_breakages.py::test_the_breakage_makes_its_test_fail["
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist's controller, as each worker has collected: the first time, the breakages selected."""
+    config = node.config
+    if getattr(config, "_trainup_breakages", None) is None:
+        names = [plain_id(i)[len(BREAKAGE_TEST):-1] for i in ids
+                 if plain_id(i).startswith(BREAKAGE_TEST)]
+        config._trainup_breakages = start_breakages(config, names) if names else False
+
+
+def start_breakages(config, names):
+    """The breakages' early run, in a session of its own; its pid beside the file it writes."""
+    import os
+    import subprocess
+    import sys
+    out = Path(config._trainup_outcomes.parent / "breakages.json")
+    here = Path(__file__).resolve().parent
+    # the run cache the workers share (conftest.run_cache): the session's base folder's runs/
+    env = {**os.environ, "TRAINUP_RUN_CACHE": os.environ.get(
+        "TRAINUP_RUN_CACHE", str(config._tmp_path_factory.getbasetemp() / "runs"))}
+    with open(f"{out}.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(here / "test_breakages.py"), str(out), *names],
+                                cwd=here.parent, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    Path(f"{out}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def pytest_unconfigure(config):
+    """The controller: an early run of the breakages still going (the suite was stopped) ends."""
+    import os
+    import signal
+    proc = getattr(config, "_trainup_breakages", None)
+    if proc and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def shared_outcomes(config):

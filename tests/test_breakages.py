@@ -6,7 +6,8 @@ the cheapest test that guards that claim runs in a fresh pytest against the copy
 TRAINUP_SCRIPTS_DIR). The test must fail, by an assertion, not by an error. Nothing in scripts/ carries a
 test-only switch for this. The fresh pytests (forks of one interpreter that imported pytest and torch
 once: PYTESTS) run side by side, as many at a time as this process has cores: one that trains beside one
-that does not.
+that does not. Under pytest-xdist the suite's controller starts them as soon as a worker
+has collected, beside the rest of the suite (early_run); the module, last, reads what they did.
 Each target must pass on the unbroken course: the suite runs this module last (conftest) and reads how its
 targets did; run alone, it runs them unbroken first.
 """
@@ -23,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cache
-from suite_plugin import OUTCOMES, SHARED_OUTCOMES, plain_id, shared_outcomes
+from suite_plugin import (EARLY_BREAKAGES, OUTCOMES, SHARED_OUTCOMES, plain_id,
+                          shared_outcomes)
 
 # (what breaks, file under scripts/, text to replace, its replacement, the test that must fail)
 BREAKAGES = {
@@ -269,6 +271,78 @@ def outcomes_elsewhere(targets, read, poll_s=2.0):
         time.sleep(poll_s)
 
 
+def cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def run_breakages(names, folder_for, most):
+    """Each named breakage (in ORDER): its broken copy in a folder of folder_for() (None where it
+    no longer applies) and what its test's pytest did."""
+    copies = {name: broken_copy(name, folder_for()) for name in ORDER if name in names}
+    procs = run_their_tests({name: copy for name, copy in copies.items() if copy}, most)
+    return {name: (copy, procs.get(name)) for name, copy in copies.items()}
+
+
+# Under pytest-xdist the breakages' pytests need not wait for the module's turn: they only run the
+# copies. The controller starts them in a process of their own (this file run as a script,
+# early_run) as soon as the workers have collected (suite_plugin.start_breakages), so that they
+# share the cores with the rest of the suite instead of ending it alone; this module, last, reads
+# what they did (early_outcomes) and checks the targets on the unbroken course as before.
+def early_run(out, names):
+    """Run the breakages named and write what each did to out (JSON, whole or not at all)."""
+    base = out.parent / "breakages"
+    base.mkdir(parents=True, exist_ok=True)
+    folders = (base / f"broken{i}" for i in range(len(BREAKAGES)))
+    made = {}
+    try:
+        runs = run_breakages(set(names), lambda: next(folders), cores())
+        for name, (copy, proc) in runs.items():
+            late = isinstance(proc, subprocess.TimeoutExpired)
+            made[name] = dict(copy=copy and str(copy), late=late,
+                              timeout=proc.timeout if late else None,
+                              returncode=None if late or proc is None else proc.returncode,
+                              stdout=getattr(proc, "stdout", "") or "",
+                              stderr=getattr(proc, "stderr", "") or "")
+    finally:  # what was made, or nothing (the module then runs the rest itself)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(made))
+        os.replace(tmp, out)
+
+
+def early_outcomes(config, names, poll_s=2.0):
+    """The controller's early run of these breakages, waited for while it runs: name -> (copy,
+    its pytest's CompletedProcess or TimeoutExpired); {} where none was started or it ended
+    without a word (the module runs those itself)."""
+    path = getattr(config, "workerinput", {}).get(EARLY_BREAKAGES)
+    pid = Path(f"{path}.pid") if path else None
+    if not pid or not pid.exists():
+        return {}
+    out, deadline = Path(path), time.monotonic() + ELSEWHERE_WAIT_S
+    while not out.exists() and alive(int(pid.read_text())) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    if not out.exists():
+        return {}
+    made = {}
+    for name, r in json.loads(out.read_text()).items():
+        if name in names:
+            copy = r["copy"] and Path(r["copy"])
+            proc = (subprocess.TimeoutExpired("pytest", r["timeout"]) if r["late"] else
+                    None if r["returncode"] is None else
+                    subprocess.CompletedProcess("pytest", r["returncode"], r["stdout"],
+                                                r["stderr"]))
+            made[name] = (copy, proc)
+    return made
+
+
+def alive(pid):
+    """Whether that process runs (a zombie, ended and not yet collected, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory, request):
     """Each selected breakage (-k works): its broken copy (None if it no longer applies) and what its test's
@@ -276,11 +350,9 @@ def outcomes(tmp_path_factory, request):
     assert sorted(ORDER) == sorted(BREAKAGES)
     selected = {item.callspec.params["name"] for item in request.session.items
                 if getattr(item, "originalname", None) == "test_the_breakage_makes_its_test_fail"}
-    copies = {name: broken_copy(name, tmp_path_factory.mktemp("broken")) for name in ORDER if name in selected}
     run_cache(tmp_path_factory)  # the pytests below inherit it: a copy that leaves a run's code
     # alone reuses the run
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    targets = sorted({f"tests/{BREAKAGES[name][3]}" for name in copies})
+    targets = sorted({f"tests/{BREAKAGES[name][3]}" for name in selected})
     # beside the breakages' pytests, cores at a time: the unbroken check, which mostly waits (for
     # the other xdist worker)
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -290,12 +362,13 @@ def outcomes(tmp_path_factory, request):
         elsewhere = {t for t in ids if not all(i in OUTCOMES for i in ids[t])} if xdist else set()
         clean = pool.submit(failing_unbroken, targets, tmp_path_factory.mktemp("unbroken"), OUTCOMES,
                             elsewhere, lambda: shared_outcomes(request.config), ids)
-        applied = {name: copy for name, copy in copies.items() if copy}
-        procs = run_their_tests(applied, max(1, cores))
+        made = early_outcomes(request.config, selected)
+        made.update(run_breakages(selected - made.keys(),
+                                  lambda: tmp_path_factory.mktemp("broken"), max(1, cores())))
         failing = clean.result()
-        return {name: (copies[name], procs.get(name),
+        return {name: (copy, proc,
                        [f for f in failing if f.endswith(BREAKAGES[name][3]) or BREAKAGES[name][3] in f])
-                for name in copies}
+                for name, (copy, proc) in made.items()}
 
 
 @pytest.mark.parametrize("name", BREAKAGES)
@@ -345,3 +418,34 @@ def test_a_parametrized_target_is_read_from_its_parameters_outcomes(tmp_path):
     assert failing_unbroken([target], tmp_path / "b", one_failed, ids=ids) == [target]
     later = iter([{}, passed])  # under xdist: another worker's parameters, awaited
     assert failing_unbroken([target], tmp_path / "c", {}, {target}, lambda: next(later), ids) == []
+
+
+def test_the_controllers_early_run_is_read_back_as_the_module_would_have_made_it(
+        tmp_path, monkeypatch):
+    """early_run's file, read by early_outcomes once its process has ended: the same copies and
+    results (a finished pytest, one past its timeout, a breakage that no longer applies); a run
+    that ended without writing gives {}, so that the module makes them itself."""
+    made = {"resume ignored": (tmp_path / "a",
+                               subprocess.CompletedProcess("x", 1, "1 failed", "")),
+            "non-atomic save": (tmp_path / "b", subprocess.TimeoutExpired("x", 600)),
+            "normalisation removed": (None, None)}
+    monkeypatch.setattr(sys.modules[__name__], "run_breakages", lambda names, *_: made)
+    out = tmp_path / "breakages.json"
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    Path(f"{out}.pid").write_text(str(ended.pid))  # ended, collected: no such process
+    config = type("Config", (), {"workerinput": {EARLY_BREAKAGES: str(out)}})()
+    assert early_outcomes(config, set(made)) == {}
+    early_run(out, list(made))
+    back = early_outcomes(config, set(made) - {"non-atomic save"})
+    assert back.keys() == made.keys() - {"non-atomic save"}
+    copy, proc = back["resume ignored"]
+    assert copy == tmp_path / "a" and (proc.returncode, proc.stdout) == (1, "1 failed")
+    assert back["normalisation removed"] == (None, None)
+    late = early_outcomes(config, {"non-atomic save"})["non-atomic save"][1]
+    assert isinstance(late, subprocess.TimeoutExpired) and late.timeout == 600
+    assert early_outcomes(type("Config", (), {})(), set(made)) == {}  # no xdist: none started
+
+
+if __name__ == "__main__":  # suite_plugin.start_breakages: tests/test_breakages.py OUT NAME...
+    early_run(Path(sys.argv[1]), sys.argv[2:])

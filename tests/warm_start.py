@@ -17,8 +17,9 @@ What is read once, at a process's start, cannot change after the fork: the inter
 import (TORCH_*, except torchelastic's), TRAINUP_LOG_DIR (trainup's __init__). A job is forked from
 a server started with exactly its values of every variable but those read while it runs (RUNTIME:
 a rank's place, the store's address, SLURM's and torchelastic's variables); where servers would
-multiply, or the script lives elsewhere (a breakage's copy), the job starts as a fresh interpreter
-(start() returns None). torchrun's agent (`python -m torch.distributed.run ... scripts/x.py`)
+multiply, the job starts as a fresh interpreter (start() returns None). A breakage's copy of
+scripts/ gets a server that imports torch and nothing of the course: each job imports the
+copy's own modules, as a fresh interpreter would. torchrun's agent (`python -m torch.distributed.run ... scripts/x.py`)
 is forked the same way, and so are the workers it starts: before the agent starts, while it is
 still one thread with torch imported, it forks a process of its own that forks each worker on
 the agent's request (zygote()), in the worker's own session with the worker's argv, variables,
@@ -200,10 +201,10 @@ class Forks:
 class Server(Forks):
     """One warm process (SERVER)."""
 
-    def __init__(self, scripts, env):
+    def __init__(self, scripts, env, warm=WARM):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()),
-                                      str(scripts), *WARM], pass_fds=[theirs.fileno()],
+                                      str(scripts), *warm], pass_fds=[theirs.fileno()],
                                      env=env, stdin=subprocess.DEVNULL)
         theirs.close()
         first = json.loads(ours.recv(1 << 16) or b'{"ready": false}')
@@ -480,8 +481,9 @@ def start(cmd, env, cwd, new_session=True, merge=False, text=True):
     merge: stderr into stdout; text: str pipes (else bytes), as subprocess.Popen's."""
     if os.environ.get("TRAINUP_WARM_START") == "0" or sys.platform != "linux":
         return None
-    if os.environ.get("TRAINUP_SCRIPTS_DIR"):  # a breakage's pytest (a copy of scripts/): a
-        return None  # server of its own would cost more than its job or two would save
+    # a breakage's pytest runs a copy of scripts/ (TRAINUP_SCRIPTS_DIR): its server imports torch
+    # and nothing of the course, so that each job imports the copy's trainup, as a fresh one does
+    copy = bool(os.environ.get("TRAINUP_SCRIPTS_DIR"))
     if len(cmd) < 2 or cmd[0] != sys.executable:
         return None
     # torchrun's agent and horovodrun's launcher are forked too, and fork their workers
@@ -505,7 +507,7 @@ def start(cmd, env, cwd, new_session=True, merge=False, text=True):
             return None
         if len(_SERVERS) >= MAX_SERVERS:  # the least recently used server without a job ends
             _SERVERS.pop(idle[0]).close()
-        server = Server(script.parent, dict(key[1]))
+        server = Server(script.parent, dict(key[1]), () if copy else WARM)
     _SERVERS[key] = server
     if not server.ready:
         return None
