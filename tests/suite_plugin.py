@@ -72,9 +72,9 @@ def start_breakages(config, names):
     env = {**os.environ, "TRAINUP_RUN_CACHE": os.environ.get(
         "TRAINUP_RUN_CACHE", str(config._tmp_path_factory.getbasetemp() / "runs"))}
     with open(f"{out}.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(here / "test_breakages.py"), str(out), *names],
-                                cwd=here.parent, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, str(here / "test_breakages.py"), str(out),
+                                 *names], cwd=here.parent, env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     Path(f"{out}.pid").write_text(str(proc.pid))
     return proc
 

@@ -19,9 +19,10 @@ a server started with exactly its values of every variable but those read while 
 a rank's place, the store's address, SLURM's and torchelastic's variables); where servers would
 multiply, the job starts as a fresh interpreter (start() returns None). A breakage's copy of
 scripts/ gets a server that imports torch and nothing of the course: each job imports the
-copy's own modules, as a fresh interpreter would. torchrun's agent (`python -m torch.distributed.run ... scripts/x.py`)
-is forked the same way, and so are the workers it starts: before the agent starts, while it is
-still one thread with torch imported, it forks a process of its own that forks each worker on
+copy's own modules, as a fresh interpreter would. torchrun's agent
+(`python -m torch.distributed.run ... scripts/x.py`) is forked the same way, and so are the
+workers it starts: before the agent starts, while it is still one thread with torch imported, it
+forks a process of its own that forks each worker on
 the agent's request (zygote()), in the worker's own session with the worker's argv, variables,
 folder and output, as `python -u scripts/x.py` starts; the agent's Popen of a worker (torchrun's
 SubprocessHandler._popen) asks it, and anything else it starts as before. It dies with the agent
