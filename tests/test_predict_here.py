@@ -175,6 +175,48 @@ def test_a_miss_is_said_with_its_cost_per_call_and_the_better_overlap_is_compute
     assert "better without overlap" in ph.about_overlap(table)  # no all-reduce: the same
 
 
+def test_a_steps_communication_is_measured_in_steps_where_the_set_has_the_comm_pair(tmp_path):
+    sweep(tmp_path)
+    name, one = "ref_fsdp_n2_optimizer", "ref_fsdp_n1_b32_optimizer"
+    assert reference.comm(name) == ("ref_fsdp_n2_comm_optimizer", "ref_fsdp_n1_comm_optimizer")
+    assert reference.comm("ref_ddp_n2") == ("ref_ddp_n2_comm", "ref_ddp_n1_comm")
+    assert reference.comm("ref_ddp_n2_comm") is None and reference.comm(one) is None
+    ops = {"broadcast": {"calls": 20, "bytes": 10**5}}
+    comm = dict(type="shard_comm", shard="optimizer", world_size=2, parameters=1, ops=ops)
+    write(tmp_path, one, "_trainup_fsdp.py", 1, 32, [9.0, 2.0, 2.0], shard="optimizer")
+    write(tmp_path, name, "_trainup_fsdp.py", 2, 64, [7.0, 1.5, 1.5], [comm], shard="optimizer")
+    r = ph.predictions(tmp_path, [(name, one)])[0].iloc[0]
+    assert r.comm_from == "sweep" and r.comm_s == pytest.approx(r.sweep_comm_s)  # no pair yet
+    # the pair: 2 samples a rank; 1000 steps a rank on 2 processes, 2000 on 1 (SAMPLES 4000)
+    pair = reference.comm(name)
+    write(tmp_path, pair[0], "_trainup_fsdp.py", 2, 4, [9.0, 3.0, 3.4, 3.0], [comm],
+          shard="optimizer")
+    write(tmp_path, pair[1], "_trainup_fsdp.py", 1, 2, [9.0, 2.0, 2.0, 2.2], shard="optimizer")
+    assert ph.step_comm(tmp_path, name) == pytest.approx(3.0 / 1000 - 2.0 / 2000)
+    # the 1-process run's copy made beside it: the two's mean (2.0 and 4.0 s: 1.5 ms a step)
+    assert reference.beside(pair[1]) == "ref_fsdp_n1_comm_beside_optimizer"
+    write(tmp_path, reference.beside(pair[1]), "_trainup_fsdp.py", 1, 2, [9.0, 4.0, 4.0, 4.0],
+          shard="optimizer")
+    assert ph.step_comm(tmp_path, name) == pytest.approx(3.0 / 1000 - 3.0 / 2000)
+    (tmp_path / f"{reference.beside(pair[1])}.jsonl").unlink()
+    table, fits = ph.predictions(tmp_path, [(name, one)])
+    r = table.iloc[0]
+    assert r.comm_from == "steps" and r.comm_s == pytest.approx(r.steps * 0.002)
+    assert r.predicted_s == pytest.approx(r.compute_s + r.comm_s)
+    assert r.error == pytest.approx(r.predicted_s / 1.5 - 1)
+    sweep_s = r.compute_s + r.steps * 20 * (A + 10**5 / 20 / B)  # 20 broadcasts by hand
+    assert r.sweep_s == pytest.approx(sweep_s)
+    assert r.sweep_error == pytest.approx(sweep_s / 1.5 - 1)
+    head, miss = ph.about_sweep(table, fits)
+    assert head == (f"From the sweep alone (alpha and beta) the errors are {r.sweep_error:+.0%} "
+                    f"to {r.sweep_error:+.0%}, 0 of 1 within 15%; with the communication "
+                    f"measured in steps, {int(ph.within(table).sum())}.")
+    extra = (0.002 - 20 * (A + 10**5 / 20 / B)) / 20
+    assert miss.endswith(f"20 collective calls took 2.00 ms, the sweep says "
+                         f"{r.sweep_comm_s / r.steps * 1e3:.2f}: {extra * 1e6:+,.0f} us each, "
+                         f"against all_reduce's alpha {A * 1e6:,.0f} us.")
+
+
 def test_a_miss_is_weighed_against_the_spread_of_the_runs_own_epochs():
     import pandas as pd
     table = pd.DataFrame(dict(run=["a", "b", "c"], spread=[0.05, 0.30, 0.10],
@@ -183,12 +225,13 @@ def test_a_miss_is_weighed_against_the_spread_of_the_runs_own_epochs():
     assert ph.about_noise(table) == (
         "Each run's own timed epochs spread by 5% to 30% of their median (the same job, epoch "
         "after epoch); 1 of the 2 run(s) outside 15% missed by more than their own spread.")
+    assert ph.about_noise(table.iloc[2:]).endswith("epoch after epoch); no run is outside 15%.")
 
 
 def test_the_runs_are_told_apart_by_what_their_communication_mostly_is():
     import pandas as pd
     table = pd.DataFrame(dict(run=["a", "b", "c"], alpha_share=[0.9, 0.6, 0.1],
-                              error=[-0.40, -0.30, -0.05]))
+                              sweep_error=[-0.40, -0.30, -0.05]))
     assert ph.about_regimes(table) == (
         "2 run(s) whose predicted communication is mostly latency (alpha's share 60% to 90%): "
         "errors -40% to -30%, 0 within 15%. 1 run(s) whose predicted communication is mostly "
@@ -208,6 +251,13 @@ def test_a_set_is_quiet_when_other_programs_took_almost_none_of_the_cores(tmp_pa
                                                  "the cores' 800")
     assert not made(load_before=0.7, wall_s=400.0, others_cpu_s=80.0)  # 10 % of 800 s
     assert not made(load_before=1.5, wall_s=400.0, others_cpu_s=0.0)  # busy when it began
+    # the speed probe before each job: said, not judged (a shared host moves it while idle here)
+    assert made(load_before=0.7, wall_s=400.0, others_cpu_s=0.0, speed_s=[0.30, 0.36, 0.31])
+    assert reference.describe(tmp_path).endswith("its speed, probed before each job, moved by "
+                                                 "20% at most")
+    assert reference.steady(dict(speed_s=[0.30, 0.36])) == pytest.approx(0.2)
+    assert reference.steady(dict()) is None  # a set made before the probe
+    assert 0 < reference.speed_probe(rounds=1) < 60
     before = reference.busy_cpu_s(), reference.own_cpu_s()
     sum(i * i for i in range(3 * 10**6))  # this process's own work: counted on both sides
     spent = reference.own_cpu_s() - before[1]

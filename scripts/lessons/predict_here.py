@@ -1,18 +1,24 @@
-"""Lesson 11: this machine's runs of 2 processes, predicted from its runs of 1 and its all-reduce
-sweep (a reference set that lessons/reference.py made), and the prediction checked against them.
+"""Lesson 11: this machine's runs of 2 processes, predicted from its runs of 1 and its runs at a
+smaller batch (a reference set that lessons/reference.py made), and the prediction checked
+against them.
 
-    an epoch of a rank = its compute + steps x (the collectives of one step)
+    an epoch of a rank = its compute + steps x (the communication of one step)
 
 - compute: the 1-process run of the same script, stage and model at the per-rank batch (each
   step then does what a rank of 2 does: the same per-step costs, the optimizer step, the stage's
   own hooks and copies), scaled to the rank's share of the samples; made beside a copy of itself
   (lessons/reference.py's BESIDE), as a rank computes beside the other: the mean of the two;
-- collectives: what a step runs (lesson 09's shard_comm record; for lesson 04's DDP script, its
-  gradients in DDP's buckets), each costed by the alpha-beta model (lessons/perfmodel.py) with
-  the alpha and beta fitted to that op's sweep (all_reduce, broadcast, all_gather and
-  reduce_scatter timed apart: gloo runs some slower than their ring formula says): the only
-  fitted numbers, from runs not predicted;
-- no overlap: see predict_run.
+- communication: measured in steps (step_comm): the same job at 8 samples a rank, on 2
+  processes and on 1 (lessons/reference.py's COMM runs, the second made beside a copy as above);
+  a step of the first less a step of the second is what the strategy's step communicates, its
+  calls made as the step makes them (between computations, through DDP's or FSDP's code) on
+  the same bytes;
+- beside it, the alpha-beta model alone (sweep_s): what a step runs (lesson 09's shard_comm
+  record; for lesson 04's DDP script, its gradients in DDP's buckets), each call costed with the
+  alpha and beta fitted to that op's sweep (all_reduce, broadcast, all_gather, reduce_scatter
+  timed apart: gloo runs some slower than their ring formula says), one call at a time between
+  idle ranks; about_sweep says what each call of a step cost beyond that;
+- nothing fitted on the runs predicted; no overlap: see predict_run.
 """
 import math
 from pathlib import Path
@@ -92,6 +98,21 @@ def step_ops(run):
     return counted[-1] if counted else ddp_ops(run)
 
 
+def step_comm(folder, name):
+    """Seconds of one step's communication as the run's job makes it: a step of its COMM pair's
+    2-process run less one of its 1-process run (lessons/reference.py), both at 8 samples a rank
+    (the same compute), the latter the mean with its copy made beside it where the set has it;
+    None where the set has no such pair."""
+    pair = reference.comm(name)
+    if not pair or not all((Path(folder) / f"{n}.jsonl").exists() for n in pair):
+        return None
+    two = read(folder, pair[0])
+    ones = [read(folder, n) for n in (pair[1], reference.beside(pair[1]))
+            if (Path(folder) / f"{n}.jsonl").exists()]
+    step = [epoch_s(r) / rank_share(r)[1] for r in ones]
+    return epoch_s(two) / rank_share(two)[1] - sum(step) / len(step)
+
+
 def predict_run(folder, name, one, alpha, beta):
     """One 2-process run against its prediction: a row of the table."""
     run, alone = read(folder, name), read(folder, one)
@@ -108,10 +129,12 @@ def predict_run(folder, name, one, alpha, beta):
                      else math.nan)
     ops = step_ops(run)
     world = run["env"]["world_size"]
-    comm = steps * pm.collectives(ops, world, alpha, beta)
+    swept = steps * pm.collectives(ops, world, alpha, beta)  # the sweep's alpha and beta alone
     # the part of it the calls' latencies make, the bytes left out: alpha's share
     latency = steps * pm.collectives({op: dict(c, bytes=0) for op, c in ops.items()}, world,
                                      alpha, beta)
+    per_step = step_comm(folder, name)  # measured in steps, where the set has the COMM pair
+    comm = swept if per_step is None else steps * per_step
     calls = sum(c.get("calls", 0) for c in ops.values())
     buckets = ops.get("all_reduce", {}).get("calls", 1)
     # No communication hidden: both cores compute (a rank each, one thread each), gloo moves CPU
@@ -125,10 +148,12 @@ def predict_run(folder, name, one, alpha, beta):
     timed = [e["wall_s"] for e in run["epochs"][1:]]
     return dict(run=name, strategy=LABELS[shard], processes=world, steps=steps,
                 width=run["config"]["args"].get("width"), calls_per_step=calls,
-                alpha_share=latency / comm if comm else 0.0,
+                alpha_share=latency / swept if swept else 0.0,
                 measured_s=measured, spread=(max(timed) - min(timed)) / measured,
-                compute_s=compute, comm_s=comm,
+                compute_s=compute, comm_s=comm, comm_from="sweep" if per_step is None else "steps",
                 predicted_s=predicted, error=predicted / measured - 1,
+                sweep_comm_s=swept, sweep_s=compute + swept,
+                sweep_error=(compute + swept) / measured - 1,
                 overlapped_s=overlapped, overlapped_error=overlapped / measured - 1,
                 compute_alone_s=compute_alone,
                 alone_error=(compute_alone + comm) / measured - 1)
@@ -187,18 +212,42 @@ def about_misses(table, fits, goal=GOAL):
     return out
 
 
-def about_regimes(table, goal=GOAL):
-    """Where the model holds, worked out from the table: the runs whose predicted communication is
-    mostly the calls' latencies (alpha's share above half) against those where it is mostly
-    bytes, each group's errors and how many are within the goal."""
+def about_sweep(table, fits, goal=GOAL):
+    """The alpha-beta model alone, against the runs: its errors, and per run outside the goal what
+    each collective call of a step cost beyond what the sweep (one call at a time, between idle
+    ranks) says, against all_reduce's alpha. Only the runs whose communication was measured in
+    steps."""
+    steps = table[table.comm_from == "steps"]
+    if not len(steps):
+        return []
+    alpha = fits["all_reduce"][0]
+    errors = steps.sweep_error
+    out = [f"From the sweep alone (alpha and beta) the errors are {errors.min():+.0%} to "
+           f"{errors.max():+.0%}, {int((errors.abs() <= goal).sum())} of {len(steps)} within "
+           f"{goal:.0%}; with the communication measured in steps, "
+           f"{int(within(steps, goal).sum())}."]
+    for r in steps[errors.abs() > goal].itertuples():
+        extra = (r.comm_s - r.sweep_comm_s) / r.steps / r.calls_per_step
+        out.append(f"{r.run} ({r.strategy}): {r.sweep_error:+.0%} from the sweep; a step's "
+                   f"{r.calls_per_step} collective calls took {r.comm_s / r.steps * 1e3:.2f} ms, "
+                   f"the sweep says {r.sweep_comm_s / r.steps * 1e3:.2f}: {extra * 1e6:+,.0f} us "
+                   f"each, against all_reduce's alpha {alpha * 1e6:,.0f} us.")
+    return out
+
+
+def about_regimes(table, goal=GOAL, error="sweep_error"):
+    """Where the alpha-beta model holds, worked out from the table: the runs whose predicted
+    communication is mostly the calls' latencies (alpha's share above half) against those where
+    it is mostly bytes, each group's errors (the column error) and how many are within the goal."""
     out = []
     for name, part in (("mostly latency", table[table.alpha_share > 0.5]),
                        ("mostly bytes", table[table.alpha_share <= 0.5])):
         if len(part):
+            e = part[error]
             out.append(f"{len(part)} run(s) whose predicted communication is {name} (alpha's "
                        f"share {part.alpha_share.min():.0%} to {part.alpha_share.max():.0%}): "
-                       f"errors {part.error.min():+.0%} to {part.error.max():+.0%}, "
-                       f"{int(within(part, goal).sum())} within {goal:.0%}.")
+                       f"errors {e.min():+.0%} to {e.max():+.0%}, "
+                       f"{int((e.abs() <= goal).sum())} within {goal:.0%}.")
     return " ".join(out)
 
 
@@ -207,10 +256,12 @@ def about_noise(table, goal=GOAL):
     against the errors: a miss within that spread is not told apart from the machine's noise."""
     missed = table[~within(table, goal)]
     beyond = int((missed["error"].abs() > missed["spread"]).sum())
-    return (f"Each run's own timed epochs spread by {table.spread.min():.0%} to "
-            f"{table.spread.max():.0%} of their median (the same job, epoch after epoch); "
-            f"{beyond} of the {len(missed)} run(s) outside {goal:.0%} missed by more than "
-            f"their own spread.")
+    head = (f"Each run's own timed epochs spread by {table.spread.min():.0%} to "
+            f"{table.spread.max():.0%} of their median (the same job, epoch after epoch); ")
+    if not len(missed):
+        return head + f"no run is outside {goal:.0%}."
+    return head + (f"{beyond} of the {len(missed)} run(s) outside {goal:.0%} missed by more "
+                   f"than their own spread.")
 
 
 def about_beside(table, goal=GOAL):

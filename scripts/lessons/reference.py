@@ -4,8 +4,10 @@
 
 Made on a quiet machine, one job after another (two jobs side by side would time each other):
 lesson 04's DDP script on 1 and 2 processes, the sharding script's ZeRO stages on 1 and 2 (on the
-block stack 256 wide, and 1024 wide), and lesson 04's all-reduce sweep, so the model's alpha and
-beta come from the same machine and day.
+block stack 256 wide, and 1024 wide), the same jobs at 8 samples a rank on 2 processes and on 1
+(COMM: what a step communicates, measured in steps), and lesson 04's sweep of each collective, so
+the model's alpha and beta come from the same machine and day. Each job's runs follow one another
+(job_runs): the runs a prediction compares are minutes apart, not a quarter of an hour.
 The 1-process runs are made at the global batch (the scaling report's strong-scaling baseline)
 and at the per-rank batch (the compute a rank of 2 does: lessons/predict_here.py). Those at the
 per-rank batch are made twice at once, on purpose (BESIDE): a rank of 2 computes while the
@@ -16,6 +18,7 @@ checkpoints go to a temporary folder); machine.json says where, when and under w
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -46,28 +49,46 @@ WIDE = ["--blocks", 4, "--width", 1024, "--shard", ",".join(STAGES)]
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M"  # lesson 04's sweep, past the largest gradient here
 ROUNDS = 10  # the sweep 10 times over (about 15 s): each call's latency averaged over moments
 OPS = "all_reduce,broadcast,all_gather,reduce_scatter"  # every op the ZeRO stages run, timed apart
+# A step's communication, measured in steps (lessons/predict_here.py): the sweep times one call
+# at a time between idle ranks; a step makes its calls between computations, through DDP's or
+# FSDP's own code, and a call costs more the more a rank computed before it. COMM_BATCH samples
+# a rank a step (a quarter of the predicted runs' 32), COMM_SAMPLES a rank an epoch (64 steps).
+COMM_BATCH, COMM_SAMPLES = 8, 512
+COMM_JOBS = ("ref_ddp", "ref_fsdp", "ref_wide")  # the jobs whose 2-process runs are predicted
 # (name, script, processes, flags); a sharding job with several --shard modes names each run
 # <name>_<mode>.
+
+
+def job_runs(job, script, flags, baseline=None):
+    """One predicted job's runs, one after another so that a prediction's inputs are minutes
+    apart (a shared machine's speed drifts over a quarter of an hour): its COMM pair, its
+    per-rank run (made beside a copy: BESIDE), the 2-process run predicted, the per-rank run
+    alone; before them the 1-process run at the global batch (baseline flags), where wanted."""
+    first = [(f"{job}_n1", script, 1, [*CPU, *baseline, "--batch-size", BATCH])] \
+        if baseline is not None else []
+    # the job's collectives as its steps make them (COMM): 8 samples a rank, on 2 processes
+    # and on 1 (made beside a copy, as a rank computes), so the two differ by what the step
+    # communicates
+    comm = [(f"{job}_n{n}_comm", script, n, [*CPU, *flags, "--batch-size", n * COMM_BATCH,
+                                             "--train-size", n * COMM_SAMPLES]) for n in (2, 1)]
+    return first + comm + [
+        (f"{job}_n1_b32", script, 1, [*CPU, *flags, "--batch-size", BATCH // 2]),
+        (f"{job}_n2", script, 2, [*CPU, *flags, "--batch-size", BATCH]),
+        # once more, alone: what sharing the machine costs (predict_here)
+        (f"{job}_n1_b32_alone", script, 1, [*CPU, *flags, "--batch-size", BATCH // 2])]
+
+
 RUNS = (
     ("ref_bandwidth", "_trainup_collectives.py", 2, ["--show", "bandwidth", "--ops", OPS,
                                                      "--sizes", SIZES, "--rounds", ROUNDS]),
-    ("ref_ddp_n1", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH]),
-    ("ref_ddp_n1_b32", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH // 2]),
-    ("ref_ddp_n2", "_trainup_ddp.py", 2, [*CPU, "--batch-size", BATCH]),
-    ("ref_fsdp_n1", "_trainup_fsdp.py", 1, [*CPU, *BLOCKS[:4], "--shard", "none",
-                                             "--batch-size", BATCH]),
-    ("ref_fsdp_n1_b32", "_trainup_fsdp.py", 1, [*CPU, *BLOCKS, "--batch-size", BATCH // 2]),
-    ("ref_fsdp_n2", "_trainup_fsdp.py", 2, [*CPU, *BLOCKS, "--batch-size", BATCH]),
-    ("ref_wide_n1_b32", "_trainup_fsdp.py", 1, [*CPU, *WIDE, "--batch-size", BATCH // 2]),
-    ("ref_wide_n2", "_trainup_fsdp.py", 2, [*CPU, *WIDE, "--batch-size", BATCH]),
-    # the per-rank runs once more, each alone: what sharing the machine costs (predict_here)
-    ("ref_ddp_n1_b32_alone", "_trainup_ddp.py", 1, [*CPU, "--batch-size", BATCH // 2]),
-    ("ref_fsdp_n1_b32_alone", "_trainup_fsdp.py", 1, [*CPU, *BLOCKS, "--batch-size", BATCH // 2]),
-    ("ref_wide_n1_b32_alone", "_trainup_fsdp.py", 1, [*CPU, *WIDE, "--batch-size", BATCH // 2]),
+    *job_runs("ref_ddp", "_trainup_ddp.py", [], baseline=[]),
+    *job_runs("ref_fsdp", "_trainup_fsdp.py", BLOCKS, baseline=[*BLOCKS[:4], "--shard", "none"]),
+    *job_runs("ref_wide", "_trainup_fsdp.py", WIDE),
 )
 # the per-rank runs, each made beside a copy of itself (<name>_beside): what a rank computes
 # while another rank computes next to it
-BESIDE = ("ref_ddp_n1_b32", "ref_fsdp_n1_b32", "ref_wide_n1_b32")
+BESIDE = ("ref_ddp_n1_b32", "ref_fsdp_n1_b32", "ref_wide_n1_b32", "ref_ddp_n1_comm",
+          "ref_fsdp_n1_comm", "ref_wide_n1_comm")
 
 
 def variant(name, tag):
@@ -86,6 +107,17 @@ def beside(name):
 
 def alone(name):
     return variant(name, "alone")
+
+
+def comm(name):
+    """A predicted 2-process run's COMM pair, (its job on 2 processes, on 1) at COMM_BATCH samples
+    a rank, a mode's <job>_n2_comm_<mode> (the 1-process run has its copy: beside); None for any
+    other run."""
+    for job in COMM_JOBS:
+        rest = name[len(job) + 3:] if name.startswith(f"{job}_n2") else None
+        if rest == "" or (rest and rest[1:] in STAGES):
+            return f"{job}_n2_comm{rest}", f"{job}_n1_comm{rest}"
+    return None
 
 
 def names(name, script, flags, copies=True):
@@ -138,9 +170,10 @@ def make(folder=None, runs=RUNS, say=print):
     folder.mkdir(parents=True, exist_ok=True)
     load_before, cores = machine_load()
     busy_before, ours_before, tick = busy_cpu_s(), own_cpu_s(), time.monotonic()
-    commands = []
+    commands, speed = [], []
     with tempfile.TemporaryDirectory(prefix="trainup_reference_") as checkpoints:
         for name, script, nproc, flags in runs:
+            speed.append(round(speed_probe(), 4))
             argv, shown = command(name, script, nproc, flags, folder, checkpoints)
             copy = None
             if name in BESIDE:  # its copy starts first, and runs all the while (see BESIDE)
@@ -161,6 +194,7 @@ def make(folder=None, runs=RUNS, say=print):
                 checks.finished(run, folder)
             commands.append(shown[2:].replace(checkpoints, TEMPORARY))
         relative_paths(folder, checkpoints)
+    speed.append(round(speed_probe(), 4))
     load_after, _ = machine_load()
     others = (busy_cpu_s() - busy_before - (own_cpu_s() - ours_before)
               if busy_before is not None else None)
@@ -169,12 +203,17 @@ def make(folder=None, runs=RUNS, say=print):
     about = dict(machine=host(), cpu=cpu_model(), cores=cores,
                  date=datetime.date.today().isoformat(), load_before=load_before,
                  load_after=load_after, wall_s=round(wall, 1),
-                others_cpu_s=None if others is None else round(others, 1),
+                others_cpu_s=None if others is None else round(others, 1), speed_s=speed,
                 command="cd scripts && python -m lessons.reference",
                  runs=commands)
     (folder / "machine.json").write_text(json.dumps(about, indent=1) + "\n")
     say(f"{folder}: {len(list(folder.glob('*.jsonl')))} logs; load average {load_before} before, "
         f"{load_after} after, on {cores} cores")
+    moved = steady(dict(speed_s=speed))
+    if moved > STEADY:  # the host slowed it: said, and shown by describe (notebook 11 prints it)
+        say(f"This machine's own speed moved by {moved:.0%} while the set was made (the speed "
+            f"probe before each job: {min(speed):.3f} to {max(speed):.3f} s), with no program of "
+            f"its own busy: runs minutes apart may differ by as much.")
     if not quiet(folder):  # notebook 11 asserts its goal on a quiet set only
         say(f"The load average was {load_before:.1f} before, and other programs than the set's "
             f"used {others:.0f} CPU-seconds of the {wall * cores:.0f} its {wall:.0f} s had on "
@@ -214,6 +253,8 @@ def describe(folder):
     if info.get("others_cpu_s") is not None:  # a CPU time below 0 is no one's: see own_cpu_s
         line += (f"; other programs than its jobs: {max(info['others_cpu_s'], 0):.0f} "
                  f"CPU-seconds of the cores' {info['wall_s'] * info['cores']:.0f}")
+    if steady(info) is not None:
+        line += f"; its speed, probed before each job, moved by {steady(info):.0%} at most"
     return line
 
 
@@ -244,6 +285,7 @@ def relative_paths(folder, checkpoints=None):
 
 
 OTHERS = 0.05  # the most of the cores' time that other programs may take while the set is made
+STEADY = 0.10  # the speed probe's movement (slowest over fastest) above which make says so
 
 
 def busy_cpu_s():
@@ -267,13 +309,41 @@ def own_cpu_s():
     return t.user + t.system + t.children_user + t.children_system
 
 
+def speed_probe(rounds=3):
+    """Seconds of a fixed computation on one thread (200 products of 512 x 512 float32 matrices,
+    about 0.3 s), the best of rounds: timed before each job of the set and after the last. A
+    shared machine (a virtual machine's host) can slow by tens of percent for minutes while no
+    program here uses the CPU: its load and CPU times do not show it, this does."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a = torch.ones(512, 512)
+    best = math.inf
+    for _ in range(rounds):
+        tick = time.perf_counter()
+        for _ in range(200):
+            torch.mm(a, a)
+        best = min(best, time.perf_counter() - tick)
+    torch.set_num_threads(threads)
+    return best
+
+
+def steady(info):
+    """(the speed probe's slowest over its fastest, less 1): how far the machine's own speed moved
+    while the set was made; None for a set made before the probe."""
+    probe = info.get("speed_s")
+    return max(probe) / min(probe) - 1 if probe else None
+
+
 def quiet(folder):
     """Nothing else took turns with the runs: the machine idle when the set began (a load average
     below half its cores), and, while it was made, other programs than the set's own jobs used
     at most OTHERS of the cores' time (the machine's busy time against the jobs' own CPU time).
     A set made where that cannot be counted (no /proc/stat) is judged by its load averages
     instead: none above the cores plus a half (the set's own 2-process jobs bring the load near
-    the cores; the half is torchrun's agent and start-ups)."""
+    the cores; the half is torchrun's agent and start-ups). The speed probe (steady) is not in
+    it: on a shared host it moves by tens of percent while this machine is idle; describe and
+    make say how far."""
     info = about(folder)
     if info["load_before"] >= info["cores"] / 2:
         return False
