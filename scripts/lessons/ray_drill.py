@@ -160,9 +160,11 @@ def load(run, log_dir="logs", checkpoint_dir="checkpoints"):
                  output=(log_dir / f"{run}.driver").read_text(), **json.loads(record.read_text()))
 
 
-def marked(mark, wait_s=10):
+def marked(mark, wait_s=30):
     """The processes whose environment holds MARK=mark (the driver and all Ray started), once
-    those on their way out have had wait_s seconds to go."""
+    those on their way out have had wait_s seconds to go (10 were too few in a fresh clone's
+    suite on a slow day, 2026-11-28: Ray's processes end after ray.shutdown() returns, on their
+    own time; one that stays 30 s has outlived the run)."""
     deadline = time.monotonic() + wait_s
     while True:
         found = []
