@@ -257,7 +257,7 @@ def parse_args(argv=None):
                    help="--show bandwidth: the sweep this many times over, each size's mean")
     p.add_argument("--timeout", type=cli.positive(float), default=300,
                    help="--show hang: seconds rank 0 waits in the collective rank 1 skips (the others: at least 120)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=cli.seed, default=1)
     p.add_argument("--run-name", default=None)
     p.add_argument("--log-dir", default=str(LOG_DIR))
     p.add_argument("--quick", action="store_true", help="sizes up to 4 MB only")

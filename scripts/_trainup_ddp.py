@@ -7,16 +7,17 @@ all-reduced every step; on one machine or many.
     srun python scripts/_trainup_ddp.py            # one SLURM task per process
     python scripts/_trainup_ddp.py --quick         # one process (world size 1)
 
-Compared with _trainup_gpu.py: join the process group (trainup/distributed.py reads rank, world size
-and the meeting point from torchrun, SLURM or neither); the device from LOCAL_RANK; a
+Compared with _trainup_gpu.py: init_process_group (trainup/distributed.py reads rank, world size
+and the meeting point from torchrun, SLURM or neither); torch.cuda.set_device(LOCAL_RANK); a
 DistributedSampler with set_epoch; the model wrapped in DDP; --batch-size is the GLOBAL batch (each
 process takes batch/world); metrics summed over the processes before logging; logs and checkpoints
-from rank 0 only; a torchrun restart resumes from the checkpoint; leaving the group together.
+from rank 0 only; a torchrun restart resumes from the checkpoint; destroy_process_group.
 Gradient accumulation, SGD with warm-up and SyncBatchNorm are the next step: _trainup_ddp_tuned.py.
 """
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
@@ -59,7 +60,11 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
-    ctx = distributed.setup(args)  # join the group; the device comes from LOCAL_RANK
+    ctx = distributed.context(args)  # rank, world size, backend and device, from the launcher
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)  # this process's GPU: number LOCAL_RANK on its node
+    with distributed.explained(ctx):  # a taken port, a missing rank: a sentence, no traceback
+        dist.init_process_group(ctx.backend, **distributed.meeting(ctx))  # waits for every rank
     stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # rank 0's run name; all ranks stop at one step
     device = ctx.device
     if ctx.world_size > 1 and args.sweep and any(b % ctx.world_size for b in args.sweep):
@@ -88,7 +93,8 @@ def main(argv=None):
         sweeps.run(args, model, train_set, device, log, train_epoch, optimizer_for, ctx.rank, ctx.world_size)
         monitor.stop()
         log.summary()
-        distributed.cleanup(ctx)
+        distributed.before_leaving(ctx)  # a barrier: no rank leaves while another steps
+        dist.destroy_process_group()
         return
 
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
@@ -112,7 +118,8 @@ def main(argv=None):
     profiler.stop()
     monitor.stop()
     log.summary(checkpoint=ckpt)
-    distributed.cleanup(ctx)  # a barrier, then destroy_process_group()
+    distributed.before_leaving(ctx)  # a barrier: no rank leaves while another steps
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def train_epoch(model, loader, optimizer, epoch, show_progress, device, precisio
         scaler.scale(step.weigh(loss, len(y))).backward()  # fp16: scaled, small gradients survive
         if step.last():  # Horovod all-reduced only now (backward_passes_per_step=K)
             optimizer.synchronize()  # wait for the all-reduces: the scaler unscales averages
-            step.average()  # the summed micro-batches' gradients over the step's samples: a mean
+            step.average()  # a short step scaled up to its samples: the step's mean gradient
             scaler.unscale_(optimizer)
             with optimizer.skip_synchronize():  # synchronized: step() must not all-reduce again
                 scaler.step(optimizer)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainup import cli, data, lightning_compat, lightning_flags, lightning_run, metrics, models
+from trainup import (cli, data, lightning_ckpt, lightning_compat, lightning_flags, lightning_run,
+                     metrics, models)
 
 
 class LitNet(pl.LightningModule):
@@ -59,8 +60,9 @@ class LitNet(pl.LightningModule):
 
 
 class Digits(pl.LightningDataModule):
-    """The course's data sets. The loaders are plain: under a distributed strategy Lightning swaps in a
-    DistributedSampler (and calls its set_epoch every epoch)."""
+    """The course's data sets, in DataLoaders (the training one resumable inside an epoch): under
+    a distributed strategy Lightning swaps in a DistributedSampler (and calls its set_epoch every
+    epoch)."""
 
     def __init__(self, train_set, test_set, batch_size):
         super().__init__()
@@ -69,7 +71,8 @@ class Digits(pl.LightningDataModule):
     def train_dataloader(self):
         # --batch-size is the global batch of a step, as in lesson 04, cut into the accumulated ones
         per_process = self.batch_size // self.trainer.world_size // self.trainer.accumulate_grad_batches
-        return DataLoader(self.train_set, batch_size=per_process, shuffle=True)
+        # a DataLoader that a run stopped inside an epoch goes on from, after its last step
+        return lightning_ckpt.Loader(self.train_set, batch_size=per_process, shuffle=True)
 
     def val_dataloader(self):
         return DataLoader(self.test_set, batch_size=1000)

@@ -5,7 +5,9 @@
 
 Compared with _trainup_lightning.py: ModelParallelStrategy instead of DDP, and the
 LightningModule's configure_model(), where fully_shard (lesson 09's ZeRO-3) splits the model's
-parameters, gradients and optimizer state over the ranks of the strategy's mesh. Lightning's
+parameters, gradients and optimizer state over the ranks of the strategy's mesh: each layer first,
+then the root, so that a rank gathers one layer's parameters at a time (the root alone would be one
+unit, gathered whole for all of forward and backward). Lightning's
 FSDPStrategy wraps the older FullyShardedDataParallel and refuses a CPU; this one runs wherever
 gloo or NCCL does. Lightning's own checkpoint is a folder of shards, a file a rank; the course's
 is gathered whole onto rank 0.
@@ -18,7 +20,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainup import cli, data, lightning_compat, lightning_flags, lightning_run, metrics, models
+from trainup import (cli, data, lightning_ckpt, lightning_compat, lightning_flags, lightning_run,
+                     metrics, models)
 
 
 class LitNet(pl.LightningModule):
@@ -53,7 +56,8 @@ class LitNet(pl.LightningModule):
         self.test_meter.add(loss, logits, y)
 
     def configure_model(self):  # the strategy calls it on every rank once its mesh is made
-        fully_shard(self.model, mesh=self.device_mesh["data_parallel"])  # ZeRO-3 over every rank
+        for part in [m for m in self.model.children() if list(m.parameters())] + [self.model]:
+            fully_shard(part, mesh=self.device_mesh["data_parallel"])  # each layer, then the root
 
     def configure_optimizers(self):  # the course's Adadelta, its rate decayed once an epoch
         optimizer, scheduler = optimizer_for(self, self.args)
@@ -61,8 +65,9 @@ class LitNet(pl.LightningModule):
 
 
 class Digits(pl.LightningDataModule):
-    """The course's data sets. The loaders are plain: under a distributed strategy Lightning swaps in a
-    DistributedSampler (and calls its set_epoch every epoch)."""
+    """The course's data sets, in DataLoaders (the training one resumable inside an epoch): under
+    a distributed strategy Lightning swaps in a DistributedSampler (and calls its set_epoch every
+    epoch)."""
 
     def __init__(self, train_set, test_set, batch_size):
         super().__init__()
@@ -71,7 +76,8 @@ class Digits(pl.LightningDataModule):
     def train_dataloader(self):
         # --batch-size is the global batch of a step, as in lesson 04, cut into the accumulated ones
         per_process = self.batch_size // self.trainer.world_size // self.trainer.accumulate_grad_batches
-        return DataLoader(self.train_set, batch_size=per_process, shuffle=True)
+        # a DataLoader that a run stopped inside an epoch goes on from, after its last step
+        return lightning_ckpt.Loader(self.train_set, batch_size=per_process, shuffle=True)
 
     def val_dataloader(self):
         return DataLoader(self.test_set, batch_size=1000)

@@ -58,7 +58,7 @@ def main(argv=None):
     args = parse_args(argv)
     tp, dp = tpar.check_shape(args, distributed.from_env().world_size)  # before any process waits
     train_set, test_set = data.load(args)  # first: the images' shape decides what can be cut
-    tp_transformer.check_shape(args, tp, train_set.shape)
+    tp_transformer.check_shape(args, tp, train_set.shape, train_set.num_classes)
     ctx = distributed.setup(args)
     device = ctx.device
     if args.threads:

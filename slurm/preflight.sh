@@ -2,7 +2,8 @@
 # the job got before any training process starts, and to set what those processes read:
 #   TRAINUP_PYTHON            the course's .venv/bin/python (or python3), checked to import torch
 #   MASTER_ADDR, MASTER_PORT  where rank 0 (or torchrun's rendezvous) listens: the first node, a port from the job id
-#   OMP_NUM_THREADS           the CPU cores each process may use
+#   OMP_NUM_THREADS           the threads each process computes with: its cores on CPUs, 2 on GPUs
+#   TRAINUP_WORKERS           DataLoader workers per process: a GPU process's other cores (0 on CPUs)
 #   TRAINUP_WORLD_SIZE        the training processes of the whole job
 # A problem stops the job with one "error: ..." line in its output file and exit status 2.
 #
@@ -93,7 +94,15 @@ fi
 TRAINUP_PROCS_PER_TASK=1
 if [ "${TRAINUP_LAUNCH:-srun}" = torchrun ]; then TRAINUP_PROCS_PER_TASK=$TRAINUP_NPROC_PER_NODE; fi
 TRAINUP_THREADS=$(( ${SLURM_CPUS_PER_TASK:-1} / TRAINUP_PROCS_PER_TASK ))
-export OMP_NUM_THREADS=$(( TRAINUP_THREADS > 0 ? TRAINUP_THREADS : 1 ))
+TRAINUP_THREADS=$(( TRAINUP_THREADS > 0 ? TRAINUP_THREADS : 1 ))
+if [ "${TRAINUP_GPUS:-0}" -gt 0 ]; then
+  # A GPU process's maths runs on its GPU: 2 threads are enough for the rest (at most its cores), and its
+  # other cores go to its DataLoader workers (one thread each), so threads + workers = its cores.
+  export OMP_NUM_THREADS=$(( TRAINUP_THREADS >= 2 ? 2 : 1 ))
+  export TRAINUP_WORKERS=$(( TRAINUP_THREADS - OMP_NUM_THREADS ))
+else
+  export OMP_NUM_THREADS=$TRAINUP_THREADS TRAINUP_WORKERS=0  # a CPU process computes on all its cores
+fi
 # Slurm 22.05 to 23.02's srun does not inherit sbatch's --cpus-per-task; this passes it on in every version.
 export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
 
@@ -101,4 +110,4 @@ echo "job $SLURM_JOB_ID ($SLURM_JOB_NAME): $SLURM_JOB_NUM_NODES node(s) $SLURM_J
   "$TRAINUP_TASKS_PER_NODE task(s) per node, ${SLURM_CPUS_PER_TASK:-1} CPU(s) per task, $TRAINUP_WORLD_SIZE process(es)," \
   "$TRAINUP_GPUS_HERE GPU(s) per node (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none})"
 echo "rendezvous at $MASTER_ADDR:$MASTER_PORT; ${TRAINUP_PYTHON#"$SLURM_SUBMIT_DIR"/} (torch $TRAINUP_TORCH);" \
-  "OMP_NUM_THREADS=$OMP_NUM_THREADS"
+  "OMP_NUM_THREADS=$OMP_NUM_THREADS, $TRAINUP_WORKERS DataLoader worker(s) per process"

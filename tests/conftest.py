@@ -16,7 +16,6 @@ from types import SimpleNamespace
 
 import pytest
 import suite_plugin as suite
-import warm_start
 from suite_plugin import SHARED_OUTCOMES, plain_id
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,13 +23,26 @@ SCRIPTS = Path(os.environ.get("TRAINUP_SCRIPTS_DIR", ROOT / "scripts"))
 sys.path.insert(0, str(SCRIPTS))
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "jobs(*names): the jobs of its module's fixture that the test reads "
-                                       "(the fixture starts only those its selected tests read: wanted_jobs)")
+# The fast tier (`bash run_tests.sh -m fast`, tests/README.md): files of unit tests whole, and one
+# real multi-process run per strategy, each a test whose module starts only the jobs it reads.
+FAST_FILES = {"test_activations.py", "test_data.py", "test_elastic.py", "test_gpumon.py",
+              "test_install.py", "test_k8s.py", "test_lesson_shape.py", "test_metrics.py",
+              "test_perfmodel.py", "test_planner.py", "test_predict_here.py", "test_readme.py",
+              "test_stored_outputs.py", "test_fresh_jobs.py", "test_machine.py", "test_style.py"}
+FAST_TESTS = {
+    "test_horovod.py::test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it",
+    "test_blocks.py::test_two_ranks_end_with_the_parameters_of_one_process",
+    "test_ddp.py::test_two_ranks_with_half_the_batch_end_like_one_process_with_all_of_it",
+}
 
 
-def pytest_unconfigure(config):
-    warm_start.close_all()  # each would leave anyway once this process has gone
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = plain_id(item.nodeid).split("::")
+        if path[0].startswith("tests/") and (
+                path[0][len("tests/"):] in FAST_FILES
+                or "::".join([path[0][len("tests/"):], path[-1].split("[")[0]]) in FAST_TESTS):
+            item.add_marker(pytest.mark.fast)
 
 
 def wanted_jobs(request):
@@ -104,10 +116,9 @@ HANG_GUARD_S = 240  # far beyond a healthy job: reaching it means the job hung, 
 
 
 def start_job(cmd, env):
-    """Start a job in a session of its own, so that a hung job can be ended with all its children.
-    A script of the course's starts as a fork of a process that imported torch already, where it
-    can (tests/warm_start.py: seconds of CPU a job); anything else as a fresh interpreter."""
-    return warm_start.start(cmd, env, ROOT) or subprocess.Popen(
+    """Start a job as a learner does, a fresh interpreter (under its launcher where cmd names one),
+    in a session of its own, so that a hung job can be ended with all its children."""
+    return subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True)
 

@@ -1,21 +1,19 @@
 """The suite's own pytest plugin, loaded by the root conftest.py whatever paths pytest is given
 (the whole suite, tests/ alone, one notebook): the work units pytest-xdist hands out (a test file
 whole, the notebooks in two ordered units), the order they are collected in, each test's outcome
-shared between the workers, and nbval's kernels over Unix sockets. A conftest.py under tests/ is
+shared between the workers. A conftest.py under tests/ is
 not loaded when only notebooks are collected (`bash run_tests.sh notebooks/04_ddp.ipynb`): there
 the cells of one notebook were spread over the workers, each in a kernel of its own.
 """
 import time
 from pathlib import Path
 
-import nbval_kernels
 import pytest
 
 
 def pytest_configure(config):
     global _CONFIG
     _CONFIG = config  # record_outcome reads where to share outcomes
-    nbval_kernels.install()  # kernels over Unix sockets: no port to lose at the suite's start
 
 
 # How each test of this session did on the unbroken course, by node id: tests/test_breakages.py
@@ -124,11 +122,10 @@ def record_outcome(report):
 
 
 # Under pytest-xdist the notebooks are two work units, each in run_course.sh's order, that start
-# side by side on two workers: one unit was the longest of the suite. The second begins at
-# SECOND_UNIT, where the two take about as long: from a fresh clone on 2 cores, 2026-11-26, the
-# lessons up to 04b took 8.8 minutes and those from 04c 19.3 (the suite 21.3); 04c takes 5.
-# Lesson 10 (READS_EARLIER) reports the runs of every lesson before it, so its cells wait until
-# the first unit's notebooks have run (wait_for_earlier_notebooks).
+# side by side on two workers: as one unit they were the longest of the suite. The second begins at
+# SECOND_UNIT, where the two take about as long. Lesson 10 (READS_EARLIER) reports the runs of every
+# lesson before it, so its cells wait until the first unit's notebooks have run
+# (wait_for_earlier_notebooks).
 SECOND_UNIT = "notebooks/05_horovod.ipynb"
 READS_EARLIER = "notebooks/10_scaling_report.ipynb"
 

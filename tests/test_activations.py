@@ -60,3 +60,24 @@ def test_bad_shapes_and_modes_are_one_sentence():
         transformer.Layer(10, 4)
     with pytest.raises(ValueError, match="recompute must be one of"):
         transformer.recompute(transformer.stack(1, 8, 2), "half")
+
+
+def test_fused_attention_keeps_no_scores():
+    """F.scaled_dot_product_attention keeps what selective recomputation keeps (no a s^2 b
+    scores), plus a log-sum-exp and LayerNorm's statistics: within 2 % of that formula."""
+    t = activations.fused_table(seqs=(32, 64))
+    assert (t["fused_kb"] < t["written_kb"]).all()
+    assert ((t["fused_vs_formula"] - 1).abs() < 0.02).all()
+
+
+def test_the_recompute_sentence_says_the_flops_and_what_the_passes_decide():
+    import pandas as pd
+    rows = [dict(recompute="none", held_kb=100.0, step_runs=[1.0, 1.1, 1.2], flops_extra=0.0),
+            dict(recompute="selective", held_kb=70.0, step_runs=[1.05, 1.15, 1.25],
+                 flops_extra=activations.extra_flops("selective", 64, 128)),
+            dict(recompute="full", held_kb=5.0, step_runs=[1.5, 1.6, 1.7],
+                 flops_extra=activations.extra_flops("full", 64, 128))]
+    said = activations.about_recompute(pd.DataFrame(rows))
+    assert activations.extra_flops("full", 64, 128) == pytest.approx(1 / 3)
+    assert "its FLOPs +8% a step; timed here, its passes and keeping everything's overlap" in said
+    assert "its FLOPs +33% a step; timed here, its passes all took longer" in said

@@ -21,7 +21,7 @@ def torchrun(script, *args, nproc=2):
 
 
 def ranks(script, *args, nproc=2):
-    """As srun starts them, no launcher: each rank forks from a warm process (tests/warm_start.py)."""
+    """As srun starts them, no launcher: each rank a fresh interpreter."""
     return Ranks([sys.executable, script, *map(str, args)], launch.environment(), ntasks=nproc)
 
 

@@ -32,7 +32,7 @@ def fsdp_main():
 
 def torchrun(log_dir, name, nproc, *args):
     """A job of nproc ranks, started as srun starts them (no launcher: this file is not about
-    torchrun, and each rank forks from a warm process, tests/warm_start.py)."""
+    torchrun), each a fresh interpreter."""
     cmd = [sys.executable, SCRIPT, *TINY, *map(str, args), "--run-name", name,
            "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
     return Ranks(cmd, launch.environment(), ntasks=nproc)
@@ -253,3 +253,42 @@ def test_09_solutions_agree_with_the_lesson():
     assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(8 * 24e9 / 16)
     assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)
     assert s.ring_bytes("optimizer", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)  # + broadcasts
+
+
+def test_the_traffic_is_counted_in_values_whatever_the_dtype_on_the_wire(tmp_path):
+    """A bf16 run all-gathers 2-byte values and reduce-scatters 4-byte ones: counted in values,
+    ZeRO-3's step sends what an fp32 run's does (never "less than DDP" for half the bytes)."""
+    import json
+    psi, n = 1000, 2
+    for name, precision, gather in (("fp32", "32", 4), ("bf16", "bf16", 2)):
+        ops = {"all_gather": {"calls": 2, "bytes": 2 * gather * psi},
+               "reduce_scatter": {"calls": 1, "bytes": 4 * psi}}
+        records = [dict(type="config", run=name, time=0.0, schema_version=1,
+                        script="_trainup_fsdp.py", lesson="09", args={"precision": precision}),
+                   dict(type="shard_comm", run=name, time=0.0, shard="parameters", world_size=n,
+                        parameters=psi, ops=ops)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = lesson.comm_table(["fp32", "bf16"], tmp_path).set_index("run")
+    assert table.loc["bf16", "sent_x_model"] == pytest.approx(table.loc["fp32", "sent_x_model"])
+    assert table.loc["fp32", "sent_x_model"] == pytest.approx(3 * (n - 1) / n)  # 3Ψ(N-1)/N
+
+
+def test_the_prefetch_sentence_weighs_the_step_against_what_prefetching_hid():
+    """A step difference larger than the gathers prefetching hid is the machine's, not said as
+    prefetching's gain; one within it is still not told from noise by 3 steps."""
+    import pandas as pd
+    from lessons import fsdp_prefetch as pf
+
+    def table(step_with):
+        rows = []
+        for run, step, hidden in (("p0", 36.0, 0.0), ("p1", step_with, 0.3)):
+            for phase in pf.PASSES:
+                rows.append(dict(run=run, rank=0, phase=phase, hidden=hidden / 2,
+                                 gather_ms=2.0, hidden_ms=hidden, step_ms=step))
+        return pd.DataFrame(rows)
+
+    far = pf.about(table(28.6), "p0", "p1")[-1]
+    assert "difference of 7.4 ms" in far and "hid took 0.6 ms" in far
+    assert "more than prefetching could save" in far and "shorter" not in far
+    near = pf.about(table(35.8), "p0", "p1")[-1]
+    assert "within what prefetching could save" in near and "cannot tell it from noise" in near

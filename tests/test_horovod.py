@@ -338,3 +338,41 @@ def test_the_slurm_template_trains_with_horovodrun_through_sbatch(local_slurm, t
     losses = [e["loss"] for e in run["epochs"]]
     assert len(losses) == 2 and losses[-1] < losses[0]
     assert next(r for r in run["extra"] if r["type"] == "ddp")["launcher"] == "horovodrun"
+
+
+def test_accumulation_weighs_before_the_allreduce_so_fp16_carries_a_mean():
+    """No Horovod needed: K = 2 micro-batches of 16, then an epoch's short step of 4. What backward
+    sees (and --fp16-allreduce casts to float16) is a mean-sized gradient, not one multiplied by the
+    samples; after average() every step holds the mean gradient over its own samples."""
+    from trainup import hvd_group
+    w = torch.nn.Parameter(torch.zeros(()))
+    opt = SimpleNamespace(backward_passes_per_step=2, param_groups=[{"params": [w]}])
+    step = hvd_group.Accumulation(opt, [16, 16, 4])  # two full micro-batches, then a short one
+    for n, value in ((16, 1.0), (16, 3.0), (4, 5.0)):
+        loss = step.weigh(w * 0 + value, n)  # a micro-batch whose mean gradient is `value`
+        assert abs(loss.item()) <= 5.0  # never samples x the mean: float16 holds at most 65504
+        w.grad = (w.grad if w.grad is not None else 0) + loss.detach()
+        if step.last():
+            step.average()
+            expected = 2.0 if n == 16 else 5.0  # (16*1 + 16*3) / 32, then the short step's own mean
+            assert w.grad.item() == pytest.approx(expected)
+            w.grad = None
+
+
+def test_the_speed_sentences_give_a_direction_only_where_the_runs_decide_it():
+    import pandas as pd
+    t = pd.DataFrame([dict(fusion_mb=f, cycle_ms=c, step_ms=v) for (f, c), vs in {
+        (64, 1): [58, 57, 59], (0, 1): [57, 58, 56], (64, 20): [67, 66, 68], (0, 20): [66]}.items()
+        for v in vs])
+    said = horovod.fusion_sentence(t).splitlines()
+    assert "within the runs' spread" in said[0] and "cannot tell" in said[1]  # 1 run of (0, 20)
+    assert "cannot tell" in said[2] and "longer in every run" in said[3] and "9.5 ms" in said[3]
+    def runs(horovod_runs, ddp_runs):
+        pairs = (("horovod", horovod_runs), ("ddp", ddp_runs))
+        return pd.DataFrame([dict(engine=e, batch_size=64, samples_per_s=v)
+                             for e, vs in pairs for v in vs])
+    b = runs([100, 101, 99], [120, 121, 122])
+    assert "1.2× slower than ddp" in horovod.versus(b)
+    assert "cannot tell" in horovod.versus(b.iloc[[0, 3]])  # one run each
+    overlapping = runs([100, 130, 99], [120, 121, 122])
+    assert "about as fast as ddp" in horovod.versus(overlapping)  # 3 runs each, ranges overlap

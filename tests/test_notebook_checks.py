@@ -220,27 +220,54 @@ def test_columns_and_holds():
 
 
 @pytest.mark.parametrize("xs, ys, expected", [
-    ([4, 16, 64], [18, 62, 180], "rises"),
-    ([1, 2, 4, 8], [100, 180, 240, 245], "rises, then flattens"),
-    ([1, 2, 3], [100, 103, 98], "stays flat"),
-    ([1, 2, 3], [2.3, 1.4, 0.9], "falls"),
-    ([1, 2, 3, 4], [2.3, 1.0, 0.5, 0.49], "falls, then flattens"),
-    ([64, 4, 16], [180, 18, 62], "rises"),  # unsorted points are sorted by x first
+    ([4, 16, 64], [[18, 19, 17], [62, 60, 63], [180, 176, 181]], "rises"),
+    ([1, 2, 4, 8], [[100, 98, 101], [180, 170, 185], [240, 236, 250], [245, 230, 252]],
+     "rises, then flattens"),
+    ([1, 2, 3], [[100, 90, 110], [103, 95, 108], [98, 92, 104]], "stays within the noise"),
+    ([1, 2, 3], [2.3, 1.4, 0.9], "falls"),  # noise=0: exact values
+    ([1, 2, 4], [[100, 99, 101], [154, 150, 156], [117, 114, 119]], "rises, then falls"),
+    ([64, 4, 16], [[180] * 3, [18] * 3, [62] * 3], "rises"),  # unsorted points sorted by x first
 ])
-def test_trend(xs, ys, expected):
+def test_trend_decides_a_direction_only_beyond_the_spread(xs, ys, expected):
     from lessons import claims
-    assert claims.trend(xs, ys) == expected
+    noise = 0 if not isinstance(ys[0], list) else None
+    assert claims.trend(xs, ys, noise=noise) == expected
+
+
+def test_trend_refuses_a_direction_inside_the_noise():
+    """A 1.54x gain that one run a point cannot separate from noise, and a fall of 24 % after a peak
+    inside a 30 % noise floor, are not printed as directions."""
+    from lessons import claims
+    one_run = claims.trend([1, 2, 4], [100, 154, 150])
+    assert one_run.startswith(claims.CANNOT_TELL) and not claims.decided(one_run)
+    assert "1 run a point" in one_run
+    two_runs = claims.trend([1, 2], [[100, 101], [154, 150]])
+    assert not claims.decided(two_runs), "two runs a point are too few to measure a spread"
+    # overlapping ranges: a 20 % gain of the medians inside the runs' spread
+    assert claims.trend([1, 2], [[100, 70, 130], [120, 90, 150]]) == "stays within the noise"
+    # a measured noise floor of 30 %: 1.54x rises, the 24 % fall after it does not count
+    assert claims.trend([1, 2, 4], [100, 154, 117], noise=0.30) == "rises, then flattens"
+    # without the floor the same numbers are undecided, never "stays flat"
+    assert not claims.decided(claims.trend([1, 2, 4], [100, 154, 117]))
 
 
 def test_curve_and_ratio():
     from lessons import claims
-    assert claims.curve([4, 64], [18, 180], "Throughput", "batch size", "samples/s").startswith(
+    assert claims.curve([4, 64], [18, 180], "Throughput", "batch size", "samples/s",
+                        noise=0.1).startswith(
         "Throughput rises with batch size: 18 samples/s at 4 and 180 samples/s at 64 (10.0× the first)")
-    assert claims.ratio(183.7, 85.7) == "2.1× faster"
-    assert claims.ratio(85.7, 183.7) == "2.1× slower"
-    assert claims.ratio(100, 104).startswith("about as fast")
-    assert claims.compare(183.7, 85.7, "none") == "2.1× faster than none"
-    assert claims.compare(100, 97, "none") == "about as fast as none (1.03×)"
+    said = claims.curve([4, 64], [18, 180], "Throughput", "batch size", "samples/s")
+    assert said.startswith("Throughput with batch size: 18 samples/s at 4") and "noise" in said
+    assert claims.ratio([183.7, 180, 185], [85.7, 86, 84]) == "2.1× faster"
+    assert claims.ratio([85.7, 86, 84], [183.7, 180, 185]) == "2.1× slower"
+    assert claims.ratio([100, 95, 108], [104, 98, 110]).startswith("about as fast")
+    assert claims.ratio(183.7, 85.7, noise=0.1) == "2.1× faster"
+    one_each = claims.ratio(183.7, 85.7)
+    assert one_each.startswith("2.14× as fast") and not claims.decided(one_each)
+    assert claims.compare([183.7] * 3, [85.7] * 3, "none") == "2.1× faster than none"
+    assert claims.compare([100, 99, 101], [97, 96, 101], "none") == (
+        "about as fast as none (1.03×, within the noise)")
+    assert claims.compare(100, 97, "none").startswith("1.03× as fast as none, but from 1 run each")
     with pytest.raises(ValueError):
         claims.ratio(0, 1)
     with pytest.raises(ValueError):

@@ -152,6 +152,18 @@ def test_the_jsc_runs_held_out_are_predicted_from_two_runs_and_the_hardware(fact
     assert (three.loc[~three["fitted"], "error"].abs() <= predict.JSC_GOAL).all(), three
 
 
+def test_the_jsc_fit_shows_how_far_2_percent_of_one_run_moves_it(facts):
+    """The two-point fit takes its second unknown from the difference of the 1- and 4-GPU runs:
+    2 % more or less of the 4-GPU time moves the 128-GPU prediction by more than the 20 % goal."""
+    runs, grad = slurm.published_times(), facts["resnet50"]["params"] * 4
+    moved = predict.jsc_sensitivity(runs, grad, 4)
+    low, high = moved[128]
+    assert low < -predict.JSC_GOAL < predict.JSC_GOAL < high
+    assert 0.10 < moved[64][1] < predict.JSC_GOAL < high  # less far from the fitted runs
+    # moving nothing moves nothing
+    assert predict.jsc_sensitivity(runs, grad, 4, by=0.0)[128] == (0.0, 0.0)
+
+
 def test_the_jsc_fit_solves_the_costs_it_names_by_hand():
     """Two made-up runs of known per-image time and epoch start: the fit gives them back."""
     import pandas as pd

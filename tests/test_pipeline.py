@@ -33,8 +33,8 @@ def ok(proc):
 
 
 def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
-    """nproc ranks started as srun starts them (no launcher: each rank forks from a warm process,
-    tests/warm_start.py); nproc 0: plain python."""
+    """nproc ranks started as srun starts them (no launcher, each a fresh interpreter); nproc 0:
+    plain python."""
     keeps = [] if script == MANUAL else ["--checkpoint-dir", str(log_dir / "checkpoints")]  # it keeps none
     cmd = [sys.executable, script, *tiny, *map(str, args), "--run-name", name, "--log-dir", str(log_dir), *keeps]
     return Ranks(cmd, launch.environment(), ntasks=nproc) if nproc else start(cmd)
@@ -299,3 +299,59 @@ def test_a_w_before_its_i_or_a_missing_backward_is_caught(monkeypatch):
     for broken in ("w_first", "no_backward"):
         with pytest.raises(AssertionError, match="micro-batch 0"):
             zero_bubble.backward_split(broken)
+
+
+def test_the_activation_meter_skips_the_weights_after_the_stage_moves():
+    """A stage moved after it was cut (.to(device), here .to(float64): new storages either way) must
+    not count the weights autograd saves as activations: one Block keeps its input, LayerNorm's
+    output, its mean and 1/std, and ReLU's output, whatever the dtype."""
+    import torch
+    from trainup import models, pipeline as pl
+    torch.manual_seed(0)
+    model = models.BlockStack((1, 28, 28), 10, 2, 16)
+    part = pl.cut(model, 1)[0]
+    peaks = []
+    for dtype in (torch.float32, torch.float64):
+        part = part.to(dtype)
+        part.meter.reset_peak()
+        part(torch.zeros(4, 1, 28, 28, dtype=dtype)).sum()
+        peaks.append(part.meter.step_peak / torch.tensor([], dtype=dtype).element_size())
+    assert peaks[0] == peaks[1], peaks  # the same number of saved elements: no weights among them
+
+
+def test_the_theory_of_too_few_micro_batches():
+    """m < p cannot fill the loop: at m = 1 a rank idles (p-1)/p whatever v is (not (p-1)/(v+p-1));
+    at m = p both expressions agree; m >= p is Megatron-LM's (p-1)/(v*m+p-1)."""
+    assert lesson.theory(2, 1, v=2) == pytest.approx(0.5)
+    assert lesson.theory(4, 1, v=2) == pytest.approx(0.75)
+    for p, v in ((2, 2), (4, 2), (4, 3)):
+        assert lesson.theory(p, p, v) == pytest.approx((p - 1) / (v * p + p - 1))
+        assert lesson.theory(p, p - 1, v) > lesson.theory(p, p, v)
+    assert lesson.theory(2, 1) == pytest.approx(0.5)
+    assert lesson.theory(4, 8, v=2) == pytest.approx(3 / 19)
+
+
+def test_the_bubble_sentences_give_a_side_only_where_every_step_lies_on_it():
+    """Noisy steps: a side of the formula only when 3 steps or more all lie on it; never a cause."""
+    import pandas as pd
+    rows = [("gpipe", 4, [0.25, 0.27, 0.29], 0.2),  # above
+            ("gpipe", 8, [0.08, 0.13, 0.20], 0.111),  # spans
+            ("gpipe", 16, [0.30, 0.31], 0.059),  # 2 steps only
+            ("1f1b", 4, [0.10, 0.12, 0.15], 0.2)]  # below
+    t = pd.DataFrame([dict(schedule=s, microbatches=m, bubbles=b, theory=th,
+                           measured=sorted(b)[len(b) // 2], lowest=min(b), highest=max(b),
+                           steps=len(b), imbalance=0.1, unexplained=0.05, samples_per_s=1.0)
+                      for s, m, b, th in rows])
+    said = lesson.about_bubble(t)
+    assert "above it in every step" in said[0] and "do not put it above or below" in said[1]
+    assert "do not put it above or below" in said[2] and "below it in every step" in said[3]
+    assert not any("because" in s for s in said)
+    sweep = lesson.about_sweep(t)
+    assert "the formula within the steps' range at m = 8, 16" in sweep[0]
+    assert "above the formula in every step at m = 4" in sweep[0]
+    assert "too few steps" in sweep[0]  # m = 16 has 2 steps: a rise after m = 8 is not decided
+    t.loc[2, "bubbles"] = [0.30, 0.31, 0.32]
+    t.loc[2, "steps"] = 3
+    assert "higher again at m = 16" in lesson.about_sweep(t)[0]
+    both = lesson.compare_schedules(t, "gpipe", "1f1b")
+    assert both == ["m = 4: gpipe's bubble 27% is above 1f1b's 12%"]

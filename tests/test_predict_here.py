@@ -228,6 +228,31 @@ def test_a_miss_is_weighed_against_the_spread_of_the_runs_own_epochs():
     assert ph.about_noise(table.iloc[2:]).endswith("epoch after epoch); no run is outside 15%.")
 
 
+def test_what_is_predicted_before_the_runs_and_what_is_fitted_on_them_is_said_apart():
+    import pandas as pd
+    table = pd.DataFrame(dict(sweep_error=[-0.36, -0.05, 0.02], error=[-0.10, 0.05, 0.11],
+                              comm_from=["steps"] * 3))
+    said = ph.about_headline(table)
+    assert said.startswith("Before any 2-process run (the alpha-beta model from the sweep, "
+                           "compute from the 1-process runs): 2 of 3 within 15%, errors -36% "
+                           "to +2%.")
+    assert "3 of 3 within 15%" in said and "not a prediction made before" in said
+    assert "Calibrated" not in ph.about_headline(table.assign(comm_from="sweep"))
+
+
+def test_a_variant_is_chosen_on_one_set_and_judged_on_another():
+    import pandas as pd
+    first = pd.DataFrame(dict(error=[0.1, -0.1], overlapped_error=[0.2, -0.3],
+                              compute_alone_s=[1.0, 1.0], alone_error=[0.05, 0.1]))
+    second = pd.DataFrame(dict(error=[0.3, -0.2], overlapped_error=[0.1, -0.1],
+                               compute_alone_s=[1.0, 1.0], alone_error=[0.3, 0.2]))
+    said = ph.about_choice(first, second, ("A", "B"))
+    assert "so no overlap is chosen there" in said and "the choice does not hold." in said
+    # beside: 2 of 2 within 15 % on A, alone 2; on B beside 0, alone 0: no set prefers either
+    assert "the choice of 'beside' rests on the runs it predicts" in said
+    assert "the choice holds." in ph.about_choice(first, first, ("A", "A again"))
+
+
 def test_the_runs_are_told_apart_by_what_their_communication_mostly_is():
     import pandas as pd
     table = pd.DataFrame(dict(run=["a", "b", "c"], alpha_share=[0.9, 0.6, 0.1],

@@ -163,6 +163,38 @@ def test_the_split_of_a_hand_made_trace_is_exact():
     assert "no GPU kernels" in traces.engine_sentence(HAND_MADE)
 
 
+# A CUDA trace: Kineto writes each ProfilerStep#N and phase: range on the CPU thread and again on
+# the GPU rows (gpu_user_annotation), where a step's range spans the kernels it launched, later than
+# the CPU's. Step 2 on the CPU 0-100, its kernels 50-160 (compute 50-120, NCCL 100-160); step 3 on
+# the CPU 100-200, its kernels 160-260 (compute 160-230, NCCL 230-260); a warm-up kernel 0-40.
+CPU = "user_annotation"
+GPU_MADE = {"traceEvents": [
+    X("ProfilerStep#2", 0, 100, cat=CPU), X("ProfilerStep#3", 100, 100, cat=CPU),
+    X("phase:forward", 0, 30, cat=CPU), X("phase:forward", 100, 30, cat=CPU),
+    X("ProfilerStep#2", 50, 110, tid=9, cat="gpu_user_annotation"),
+    X("ProfilerStep#3", 160, 100, tid=9, cat="gpu_user_annotation"),
+    X("phase:forward", 50, 40, tid=9, cat="gpu_user_annotation"),
+    X("phase:forward", 160, 40, tid=9, cat="gpu_user_annotation"),
+    X("warmup_kernel", 0, 40, tid=9, cat="kernel"),
+    X("sm80_gemm", 50, 70, tid=9, cat="kernel"),
+    X("ncclDevKernel_AllReduce", 100, 60, tid=10, cat="kernel"),
+    X("sm80_gemm", 160, 70, tid=9, cat="kernel"),
+    X("ncclDevKernel_AllReduce", 230, 30, tid=10, cat="kernel")]}
+
+
+def test_a_cuda_trace_counts_each_step_and_phase_once_and_splits_its_kernels_on_the_gpu_rows():
+    assert traces.steps(GPU_MADE) == [(0, 100), (100, 200)]  # the CPU's, not doubled
+    assert traces.steps(GPU_MADE, gpu=True) == [(50, 160), (160, 260)]
+    assert [r[0] for r in traces.phase_ranges(GPU_MADE)] == ["forward", "forward"]
+    s = traces.split(GPU_MADE)
+    # kernels in 50-260 (210 us): compute 50-120 and 160-230 (140), NCCL 100-160 and 230-260 (90),
+    # both 100-120 (20); nothing 0 us; the warm-up kernel and the CPU windows play no part
+    assert s["steps"] == 2 and s["step_ms"] == pytest.approx(0.105)
+    assert {p: round(s[p], 6) for p in traces.PARTS} == {
+        "computation only": round(120 / 210, 6), "overlap": round(20 / 210, 6),
+        "communication only": round(70 / 210, 6), "idle": 0.0}
+
+
 def test_logs_round_trip_through_tensorboard(runs, tmp_path):
     traces.to_tensorboard(["cpu", "ddp"], tmp_path / "tb", log_dir=runs)
     table = traces.scalars(tmp_path / "tb")

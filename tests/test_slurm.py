@@ -67,7 +67,8 @@ def _script_args(template):
     text = template.read_text().replace("\\\n", " ")
     line = next(l for l in text.splitlines() if l.startswith("srun ") and "_trainup_ddp.py" in l)
     args = line.split("scripts/_trainup_ddp.py", 1)[1].replace('"$@"', "")
-    env = dict(os.environ, TRAINUP_WORLD_SIZE="16", OMP_NUM_THREADS="8", SLURM_JOB_NAME="t", SLURM_JOB_ID="7")
+    env = dict(os.environ, TRAINUP_WORLD_SIZE="16", OMP_NUM_THREADS="2", TRAINUP_WORKERS="6",
+               SLURM_JOB_NAME="t", SLURM_JOB_ID="7")
     out = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True, env=env, check=True)
     return out.stdout.splitlines()
 
@@ -120,6 +121,24 @@ def test_preflight_counts_gpus_from_cuda_visible_devices():
 def test_preflight_stops_a_gpu_template_that_got_no_gpu():
     proc = _preflight(TRAINUP_LAUNCH="srun", TRAINUP_GPUS="4", SLURM_NTASKS_PER_NODE="4")
     assert proc.returncode == 2 and "this job got no GPU" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("launch, gpus, cpus, threads, workers", [
+    ("srun", "4", "8", 2, 6),       # a GPU rank: 2 threads and 6 workers on its 8 cores
+    ("torchrun", "4", "32", 2, 6),  # torchrun's 4 ranks share the task's 32 cores: 8 each
+    ("srun", "4", "1", 1, 0),
+    ("srun", "0", "4", 4, 0)])      # a CPU rank computes on all its cores
+def test_preflight_gives_each_rank_threads_and_workers_that_fit_its_cores(launch, gpus, cpus, threads,
+                                                                          workers):
+    """preflight.sh's step 4 alone (the steps before it need a SLURM job)."""
+    text = (ROOT / "slurm" / "preflight.sh").read_text()
+    step = text[text.index("# 4. CPU threads"):text.index("# Slurm 22.05")]
+    env = dict(TRAINUP_LAUNCH=launch, TRAINUP_GPUS=gpus, SLURM_CPUS_PER_TASK=cpus,
+               TRAINUP_NPROC_PER_NODE="4", PATH=os.environ["PATH"])
+    script = f"set -euo pipefail; {step}\necho $OMP_NUM_THREADS $TRAINUP_WORKERS"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(threads), str(workers)], proc.stdout
 
 
 def test_preflight_stops_torchrun_with_several_tasks_per_node():

@@ -31,7 +31,7 @@ def ok(proc):
 
 
 def job(log_dir, name, nproc, flags):
-    """nproc ranks started as srun starts them (no launcher: each rank forks from a warm process)."""
+    """nproc ranks started as srun starts them (no launcher, each a fresh interpreter)."""
     cmd = [sys.executable, SCRIPT, *map(str, TINY + flags), "--run-name", name,
            "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
     return Ranks(cmd, launch.environment(), ntasks=nproc)
@@ -151,7 +151,14 @@ def test_when_tp_pays_adds_up_the_measured_step(runs):
     rate = lesson.throughput(["tp_one", "tp_2"], log_dir=runs)
     slower = rate["tp_2"] < rate["tp_one"]
     assert (pays["ratio"] > 1) == slower
-    assert ("is slower than one process" if slower else "beats one process") in pays["sentence"]
+    assert ("was slower than one process" if slower else "was faster than one process") in pays["sentence"]
+    # with lesson 11's alpha and beta the step's excess splits into the all-reduces and the rest
+    split = lesson.when_tp_pays("tp_one", "tp_2", log_dir=runs, alpha_beta=(300e-6, 1e9))
+    t = lesson.comm_table("tp_2", log_dir=runs)
+    size = t[(t["op"] == "all_reduce") & (t["dimension"] == "tp")]["bytes"].sum()
+    # a ring all-reduce over 2: 2 latencies and the message once
+    assert split["collective_s"] == pytest.approx(pays["calls"] * 2 * 300e-6 + size / 1e9)
+    assert "everything else" in split["sentence"]
 
 
 def test_the_exercise_solution_matches_the_measured_bytes(runs):

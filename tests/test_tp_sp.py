@@ -27,7 +27,7 @@ ATOL = checks.FLOAT64_ATOL
 
 
 def job(log_dir, name, nproc, flags):
-    """nproc ranks started as srun starts them (each a fork of a warm process)."""
+    """nproc ranks started as srun starts them (each a fresh interpreter)."""
     cmd = [sys.executable, SCRIPT, *map(str, SIZE + flags), "--run-name", name,
            "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
     return Ranks(cmd, launch.environment(), ntasks=nproc)
@@ -167,6 +167,7 @@ def test_each_rank_holds_one_tp_th_of_the_cut_layers(runs):
     (1, ["--heads", 5, "--width", 16], ["--width 16 cannot be split into --heads 5"]),
     (3, ["--heads", 3, "--width", 18, "--hidden", 36, "--sequence-parallel"],
      ["--sequence-parallel cuts the 28 tokens", "over --tp 3"]),
+    (4, ["--heads", 4, "--width", 16], ["10 classes cannot be cut evenly over --tp 4"]),
 ])
 def test_bad_input_is_one_sentence_and_a_nonzero_exit(monkeypatch, capsys, log_dir, world, flags,
                                                        words):

@@ -89,10 +89,10 @@ for n in $(seq 1 "$NGPU"); do
 done
 
 # 06 · the bubble sweep with one stage per GPU, activations sent over NCCL (notebook 06 reads
-# reference/*/pp_sweep_gpu_*); the batch and widths of the notebook's full run
+# reference/*/pp_sweep_gpu_*); the notebook's full-run batch, blocks as wide as schedules.gpu_sweep_size
 if [ "$NGPU" -ge 2 ]; then
   cmd=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --device cuda
-       --schedule gpipe,1f1b --sweep 1,2,4,8,16 --sweep-steps 3 --batch-size 1024 --blocks 8 --width 1024
+       --schedule gpipe,1f1b --sweep 1,2,4,8,16 --sweep-steps 3 --batch-size 1024 --blocks 8 --width 4096
        --run-name pp_sweep_gpu --log-dir "$OUT" --checkpoint-dir "$CKPT" --no-progress)
   echo "== OMP_NUM_THREADS=1 ${cmd[*]}"
   [ "$DRY" = 1 ] || OMP_NUM_THREADS=1 "${cmd[@]}"

@@ -102,7 +102,7 @@ if [ "$flavour" != cuda ]; then  # cpu or cu126: PyTorch's own index, the same v
 else
   reqs=requirements.txt
   pip_args=(--requirement "$reqs")
-  size="about 5.4 GB"; first="about 2.5 min on 2 idle cores with a fast network, measured 2026-11-22; much longer on a busy machine"; key=$want
+  size="about 5.4 GB"; first="about 2.5 min on 2 idle cores with a fast network; much longer on a busy machine"; key=$want
 fi
 say "step 3/4: install $n pinned packages from $reqs into $PWD/.venv ($size; the first time took $first)"
 # A disk that fills up halfway leaves pip's OSError and a half-made .venv: say so before starting.

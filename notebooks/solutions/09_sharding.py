@@ -4,8 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 from trainup.sharding import MIXED_ADAM, STAGES, expected
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def largest_model(memory_gb, n, per_param=MIXED_ADAM):

@@ -25,12 +25,15 @@ from .report import save
 SHAPE = dict(layers=2, hidden=64, heads=4)  # small enough for seconds on a laptop's CPU
 
 
-def held(mode, layers, hidden, heads, seq, batch, dtype=torch.float32):
+def held(mode, layers, hidden, heads, seq, batch, dtype=torch.float32, fused=False):
     """Bytes of activations alive at the end of the forward pass (MemTracker's ACT), then backward
-    runs."""
+    runs. fused: attention by F.scaled_dot_product_attention."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     model = transformer.recompute(transformer.stack(layers, hidden, heads, dtype=dtype), mode)
+    for m in model.modules():
+        if isinstance(m, transformer.Attention):
+            m.fused = fused
     x = torch.randn(batch, seq, hidden, dtype=dtype, generator=torch.Generator().manual_seed(1))
     tracker = MemTracker()
     tracker.track_external(model)
@@ -75,8 +78,9 @@ def table(seqs=(32, 64, 128), batch=8, mode="none", shape=SHAPE):
     return pd.DataFrame(rows)
 
 
-def step_seconds(mode, layers, hidden, heads, seq, batch, repeats=5):
-    """The median seconds of a forward and backward pass (one warm-up first): this machine's."""
+def step_seconds(mode, layers, hidden, heads, seq, batch, repeats=5, every=False):
+    """The median seconds of a forward and backward pass (one warm-up first): this machine's;
+    every=True: each of the timed passes."""
     model = transformer.recompute(transformer.stack(layers, hidden, heads), mode)
     x = torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(1))
     times = []
@@ -85,7 +89,7 @@ def step_seconds(mode, layers, hidden, heads, seq, batch, repeats=5):
         model(x).square().mean().backward()
         if i:
             times.append(time.perf_counter() - tick)
-    return statistics.median(times)
+    return times if every else statistics.median(times)
 
 
 def recompute_table(seq=128, batch=8, shape=SHAPE, timed=True):
@@ -94,12 +98,15 @@ def recompute_table(seq=128, batch=8, shape=SHAPE, timed=True):
 
     rows = []
     for mode in transformer.RECOMPUTE:
+        times = step_seconds(mode, seq=seq, batch=batch, every=True, **shape) if timed else None
         rows.append(
             dict(
                 recompute=mode,
                 held_kb=held(mode, seq=seq, batch=batch, **shape) / 1024,
                 formula_kb=formula(mode, seq=seq, batch=batch, **shape) / 1024,
-                step_s=step_seconds(mode, seq=seq, batch=batch, **shape) if timed else None,
+                step_s=statistics.median(times) if timed else None,
+                step_runs=times,
+                flops_extra=extra_flops(mode, shape["hidden"], seq),
             )
         )
     df = pd.DataFrame(rows)
@@ -131,18 +138,54 @@ def largest_gradient_difference(seq=32, batch=4, shape=SHAPE):
     }
 
 
+def extra_flops(mode, hidden, seq):
+    """The share of a step's FLOPs a mode adds by running forward work again (per token and
+    layer, a forward is 24 h^2 in the matrix products and 4 s h in the scores and their mixing; a
+    step three forwards): full one forward, +1/3; selective the scores, 4 s h."""
+    forward = 24 * hidden * hidden + 4 * seq * hidden
+    again = {"none": 0, "selective": 4 * seq * hidden}.get(mode, forward)
+    return again / (3 * forward)
+
+
 def about_recompute(df):
-    """Computed sentence: what each mode saved and what it cost here."""
+    """Computed sentence: what each mode saved, what its FLOPs add, and what the timed passes
+    decide about its cost here (lessons/claims.py: five passes each, their ranges)."""
+    from . import claims
     none = df.set_index("recompute").loc["none"]
     parts = []
     for _, r in df.iloc[1:].iterrows():
         saved = 1 - r["held_kb"] / none["held_kb"]
-        cost = r["step_s"] / none["step_s"] - 1
+        ratio = statistics.median(r["step_runs"]) / statistics.median(none["step_runs"])
+        way = claims.step(none["step_runs"], r["step_runs"])  # +1: its passes all took longer
+        timed = {1: f"its passes all took longer than keeping everything's ({ratio:.2f}× the "
+                    f"time)",
+                 -1: f"its passes all took less time than keeping everything's ({ratio:.2f}×)",
+                 0: f"its passes and keeping everything's overlap ({ratio:.2f}× the time): "
+                    f"not told apart"}.get(way, f"{ratio:.2f}× the time, too few passes to tell")
         parts.append(
             f"{r['recompute']} recomputation kept {r['held_kb']:.0f} KB instead of "
-            f"{none['held_kb']:.0f} ({saved:.0%} less) for a step {cost:+.0%} as long"
+            f"{none['held_kb']:.0f} ({saved:.0%} less), its FLOPs {r['flops_extra']:+.0%} a step; "
+            f"timed here, {timed}"
         )
-    return "; ".join(parts) + " (times measured on this machine)."
+    return ("; ".join(parts) + ". At this size (h = 64 on a CPU) a step is mostly overhead, not "
+            "FLOPs: the FLOPs say what a large model pays.")
+
+
+def fused_table(seqs=(32, 64, 128), batch=8, shape=SHAPE):
+    """The same layers with attention written out and fused (F.scaled_dot_product_attention):
+    bytes kept after forward, measured, beside the formula without the scores (selective's)."""
+    import pandas as pd
+
+    rows = []
+    for seq in seqs:
+        written = held("none", seq=seq, batch=batch, **shape)
+        fused = held("none", seq=seq, batch=batch, fused=True, **shape)
+        rows.append(dict(seq=seq, written_kb=written / 1024, fused_kb=fused / 1024,
+                         no_scores_formula_kb=formula("selective", seq=seq, batch=batch,
+                                                      **shape) / 1024))
+    df = pd.DataFrame(rows)
+    df["fused_vs_formula"] = df["fused_kb"] / df["no_scores_formula_kb"]
+    return df
 
 
 def plot(df, name="activations_recompute"):
@@ -158,6 +201,8 @@ def plot(df, name="activations_recompute"):
             textcoords="offset points",
             xytext=(6, 4),
         )
+    ax.set_xlim(left=0)  # from 0: the differences at their true size
+    ax.set_ylim(bottom=0)
     ax.set(
         xlabel="forward + backward (ms, this machine)",
         ylabel="activations kept (KB)",
@@ -170,7 +215,7 @@ def plot(df, name="activations_recompute"):
 
 def check_formula(df, within=0.10):
     """Every measured row within `within` of the formula (LayerNorm's statistics are the gap:
-    1/hidden)."""
+    1/(4 hidden))."""
     off = df[(df["measured_vs_formula"] - 1).abs() > within]
     checks.holds(
         off.empty, f"measured activation bytes within {within:.0%} of the formula:\n{off}"

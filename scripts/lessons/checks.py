@@ -1,8 +1,8 @@
 """What must hold after a lesson's run. Each check raises AssertionError with one sentence, or returns one.
 
 Notebooks call these in every cell that runs a job or shows a result, so that nbval fails on a wrong
-result, not only on a crash. A cell whose output varies is marked NBVAL_IGNORE_OUTPUT, but its
-asserts still run and still fail the cell. The margins fit quick mode (512 training samples, 2 epochs).
+result, not only on a crash. nbval compares only the output of cells tagged nbval-check-output;
+the others' asserts still run and still fail the cell. The margins fit quick mode (512 training samples, 2 epochs).
 
     from lessons import checks
     checks.finished("cpu_t1")                    # the run finished and its log follows the schema

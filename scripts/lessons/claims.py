@@ -1,70 +1,126 @@
-"""Sentences about measured results, built from the numbers: the direction of a claim is computed, not typed.
+"""Sentences about measured results, built from the numbers: the direction of a claim is computed, not
+typed, and printed only where the runs decide it.
 
-    claims.trend([4, 16, 64], [18, 62, 180])       # 'rises'
-    claims.curve([4, 16, 64], [18, 62, 180], "Throughput", "batch size", "samples/s")
-    claims.ratio(183.7, 85.7)                      # '2.1× faster'
-    claims.compare(183.7, 85.7, "one thread")      # '2.1× faster than one thread'
-    claims.load_note()                             # was the machine busy while the cells ran?
+    claims.trend([4, 16, 64], [[18, 19, 18], [62, 60, 63], [180, 176, 181]])  # 'rises'
+    claims.trend([4, 16, 64], [18, 62, 180])          # one run a point: 'cannot tell ...'
+    claims.trend([1, 2, 3], [2.3, 1.1, 0.6], noise=0)  # exact values (a seeded run's loss): 'falls'
+    claims.curve([4, 16, 64], [18, 62, 180], "Throughput", "batch size", "samples/s", noise=0.1)
+    claims.ratio([183, 181, 186], [85, 86, 84])       # '2.1× faster'
+    claims.compare(183.7, 85.7, "one thread")         # one run each: says the runs cannot tell
+    claims.load_note()                                # was the machine busy while the cells ran?
 
-A notebook prints these sentences; the unit tests feed them rising, flat and falling numbers.
+A point is one value or the values of repeated runs. A difference between two points is a direction
+("rises", "faster") only when it is beyond the noise: with at least REPEATS runs a point, their
+ranges do not overlap; or, given `noise` (a relative noise floor measured for such numbers, or 0 for
+exact values such as a seeded run's loss), the medians differ by more than it. Otherwise the
+sentence says the runs cannot tell. The unit tests feed them noisy numbers.
 """
+import statistics
 from pathlib import Path
 
 from trainup import LOG_DIR
 from trainup.metrics import machine_load
 
-FLAT = 0.10  # changes under 10 % are noise on a shared machine: "stays flat", "about as fast"
+REPEATS = 3  # the fewest repeated runs a point whose spread decides a direction
+CANNOT_TELL = "cannot be told from noise"
 
 
-def _gain(a, b):
-    return (b - a) / abs(a) if a else float("inf") if b > a else 0.0
+def _values(point):
+    values = list(point) if isinstance(point, (list, tuple)) else [point]
+    if not values:
+        raise ValueError("a point needs at least one value")
+    return [float(v) for v in values]
 
 
-def trend(xs, ys, flat=FLAT):
-    """The shape of a curve: 'rises', 'rises, then flattens', 'falls', 'falls, then flattens' or 'stays flat'.
+def step(a, b, noise=None):
+    """+1 (b beyond a), -1 (below), 0 (within the noise) or None (the runs cannot tell)."""
+    a, b = _values(a), _values(b)
+    ma, mb = statistics.median(a), statistics.median(b)
+    if len(a) >= REPEATS and len(b) >= REPEATS:
+        if min(b) > max(a):
+            return 1
+        if max(b) < min(a):
+            return -1
+        return 0
+    if noise is None:
+        return None
+    if abs(mb - ma) <= noise * max(abs(ma), abs(mb)):
+        return 0
+    return 1 if mb > ma else -1
 
-    Overall: the last point against the first. 'then flattens': the last step gains less than `flat`
-    while the curve as a whole moved (so a saturating throughput curve reads as what it is)."""
-    pairs = sorted(zip(xs, ys))
-    ys = [y for _, y in pairs]
-    if len(ys) < 2:
+
+def _how_many(ys):
+    counts = sorted({len(_values(y)) for y in ys})
+    n = counts[0]
+    return f"{n} run{'s' if n > 1 else ''} a point"
+
+
+def trend(xs, ys, noise=None):
+    """The shape of a curve, step by step: 'rises', 'falls', 'stays within the noise', joined by
+    'then' where the direction changes ('rises, then flattens', 'rises, then falls'); or, where the
+    runs cannot decide, a phrase that starts with CANNOT_TELL."""
+    pairs = sorted(zip(xs, ys), key=lambda p: p[0])
+    if len(pairs) < 2:
         raise ValueError("a trend needs at least two points")
-    total = _gain(ys[0], ys[-1])
-    if abs(total) < flat:
-        return "stays flat"
-    word = "rises" if total > 0 else "falls"
-    last = _gain(ys[-2], ys[-1])
-    if len(ys) >= 3 and (abs(last) < flat or (last > 0) != (total > 0)):
-        return word + ", then flattens"
-    return word
+    ys = [y for _, y in pairs]
+    steps = [step(a, b, noise) for a, b in zip(ys, ys[1:])]
+    if None in steps:
+        return (f"{CANNOT_TELL} ({_how_many(ys)}: at least {REPEATS} are needed, or a measured "
+                f"noise floor)")
+    runs = [s for i, s in enumerate(steps) if i == 0 or s != steps[i - 1]]
+    first = {1: "rises", -1: "falls", 0: "stays within the noise"}[runs[0]]
+    later = {1: "rises", -1: "falls", 0: "flattens"}
+    return ", then ".join([first] + [later[s] for s in runs[1:]])
 
 
-def curve(xs, ys, what, along, unit="", digits=0):
-    """One sentence: how `what` (its subject, written as it should start) changes along `along`, with its
-    first and last values."""
-    pairs = sorted(zip(xs, ys))
+def decided(phrase):
+    """Whether a phrase of trend(), ratio() or compare() states a direction the runs decide."""
+    return not phrase.startswith(CANNOT_TELL) and "cannot tell" not in phrase
+
+
+def curve(xs, ys, what, along, unit="", digits=0, noise=None):
+    """One sentence: how `what` (its subject, written as it should start) changes along `along`, with
+    its first and last values (medians where a point holds repeated runs)."""
+    pairs = sorted(zip(xs, ys), key=lambda p: p[0])
     (x0, y0), (x1, y1) = pairs[0], pairs[-1]
+    y0, y1 = statistics.median(_values(y0)), statistics.median(_values(y1))
     u = f" {unit}" if unit else ""
     if len(pairs) < 2:
         return f"{what}: one point only, {y0:,.{digits}f}{u} at {x0}."
-    return (f"{what} {trend(xs, ys)} with {along}: {y0:,.{digits}f}{u} at {x0} and "
-            f"{y1:,.{digits}f}{u} at {x1} ({y1 / y0:.1f}× the first).")
+    shape = trend(xs, [y for _, y in pairs], noise)
+    ends = (f"{y0:,.{digits}f}{u} at {x0} and {y1:,.{digits}f}{u} at {x1} "
+            f"({y1 / y0:.1f}× the first)")
+    if not decided(shape):
+        return f"{what} with {along}: {ends}; its direction {shape}."
+    return f"{what} {shape} with {along}: {ends}."
 
 
-def ratio(new, old, flat=FLAT):
-    """Throughputs (bigger is faster): '2.1× faster', '1.3× slower', or 'about as fast' within `flat`."""
-    if not (new > 0 and old > 0):
+def ratio(new, old, noise=None):
+    """Throughputs (bigger is faster), each one value or repeated runs: '2.1× faster', '1.3× slower',
+    'about as fast (1.03×, ...)' within the noise, or the ratio with 'the runs cannot tell'."""
+    a, b = _values(new), _values(old)
+    if not (min(a) > 0 and min(b) > 0):
         raise ValueError(f"throughputs must be positive, got {new} and {old}")
-    r = new / old
-    if abs(r - 1) < flat:
-        return f"about as fast ({r:.2f}×)"
+    r = statistics.median(a) / statistics.median(b)
+    direction = step(b, a, noise)
+    if direction is None:
+        n = min(len(a), len(b))
+        return (f"{r:.2f}× as fast, but from {n} run{'s' if n > 1 else ''} each the runs cannot "
+                f"tell that from noise")
+    if direction == 0:
+        return f"about as fast ({r:.2f}×, within the noise)"
     return f"{r:.1f}× faster" if r > 1 else f"{1 / r:.1f}× slower"
 
 
-def compare(new, old, other, flat=FLAT):
-    """'2.1× faster than <other>', '1.3× slower than <other>', or 'about as fast as <other> (0.97×)'."""
-    r = ratio(new, old, flat)
-    return f"about as fast as {other} ({new / old:.2f}×)" if r.startswith("about") else f"{r} than {other}"
+def compare(new, old, other, noise=None):
+    """'2.1× faster than <other>', '1.3× slower than <other>', 'about as fast as <other> (...)', or
+    the ratio to <other> with 'the runs cannot tell'."""
+    r = ratio(new, old, noise)
+    if r.startswith("about"):
+        return f"about as fast as {other} {r[len('about as fast '):]}"
+    if not decided(r):
+        return r.replace(" as fast,", f" as fast as {other},", 1)
+    return f"{r} than {other}"
 
 
 def cores():

@@ -328,6 +328,7 @@ def about_lr(t):
             f"ends at {scaled['loss']:.3f}, {cmp(scaled['loss'], big['loss'])} than at the same rate; with "
             f"{warm['warmup']} warm-up steps as well, {warm['loss']:.3f}, {cmp(warm['loss'], scaled['loss'])} than "
             f"without warm-up. " + ("In these few epochs the large batch has not caught up with the small one: "
-                                    "a run this short shows which way each change moves the loss, not where a "
-                                    "longer run ends." if min(scaled["loss"], warm["loss"])
-                                    > small["loss"] else "Scaled, the large batch caught up with the small one."))
+                                    "a run this short shows where each run stands after these epochs, not where "
+                                    "a longer run ends." if min(scaled["loss"], warm["loss"])
+                                    > small["loss"] else "Scaled, the large batch caught up with the small one.")
+            + " Each run is one seed: another seed can reverse differences this small.")

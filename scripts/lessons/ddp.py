@@ -130,3 +130,48 @@ def cores_note(t):
         note += (" Other programs were running too: then more processes also win a larger share of the "
                  "machine, which flatters the speedup.")
     return note
+
+
+# Lesson 02's resident sweep on an H100: a step of this CNN takes about 2 ms from batch 16 to 512
+# (launch-bound), and grows with the batch from about 1024 on (compute-bound).
+PER_GPU = 1024
+DIGITS_TRAIN = 4000  # the default data set's training samples
+
+
+def gpu_plan(gpus, per_gpu=PER_GPU, digits=DIGITS_TRAIN):
+    """Weak scaling on this machine's GPUs: (process counts, data flags, a sentence). Each GPU keeps
+    per_gpu samples a step, so the global batch is per_gpu × N; N GPUs need that many samples. The
+    digits hold 4,000: beyond, MNIST (60,000, downloaded once into data/)."""
+    sizes = [n for n in (1, 2, 4, 8) if n <= gpus]
+    if per_gpu * sizes[-1] <= digits:
+        return sizes, [], f"{per_gpu} samples a GPU a step, on the digits"
+    return sizes, ["--dataset", "mnist", "--download"], (
+        f"{per_gpu} samples a GPU a step: {per_gpu * sizes[-1]:,} a step on {sizes[-1]} GPUs, "
+        f"more than the {digits:,} digits, so MNIST (downloaded once into data/)")
+
+
+def sweep_table(names, log_dir=LOG_DIR):
+    """One row per timed 'sweep' record of each run: its world size, global batch and samples/s
+    (timed steps after 2 warm-up steps, the GPU synchronised: steady state)."""
+    import pandas as pd
+    rows = []
+    for name in names:
+        r = read_run(Path(log_dir) / f"{name}.jsonl")
+        world, backend = (r["env"] or {}).get("world_size", 1), (r["env"] or {}).get("backend")
+        for s in (e for e in r["extra"] if e.get("type") == "sweep"):
+            rows.append(dict(run=name, backend=backend, world_size=world,
+                             batch_size=s["batch_size"], per_gpu=s["batch_size"] // world,
+                             samples_per_s=s["samples_per_s"], step_ms=1000 * s["step_s"]))
+    return pd.DataFrame(rows)
+
+
+def weak_scaling(t):
+    """From sweep_table: per world size, the repeats' median, their range, and the efficiency
+    of weak scaling (throughput / (N × one GPU's)); 1.0 would be perfect."""
+    g = t.groupby("world_size")["samples_per_s"]
+    out = g.agg(["median", "min", "max", "count"]).reset_index()
+    one = out.loc[out["world_size"] == 1, "median"]
+    base = float(one.iloc[0]) if len(one) else float("nan")
+    out["speedup"] = out["median"] / base
+    out["efficiency"] = out["speedup"] / out["world_size"]
+    return out.rename(columns={"median": "samples_per_s", "count": "repeats"})

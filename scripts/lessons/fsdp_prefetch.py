@@ -57,7 +57,7 @@ def overlap_table(names, log_dir=LOG_DIR):
 
 def about(t, plain, prefetched):
     """Sentences on the two runs: what share of the all-gathers computing hid, each pass, and the
-    step's time, each direction computed from the table."""
+    step's time against the most prefetching could save (the gather time it hid)."""
     mean = t.groupby(["run", "phase"])[["hidden", "gather_ms", "step_ms"]].mean()
     out = []
     for phase in PASSES:
@@ -68,9 +68,16 @@ def about(t, plain, prefetched):
                    f"the block computed, with it {b['hidden']:.0%} ({way}); the gathers took "
                    f"{a['gather_ms']:.1f} and {b['gather_ms']:.1f} ms a step.")
     a, b = mean.loc[(plain, "forward"), "step_ms"], mean.loc[(prefetched, "forward"), "step_ms"]
-    way = "shorter" if b < a else "longer" if b > a else "as long"
+    hid = sum(t[(t["run"] == prefetched) & (t["phase"] == p)]["hidden_ms"].mean() for p in PASSES)
+    # a step can gain at most the gather time prefetching hid: a larger difference is the machine's
+    why = ("more than prefetching could save, so the difference is the machine's, and these few "
+           "steps cannot tell what prefetching saves" if abs(a - b) > hid else
+           "within what prefetching could save, but from 3 steps on shared cores the runs cannot "
+           "tell it from noise")
     n = int(t["rank"].nunique())
-    out.append(f"A recorded step took {a:.1f} ms without prefetch and {b:.1f} ms with it: {way}. "
+    out.append(f"A recorded step took {a:.1f} ms without prefetch and {b:.1f} ms with it, a "
+               f"difference of {abs(a - b):.1f} ms; the gathers prefetching hid took {hid:.1f} ms a "
+               f"step: {why}. "
                f"{n} processes on {cores()} core(s): "
                + ("gloo's threads, which move the bytes, take turns with the compute on the same "
                   "cores, so a hidden gather frees little time here" if n >= cores() else

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from . import claims, report
+from . import report
 
 ARGS = ("device", "gpus", "batch_size", "workers", "no_pin_memory", "resident", "precision", "model", "dataset")
 NO_GPU = ("No NVIDIA GPU here, so this notebook runs its scripts on the CPU; the GPU runs, the batch sweep "
@@ -36,7 +36,9 @@ def measure_on_this_gpu(quick=report.QUICK):
     from trainup import devices
     names = []
     for name, flags in HERE_ON_GPU.items():
-        names.append(report.run("_trainup_gpu.py", "--device", "cuda", *flags, "--epochs", 1 if quick else 3,
+        # 2 epochs at least: steady state is the epochs after the first, which starts the workers
+        names.append(report.run("_trainup_gpu.py", "--device", "cuda", *flags,
+                                "--epochs", 2 if quick else 3,
                                 "--no-progress", name=name))
     sizes, steps = ("64,256,1024", 10) if quick else ("64,128,256,512,1024,2048", 50)
     no_bf16 = devices.bf16_sentence(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
@@ -92,27 +94,27 @@ def runs(paths, log_dir=LOG_DIR):
 
 
 def warm_throughput(path):
-    """samples/s of a run without its first epoch: the median of the later epochs' (the first holds
-    CUDA's start: the context, cuDNN's choice of kernels, the allocator's first blocks; measured
-    2026-11-26 on an H100, 913 samples/s in the first epoch and 15,700 to 24,400 in the next four).
-    The whole run's where it has one epoch."""
-    import statistics
+    """samples/s of a run in steady state: the course's one throughput (trainup.meter.steady_rate),
+    its first epoch, which pays for start-up, left out."""
     r = report.read_run(path)
-    later = [e["samples_per_s"] for e in r["epochs"][1:] if e.get("samples_per_s")]
-    return statistics.median(later) if later else (r["summary"] or {}).get("samples_per_s")
+    return report.steady_rate(r["epochs"]) or (r["summary"] or {}).get("samples_per_s")
 
 
 def first_epochs(table):
-    """A sentence per GPU run of table (gpu.runs): its first epoch's throughput against the later
-    epochs' median, from its log."""
+    """A sentence per GPU run of table (gpu.runs): its first epoch beside steady state, from its
+    log. No direction is claimed: one run's epochs are not repeats of the same thing."""
     said = []
     for _, row in table[table["device"].astype(str).str.startswith("cuda")].iterrows():
         epochs = report.read_run(row["path"])["epochs"]
         if len(epochs) > 1 and epochs[0].get("samples_per_s"):
-            first, warm = epochs[0]["samples_per_s"], row["samples_per_s"]
-            faster = claims.compare(warm, first, "the first")
-            said.append(f"{row['label']}: its first epoch trained {first:,.0f} samples/s, the "
-                        f"later ones {warm:,.0f} (their median): {faster}.")
+            first, warm = epochs[0], row["samples_per_s"]
+            workers = row.get("workers")
+            known = workers is not None and workers == workers  # not None, not NaN
+            start = ("" if not known else f"; it started {workers:.0f} DataLoader worker(s)"
+                     if workers else "; no DataLoader workers to start")
+            said.append(f"{row['label']}: its first epoch took {first['wall_s']:.2f} s "
+                        f"({first['samples_per_s']:,.0f} samples/s{start}); steady state "
+                        f"{warm:,.0f} samples/s.")
     return said
 
 

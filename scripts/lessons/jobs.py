@@ -58,9 +58,8 @@ def latest(text):
 
 
 def start(argv, **popen):
-    """Where every job a notebook starts begins: subprocess.Popen(argv, **popen). One place, so
-    that what starts a job is the same for all of them (the tests start the course's scripts
-    from a warm interpreter through it: tests/warm_start.py)."""
+    """Where every job a notebook starts begins: subprocess.Popen(argv, **popen), a fresh
+    interpreter as a learner's shell starts it. One place, so that all jobs start the same way."""
     return subprocess.Popen(argv, **popen)
 
 

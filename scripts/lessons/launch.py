@@ -25,9 +25,16 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 HOST = "127.0.0.1"  # the simulated nodes meet on the loopback address
 
 
+# torchrun passes on to its workers only the signals it handles (--signals-to-handle, which it also
+# reads from PET_SIGNALS_TO_HANDLE): by default not SIGUSR1, the course's --stop-signal, which then
+# ends torchrun itself. With these it sends a stop signal on, and the ranks stop with a checkpoint.
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
 def environment(extra=None):
-    # one thread per process (torchrun warns otherwise), and output as it comes
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra or {})}
+    # one thread per process (torchrun warns otherwise), output as it comes, stop signals passed on
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PET_SIGNALS_TO_HANDLE": TORCHRUN_SIGNALS, **(extra or {})}
 
 
 def torchrun_flags(nproc=2, nnodes=1, node_rank=0, port=None, rendezvous="standalone", run_id="trainup",
@@ -153,22 +160,24 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
 # here, in review, where the reason shows.
 LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
           ("_trainup_cpu.py", "_trainup_gpu.py", 85),
-          ("_trainup_gpu.py", "_trainup_dp.py", 65), ("_trainup_gpu.py", "_trainup_ddp.py", 80),
+          ("_trainup_gpu.py", "_trainup_dp.py", 65), ("_trainup_gpu.py", "_trainup_ddp.py", 87),
           ("_trainup_ddp.py", "_trainup_ddp_tuned.py", 78),
           # Horovod's --accumulate (backward_passes_per_step) costs 10: the step only at the K-th
           # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)
-          ("_trainup_ddp.py", "_trainup_horovod.py", 89),
-          ("_trainup_ddp.py", "_trainup_ray.py", 90),
+          # lesson 04's script joins and leaves in the open (init_process_group, set_device,
+          # destroy_process_group): 7 lines each child replaces with its own framework's calls
+          ("_trainup_ddp.py", "_trainup_horovod.py", 96),
+          ("_trainup_ddp.py", "_trainup_ray.py", 97),
           # Fabric (lesson 07): its calls in lesson 04's loop (about 60 lines); the rest is sweeps,
           # the stop signal and GPU statistics left to the Trainer, which has its own; its own
           # DataLoader starts workers as data.loader does (data.worker_start)
-          ("_trainup_ddp.py", "_trainup_fabric.py", 127),
+          ("_trainup_ddp.py", "_trainup_fabric.py", 134),
           # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy
           ("_trainup_fabric.py", "_trainup_lightning.py", 161),
           # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3)
           ("_trainup_lightning.py", "_trainup_lightning_fsdp.py", 45),
           # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
-          ("_trainup_ddp.py", "_trainup_blocks.py", 130),
+          ("_trainup_ddp.py", "_trainup_blocks.py", 137),
           ("_trainup_blocks.py", "_trainup_pipeline.py", 117),
           # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows
           ("_trainup_blocks.py", "_trainup_fsdp.py", 90),

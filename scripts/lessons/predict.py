@@ -147,6 +147,22 @@ def jsc_predictions(runs, grad_bytes, buckets, on=(1, 4), costs=("epoch_start",)
     return pd.DataFrame(rows)
 
 
+def jsc_sensitivity(runs, grad_bytes, buckets, moved=4, by=0.02, at=(64, 128), **fit):
+    """How far the fit's predictions move when one fitted run's time moves: {gpus: (prediction
+    with that run's time x (1 - by), x (1 + by)), each as a change of the prediction} for the
+    GPU counts `at`. A fit whose unknowns come from the difference of two runs amplifies that
+    run's error."""
+    out = {}
+    base = jsc_predictions(runs, grad_bytes, buckets, **fit).set_index("gpus")["predicted_min"]
+    for sign in (-1, 1):
+        r = runs.copy()
+        r.loc[r["gpus"] == moved, "minutes"] *= 1 + sign * by
+        t = jsc_predictions(r, grad_bytes, buckets, **fit).set_index("gpus")["predicted_min"]
+        for g in at:
+            out.setdefault(g, []).append(t[g] / base[g] - 1)
+    return {g: tuple(v) for g, v in out.items()}
+
+
 def implied_fixed_minutes(table):
     """What the misses imply: the published minus the predicted time of each held-out run."""
     held = table[~table["fitted"]]

@@ -289,3 +289,46 @@ def about_overlap(table):
     better = "without overlap" if plain <= hidden else "with DDP's bucket overlap"
     return (f"Mean error {plain:.1%} with no communication hidden, {hidden:.1%} had DDP's buckets "
             f"overlapped backward: these runs are predicted better {better}.")
+
+
+def about_headline(table, goal=GOAL):
+    """What is predicted and what is fitted, counted from the table: the alpha-beta model from the
+    sweep (and the 1-process runs) is the prediction one could make before the 2-process runs;
+    the calibrated one took each step's communication from the same job's 2-process runs at 8
+    samples a rank, so it extrapolates in batch size only."""
+    sweep, steps = table["sweep_error"], table["error"]
+    out = (f"Before any 2-process run (the alpha-beta model from the sweep, compute from the "
+           f"1-process runs): {int((sweep.abs() <= goal).sum())} of {len(table)} within "
+           f"{goal:.0%}, errors {sweep.min():+.0%} to {sweep.max():+.0%}.")
+    if (table["comm_from"] == "steps").any():
+        out += (f" Calibrated on the same jobs' 2-process runs at 8 samples a rank (their step's "
+                f"communication): {int((steps.abs() <= goal).sum())} of {len(table)} within "
+                f"{goal:.0%}, errors {steps.min():+.0%} to {steps.max():+.0%}: a test that this "
+                f"communication does not grow with the batch, not a prediction made before "
+                f"running the job on 2 processes.")
+    return out
+
+
+def about_choice(chosen_on, judged_on, names=("the earlier set", "this set"), goal=GOAL):
+    """The model's two variants (no overlap against DDP's bucket overlap; compute beside a copy
+    against alone), each chosen on one reference set and judged on another: sentences counted
+    from both sets' tables."""
+    def overlap(t):
+        return t["error"].abs().mean(), t["overlapped_error"].abs().mean()
+    (a, b), (c, d) = overlap(chosen_on), overlap(judged_on)
+    pick = "no overlap" if a <= b else "DDP's bucket overlap"
+    holds = (c <= d) == (a <= b)
+    out = [f"Overlap: on {names[0]} the mean error was {a:.1%} with no communication hidden and "
+           f"{b:.1%} with DDP's buckets overlapped, so {pick} is chosen there; on {names[1]}, "
+           f"which the choice never saw, {c:.1%} against {d:.1%}: "
+           + ("the choice holds." if holds else "the choice does not hold.")]
+    both = [t[t["compute_alone_s"].notna()] for t in (chosen_on, judged_on)]
+    if all(len(t) for t in both):
+        beside, alone = [[int((t[col].abs() <= goal).sum()) for t in both]
+                         for col in ("error", "alone_error")]
+        out.append(f"Compute beside a copy or alone: {beside[0]} against {alone[0]} runs within "
+                   f"{goal:.0%} on {names[0]}, {beside[1]} against {alone[1]} on {names[1]}"
+                   + ("; the two sets disagree on which is better, so the choice of 'beside' "
+                      "rests on the runs it predicts." if (beside[0] - alone[0]) *
+                      (beside[1] - alone[1]) <= 0 else "; both sets agree."))
+    return " ".join(out)

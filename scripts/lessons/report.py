@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT  # noqa: F401  report.ROOT
+from trainup.meter import steady_rate
+
 from . import jobs
 from .log_reader import read_run  # noqa: F401  notebooks say report.read_run
 from .placement import placed  # the device of every job, decided in one place
@@ -58,7 +60,8 @@ def load_runs(runs, log_dir=LOG_DIR):
             first_loss=r["epochs"][0]["loss"] if r["epochs"] else None,
             loss=summary.get("loss"), test_accuracy=summary.get("test_accuracy"),
             epoch_s=sum(e["wall_s"] for e in r["epochs"]) / max(len(r["epochs"]), 1),
-            samples_per_s=summary.get("samples_per_s"), peak_mem_mb=summary.get("peak_mem_mb"),
+            samples_per_s=steady_rate(r["epochs"]) or summary.get("samples_per_s"),
+            peak_mem_mb=summary.get("peak_mem_mb"),
             wall_s=summary.get("wall_s"), problems="; ".join(r["problems"]), path=str(path)))
     return pd.DataFrame(rows)
 

@@ -25,7 +25,6 @@ been version 1 all along, but what a version-1 log holds grew; what this reader 
 - A resumed run appends a config and env, then its epochs: the last of each is kept.
 """
 import argparse
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from . import equivalence as eq
 from .equivalence import (SAME_TRAINING, checkpoint_of, equivalence_row, fits,  # noqa: F401
                           latest, missing_need, parameter_difference, same)
 from .log_reader import read_run
-from .report import measured_on, save
+from .report import measured_on, save, steady_rate
 
 CORE = ("config", "env", "epoch", "summary")
 # A script without the flag trains this way (the same data order every epoch with --no-set-epoch; Horovod's
@@ -49,8 +48,13 @@ DEFAULTS = dict(optimizer="adadelta", precision="32", no_set_epoch=False, fp16_a
 # What makes a throughput comparable: the same work per step (the model by its architecture and size),
 # on the same kind of machine, set up the same way: threads per process (on a CPU), precision, and no
 # instrument in one run only (--monitor and --profile add work to every step).
-SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "blocks", "width", "hidden")
+# Every flag that changes the work is matched: the strategy's own flags (--shard: ZeRO-2's hooks are
+# not DDP's all-reduce, even on one process; --accumulate), the data's size, and the device.
+SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "num_classes", "blocks", "width",
+             "hidden", "heads", "train_size", "shard", "accumulate", "sequence_parallel")
 SAME_SETUP = ("precision", "monitor", "profile")
+# A flag left out means the script's default: a script without --accumulate takes whole batches.
+WORK_DEFAULTS = dict(accumulate=1)
 # Above this efficiency the "one device" did other work than the run, whatever the flags say (a loaded
 # machine, another data path): such a row is shown without speedup, never recommended.
 COMPARABLE_EFFICIENCY = 1.2
@@ -137,6 +141,10 @@ STRATEGIES = [
              "the sharding lesson (notebook 09)"),
     _zero(1, "optimizer"), _zero(2, "gradients"), _zero(3, "parameters"),
     _zero(2, "gradients_fsdp"),
+    # the sharding script's one-process runs of each stage: the baseline of that stage's speedup only
+    *[Strategy(f"sharding script, one process (shard {shard})", "sharding",
+               dict(script="_trainup_fsdp.py", shard=shard, devices=1))
+      for shard in ("optimizer", "gradients", "parameters", "gradients_fsdp")],
     Strategy("tensor parallel, one process", "tensor parallel", ONE_TP),
     Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py", devices=ABOVE_1, dp=(None, 1)), ONE_TP,
              (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09c)"),
@@ -271,9 +279,27 @@ def single_device_match(run, runs, scaling="strong", quiet=True):
     work = SAME_WORK if scaling == "strong" else tuple(k for k in SAME_WORK if k != "batch_size")
     per_device = (f.get("batch_size") or 0) // f["devices"]
     pool = [r for r in runs if r["facts"]["devices"] == 1 and not (quiet and busy(r))
-            and same(r["facts"], f, ("measured_on", "device")) and same(r["facts"], f, work) and same(r["facts"], f, setup)
+            and same(r["facts"], f, ("measured_on", "device")) and same_work(r["facts"], f, work)
+            and same(r["facts"], f, setup) and same_script(r, run)
             and (scaling == "strong" or r["facts"].get("batch_size") == per_device)]
     return nearest([r for r in pool if r["facts"]["script"] == f["script"]], f) or nearest(pool, f)
+
+
+def same_work(a, b, keys=SAME_WORK):
+    """The same value of every work flag in both runs' facts (a flag a script lacks: its default)."""
+    def value(f, k):
+        v = f.get(k)
+        return WORK_DEFAULTS.get(k) if v is None else v
+    return all(value(a, k) == value(b, k) for k in keys)
+
+
+def same_script(base, run):
+    """The one-device run is the run's own script, or the one-process run the registry says the run's
+    strategy must equal (DDP's: the one-device script); never another strategy's one-process run."""
+    if base["facts"]["script"] == run["facts"]["script"]:
+        return True
+    declared = run["strategy"].baseline if run.get("strategy") else None
+    return bool(declared) and all(fits(v, base["facts"].get(k)) for k, v in declared.items())
 
 
 # Why a row has no speedup. The first two are the machine's doing, not the course's: a loaded machine or
@@ -294,11 +320,17 @@ def comparison(run, runs):
             if single_device_match(run, runs, scaling, quiet=False) is not None and why == UNMATCHED:
                 why = BUSY
             continue
-        speedup = run["summary"]["samples_per_s"] / base["summary"]["samples_per_s"]
+        speedup = rate(run) / rate(base)
         if speedup / f["devices"] <= COMPARABLE_EFFICIENCY:
             return base, scaling, speedup, None
         why = IMPLAUSIBLE
     return None, None, float("nan"), why
+
+
+def rate(run):
+    """The course's one throughput: steady state, samples/s over the epochs after the first
+    (report.steady_rate); the summary's number for a log without epoch times."""
+    return steady_rate(run["epochs"]) or run["summary"]["samples_per_s"]
 
 
 def busy(run):
@@ -350,7 +382,7 @@ def performance(runs):
             run=r["name"], strategy=r["strategy"].name if r["strategy"] else f"other ({f['script']})",
             family=r["strategy"].family if r["strategy"] else f["script"], measured_on=f["measured_on"],
             hardware=f["hardware"], world_size=f["devices"], global_batch=f.get("batch_size"),
-            per_device_batch=(f.get("batch_size") or 0) // max(f["devices"], 1), samples_per_s=s["samples_per_s"],
+            per_device_batch=(f.get("batch_size") or 0) // max(f["devices"], 1), samples_per_s=rate(r),
             epoch_s=sum(e["wall_s"] for e in r["epochs"]) / len(r["epochs"]), speedup=speedup,
             gflops_per_s=sum(achieved) / len(achieved) / 1e9 if achieved else None,
             mfu=sum(mfu) / len(mfu) if mfu else None,
@@ -359,8 +391,17 @@ def performance(runs):
             prediction_error=model.get((f["measured_on"], r["name"]), (None, None))[1],
             scaling=scaling, no_speedup=why,
             peak_mem_mb=s["peak_mem_mb"], loss=s["loss"], test_accuracy=s["test_accuracy"], epochs=len(r["epochs"]),
-            model=f.get("model"), dataset=f.get("dataset")))
+            model=f.get("model"), dataset=f.get("dataset"), work=work_of(f)))
     return pd.DataFrame(rows)
+
+
+def work_of(f):
+    """The work of a step in words, per device count: what runs must share to be ranked by speed
+    (the model, data set and size, global batch, precision, instruments and threads)."""
+    size = f"{f['train_size']} samples" if f.get("train_size") else "all samples"
+    setup = [f"{k} {f[k]}" for k in ("monitor", "profile") if f.get(k)]
+    return ", ".join([f"{f.get('model')} on {f.get('dataset')} ({size})", f"batch {f.get('batch_size')}",
+                      f"float{f.get('precision')}", f"{f.get('threads')} thread(s)", *setup])
 
 
 # ------------------------------------------------------------------------------------------- equivalence
@@ -381,18 +422,23 @@ def about_equivalence(table):
 # ------------------------------------------------------------------------------------------------- plots
 
 def scaling_plot(table, name="scaling_report_scaling", models=3):
-    """Per model (a row each; those with the most jobs on several devices first): throughput and efficiency
-    against devices, one line per strategy family, machine and scaling (solid: strong, the global batch
-    fixed; dotted: weak, the per-device batch fixed), at the median of its runs, the bar their spread
-    (lowest to highest); dashed: the ideal, n x one device."""
+    """Per model (a row each; those with the most jobs on several devices first), the runs of one
+    work (work_of: the work with the most such jobs): throughput and efficiency against devices, one
+    line per strategy family, machine and scaling (solid: strong, the global batch fixed; dotted:
+    weak, the per-device batch fixed), at the median of its runs, the bar their spread (lowest to
+    highest); dashed: the ideal, n x one device."""
     import matplotlib.pyplot as plt
     t = table.dropna(subset=["speedup"])
     shown = t[t["world_size"] > 1]["model"].value_counts().index[:models].tolist() or \
         t["model"].value_counts().index[:1].tolist()
     fig, axes = plt.subplots(max(len(shown), 1), 2, figsize=(11, 0.6 + 3.4 * max(len(shown), 1)), squeeze=False)
     for model, (a, b) in zip(shown, axes):
-        for (family, where, scaling), g in t[t["model"] == model].groupby(["family", "measured_on", "scaling"],
-                                                                           sort=False):
+        m = t[t["model"] == model]
+        if "work" in m:  # one work a panel: the work with the most jobs on several devices
+            several = m[m["world_size"] > 1]
+            work = (several if len(several) else m)["work"].value_counts().index[0]
+            m = m[m["work"] == work]
+        for (family, where, scaling), g in m.groupby(["family", "measured_on", "scaling"], sort=False):
             q = g.groupby("world_size")[["samples_per_s", "efficiency"]].agg(["median", "min", "max"])
             x, style = q.index, "o-" if scaling == "strong" else "s:"
             label = (family if where == "here" else f"{family} ({where})") + ("" if scaling == "strong" else ", weak")
@@ -407,10 +453,13 @@ def scaling_plot(table, name="scaling_report_scaling", models=3):
         b.axhline(100, color="k", ls="--", alpha=0.5, label="ideal")
         a.set(title=f"{model}: throughput (dashed: ideal)", xlabel="devices (processes)", ylabel="samples/s")
         b.set(title=f"{model}: efficiency, speedup / devices", xlabel="devices (processes)", ylabel="%")
+        if "work" in m and len(m):
+            a.text(0, -0.28, f"runs of one work: {m['work'].iloc[0]}", transform=a.transAxes,
+                   fontsize="x-small")
         for ax in (a, b):
             ax.grid(alpha=0.3)
             ax.legend(fontsize="x-small")
-            ax.set_xticks(sorted(t[t["model"] == model]["world_size"].unique()))
+            ax.set_xticks(sorted(m["world_size"].unique()))
     fig.tight_layout()
     save(fig, name)
     return fig
@@ -451,20 +500,33 @@ def about_weak(table, name=None):
     return f"{name} has no efficiency this time: {r.no_speedup}. Run this notebook again on a quiet machine."
 
 
-def time_to_accuracy(runs, target=None):
-    """Per run of the most common data set: the training time until its test accuracy first reached a
-    target (by default one every one of them reached: the lowest of their best accuracies, rounded down to
-    5 %); runs that never reached it are left out."""
+# Time to accuracy needs a target far above chance (10 classes: 10 %), else it ranks first epochs.
+TARGET = 0.8
+
+
+def time_to_accuracy(runs, target=TARGET):
+    """Time to a test accuracy within ONE model and data set (same data size, same machine): the group
+    of runs with the most of them reaching the target; per run, the training time (sum of epoch times)
+    until its test accuracy first reached it. Runs that never reached it are left out; when none did,
+    the table is empty and about_time says so. Returns (table, target, the group in words)."""
     import pandas as pd
-    if not runs:
-        return pd.DataFrame(columns=["run", "strategy", "world_size", "target", "seconds"]), None
-    datasets = pd.Series([r["facts"].get("dataset") for r in runs])
-    chosen = [r for r in runs if r["facts"].get("dataset") == datasets.mode()[0]]
-    if target is None:
-        target = math.floor(20 * min(max(e["test_accuracy"] for e in r["epochs"]) for r in chosen)) / 20
+    columns = ["run", "strategy", "measured_on", "world_size", "global_batch", "target", "seconds",
+               "epochs_needed"]
+    groups = {}
+    for r in runs:
+        f = r["facts"]
+        key = (f["measured_on"], f.get("dataset"), f.get("train_size"), f.get("model"))
+        groups.setdefault(key, []).append(r)
+    if not groups:
+        return pd.DataFrame(columns=columns), target, None
+    reached = lambda r: max(e["test_accuracy"] for e in r["epochs"]) >= target  # noqa: E731
+    key = max(groups, key=lambda k: (sum(map(reached, groups[k])), len(groups[k])))
+    where, dataset, size, model = key
+    group = (f"model {model} on {dataset} ({f'{size} samples' if size else 'all samples'}), "
+             f"measured on {where}")
     rows = []
-    for r in chosen:
-        if max(e["test_accuracy"] for e in r["epochs"]) < target:
+    for r in groups[key]:
+        if not reached(r):
             continue
         spent = 0.0
         for e in r["epochs"]:
@@ -472,10 +534,27 @@ def time_to_accuracy(runs, target=None):
             if e["test_accuracy"] >= target:
                 break
         rows.append(dict(run=r["name"], strategy=r["strategy"].name if r["strategy"] else r["facts"]["script"],
-                         measured_on=r["facts"]["measured_on"], world_size=r["facts"]["devices"], target=target,
-                         seconds=spent, epochs_needed=e["epoch"]))
-    columns = ["run", "strategy", "measured_on", "world_size", "target", "seconds", "epochs_needed"]
-    return pd.DataFrame(rows, columns=columns).sort_values("seconds").reset_index(drop=True), target
+                         measured_on=where, world_size=r["facts"]["devices"],
+                         global_batch=r["facts"].get("batch_size"), target=target, seconds=spent,
+                         epochs_needed=e["epoch"]))
+    t = pd.DataFrame(rows, columns=columns).sort_values("seconds").reset_index(drop=True)
+    return t, target, group
+
+
+def about_time(t, target, group):
+    """One sentence over time_to_accuracy's table: which run was first to the target, or that none
+    reached it (one run each: the order is that of single runs, said so)."""
+    if group is None:
+        return "No training run to time."
+    if not len(t):
+        return (f"No run of {group} reached {target:.0%} test accuracy: no time to accuracy is "
+                f"measured (quick runs stop early; the full course's runs reach it).")
+    if len(t) == 1:
+        return f"Of {group}, only {t.run[0]} reached {target:.0%}, in {t.seconds[0]:.1f} s."
+    return (f"Of {group}: {len(t)} runs reached {target:.0%} test accuracy, {t.run[0]} "
+            f"({t.strategy[0]}) first in {t.seconds[0]:.1f} s, {t.run.iloc[-1]} last in "
+            f"{t.seconds.iloc[-1]:.1f} s; times of single runs, counted in whole epochs: an order, not "
+            f"a ranking decided beyond noise.")
 
 
 def time_plot(t, target, name="scaling_report_time"):
@@ -579,9 +658,11 @@ def resident_plot(table, sizes, name="scaling_report_resident"):
 # ------------------------------------------------------------------------------------------ the sentence
 
 def recommend(table, equal=None, cores=None, mem=None):
-    """A few sentences, each worked out from the table: per machine and model, what gave the most samples/s,
-    what scaled best, what needed the least memory per device (each flagged when it is not proven to train
-    the one-process model); which runs crowded the cores; which strategies are proven equal."""
+    """A few sentences, each worked out from the table: per machine and model, among runs of the same
+    work only, what gave the most samples/s and what had the highest efficiency (said only where the
+    runs decide it, lessons/claims.py), what needed the least memory per device (each flagged when it
+    is not proven to train the one-process model); which runs crowded the cores; which strategies are
+    proven equal."""
     import os
     if not len(table):
         return ["No training run to recommend from."]
@@ -596,20 +677,14 @@ def recommend(table, equal=None, cores=None, mem=None):
     for (where, hardware), machine in table.groupby(["measured_on", "hardware"], sort=False):
         for model, g in machine.groupby("model", sort=False):
             head = f"On {hardware} ({'this machine' if where == 'here' else where}), model {model}:"
-            fast = g.loc[g["samples_per_s"].idxmax()]
-            parts = [f"the most samples/s came from {named(fast)} ({fast.samples_per_s:,.0f} samples/s on "
-                     f"{fast.world_size} device(s))"]
-            multi = g[(g["world_size"] > 1) & g["efficiency"].notna()]
-            if len(multi):
-                best = multi.loc[multi["efficiency"].idxmax()]
-                parts.append(f"of the jobs on several devices, {named(best)} scaled best ({best.efficiency:.0%} "
-                             f"efficiency, {best.scaling} scaling: {best.speedup:.2f}x one device on "
-                             f"{best.world_size})")
+            parts = fastest(g, named) + best_scaling(g, named)
             uncompared = g[(g["world_size"] > 1) & g["efficiency"].isna()]
             disturbed = uncompared["no_speedup"].isin(DISTURBED) if "no_speedup" in g else uncompared["efficiency"] < 0
             if (~disturbed).any():
                 parts.append(f"{int((~disturbed).sum())} job(s) on several devices had no one-device run doing the "
-                             f"same work (model, batch, precision, threads, instruments), so no speedup is claimed")
+                             f"same work (script or its strategy's declared one, model, data size, "
+                             f"batch, precision, strategy flags, threads, instruments), so no speedup "
+                             f"is claimed")
             if disturbed.any():
                 parts.append(f"{int(disturbed.sum())} job(s) on several devices were compared with a busy machine "
                              f"or a disturbed one-device run, so no speedup is claimed for them")
@@ -629,7 +704,8 @@ def recommend(table, equal=None, cores=None, mem=None):
                 parts.append(f"of the runs whose parameters, gradients and optimizer state the lessons counted, "
                              f"{named(low)} on {low.world_size} held the least per device ({low.mb:.3g} MB"
                              + (f" against {one.min():.3g} MB on one device)" if len(one) else ")"))
-            out.append(head + " " + "; ".join(parts) + ".")
+            if parts:
+                out.append(head + " " + "; ".join(parts) + ".")
         crowded = machine[(machine["world_size"] > n)] if where == "here" and hardware.startswith("CPU") else machine.iloc[:0]
         if len(crowded):
             out.append(f"Runs with more processes than this machine's {n} core(s) ({', '.join(crowded.run)}) took turns "
@@ -640,6 +716,61 @@ def recommend(table, equal=None, cores=None, mem=None):
             out.append(f"Proven to train the one-process model here: {', '.join(sorted(ok))}.")
         if bad:
             out.append(f"Not to be trusted until fixed (different parameters): {', '.join(bad)}.")
+    return out
+
+
+def _ranked(g, column, named):
+    """Per strategy and device count in g: the values of column over its runs, best first (by
+    median), with its name; and the phrase claims.compare gives for the best against the next."""
+    from . import claims
+    groups = [(named(rows.iloc[0]), n, list(rows[column]))
+              for (_, n), rows in g.dropna(subset=[column]).groupby(["strategy", "world_size"])]
+    groups.sort(key=lambda x: -sorted(x[2])[len(x[2]) // 2])
+    if len(groups) < 2:
+        return groups, None
+    (_, _, top), (name, n, second) = groups[0], groups[1]
+    return groups, claims.compare(top, second, f"{name} on {n}")
+
+
+def fastest(g, named):
+    """Which strategy gave the most samples/s, only among runs of the same work (work_of) and with
+    repeats enough to decide it (lessons/claims.py); none where no two strategies did the same work."""
+    from . import claims
+    out = []
+    for work, runs in g.groupby("work", sort=False):
+        groups, phrase = _ranked(runs, "samples_per_s", named)
+        if phrase is None:
+            continue
+        name, n, values = groups[0]
+        if claims.decided(phrase):
+            out.append(f"of the runs of the same work ({work}), {name} on {n} device(s) gave the most "
+                       f"samples/s: {phrase}")
+        else:
+            out.append(f"of the runs of the same work ({work}), which strategy gives the most samples/s "
+                       f"{claims.CANNOT_TELL} ({name} on {n}: {phrase})")
+    return out
+
+
+def best_scaling(g, named):
+    """The highest efficiency among the jobs on several devices of the same work and the same kind
+    of scaling, as numbers; a direction (faster or slower than one device, which scales best) only
+    where repeated runs decide it (lessons/claims.py)."""
+    from . import claims
+    out = []
+    multi = g[(g["world_size"] > 1) & g["efficiency"].notna()]
+    for (work, scaling), runs in multi.groupby(["work", "scaling"], sort=False):
+        groups, phrase = _ranked(runs, "efficiency", named)
+        name, n, values = groups[0]
+        efficiency = sorted(values)[len(values) // 2]
+        numbers = f"{efficiency:.0%} efficiency ({scaling} scaling, {efficiency * n:.2f}x one device)"
+        what = (f"{name} on {n} had the highest, {numbers}" if len(groups) > 1 else
+                f"{name} on {n}: {numbers}")
+        if len(values) < claims.REPEATS:
+            what += ("; from single runs, whether it is faster than one device "
+                     f"{claims.CANNOT_TELL}")
+        elif phrase is not None and not claims.decided(phrase):
+            what += f"; which of them scales best {claims.CANNOT_TELL}"
+        out.append(f"of the jobs of the same work ({work}) on several devices, {what}")
     return out
 
 
@@ -749,8 +880,10 @@ def main(argv=None):
         print(f"{row['strategy']} FAILS: run~baseline (largest difference): {row['pairs']}")
     if len(table) and not a.no_figures:
         scaling_plot(table)
-        t, target = time_to_accuracy(runs)
-        time_plot(t, target)
+        t, target, group = time_to_accuracy(runs)
+        print(about_time(t, target, group))
+        if len(t):
+            time_plot(t, target)
         mem = memory_records(runs)
         if len(mem):
             memory_plot(mem)

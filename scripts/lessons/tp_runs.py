@@ -6,6 +6,7 @@ against Megatron-LM's count, and throughput, read from the 'tp' and 'tp_comm' re
     tpl.memory_table(["tp_one", "tp_2", "tp_2x2"])  # bytes per rank, measured beside replicated + sharded/tp
     tpl.comm_table("tp_2")                           # one step's collectives, beside the theory
 """
+import math
 from pathlib import Path
 
 from trainup import LOG_DIR
@@ -155,18 +156,20 @@ def comm_plot(names, name, log_dir=LOG_DIR):
 
 
 def throughput(names, log_dir=LOG_DIR):
-    """Samples per second of each run's last epoch (the first also warms up and counts collectives)."""
-    from .report import load_epochs
-    e = load_epochs(names, log_dir)
-    last = e.sort_values("epoch").groupby("run").tail(1).set_index("run")
-    return {n: float(last.loc[n, "samples_per_s"]) for n in names}
+    """Samples per second of each run in steady state, over its epochs after the first (the first
+    also warms up and counts the collectives): report.steady_rate."""
+    from .log_reader import read_run
+    from .report import steady_rate
+    return {n: float(steady_rate(read_run(Path(log_dir) / f"{n}.jsonl")["epochs"])) for n in names}
 
 
-def when_tp_pays(one, name, log_dir=LOG_DIR):
-    """Why run `name` is slower (or faster) than one process `one`, from their last epochs' steps:
+def when_tp_pays(one, name, log_dir=LOG_DIR, alpha_beta=None):
+    """Why run `name` is slower (or faster) than one process `one`, from their steady-state steps:
     the tp run's step against 1/tp of one process's compute (its best case: a perfect cut), the
     difference spread over the tp all-reduces one step runs (tp_comm), each against the compute
-    it lets a process skip. dict of the numbers and `sentence`."""
+    it lets a process skip. alpha_beta (seconds, bytes/s: lesson 11's fit of an all-reduce sweep)
+    splits the difference into what the all-reduces themselves cost by the alpha-beta model and
+    the rest. dict of the numbers and `sentence`."""
     cfg, rec = layout(name, log_dir), records(name, "tp_comm", log_dir)[-1]
     batch = rec["per_replica_batch"] * cfg["dp"]  # samples a step, the same in both runs
     rate = throughput([one, name], log_dir)
@@ -177,23 +180,32 @@ def when_tp_pays(one, name, log_dir=LOG_DIR):
     calls, size = int(ar["calls"].sum()), int(ar["bytes"].sum())
     extra, saved = tp_s - share, one_s - share
     ratio = extra / saved
-    verdict = (f"{label(cfg)} is slower than one process" if ratio > 1 else
-               f"{label(cfg)} beats one process")
+    verdict = (f"in this pair of single runs {label(cfg)} was slower than one process" if ratio > 1
+               else f"in this pair of single runs {label(cfg)} was faster than one process")
+    collective = math.nan
+    split = ""
+    if alpha_beta:
+        from .perfmodel import ring_all_reduce
+        collective = calls * ring_all_reduce(size / calls, cfg["tp"], *alpha_beta)
+        split = (f" By lesson 11's alpha-beta model the all-reduces themselves take "
+                 f"{collective * 1e3:.2f} ms of it ({collective / calls * 1e3:.3f} ms each); the "
+                 f"other {(extra - collective) * 1e3:.2f} ms is everything else: DTensor's dispatch "
+                 f"and redistributions around them, and the processes' turns on the cores.")
     sentence = (
         f"One process computes a step of {batch} samples in {one_s * 1e3:.2f} ms; cut "
         f"{cfg['tp']} ways, at best {share * 1e3:.2f} ms a process. {label(cfg)} took "
-        f"{tp_s * 1e3:.2f} ms a step: {extra * 1e3:.2f} ms more, what its {calls} all-reduces "
-        f"of activations a step ({size / calls:,.0f} bytes each) and DTensor's bookkeeping "
-        f"around them cost, {extra / calls * 1e3:.3f} ms an all-reduce, {ratio:.1f}× the "
-        f"{saved / calls * 1e3:.3f} ms of compute each lets a process skip: {verdict}. "
+        f"{tp_s * 1e3:.2f} ms a step: {extra * 1e3:.2f} ms more, around its {calls} all-reduces "
+        f"of activations a step ({size / calls:,.0f} bytes each), {extra / calls * 1e3:.3f} ms "
+        f"an all-reduce, {ratio:.1f}× the {saved / calls * 1e3:.3f} ms of compute each lets a "
+        f"process skip: {verdict}.{split} "
         f"Tensor parallelism pays when an all-reduce costs less than the compute it saves: a "
         f"block's products grow with batch × width × hidden ({batch} × {cfg['width']} × "
         f"{cfg['hidden']} here), its all-reduce with batch × width only, so wide layers on fast "
-        f"links (NVLink) turn the ratio. (Steps from the last epoch's rate: the step tp_comm "
+        f"links (NVLink) turn the ratio. (Steps from the steady-state rate: the step tp_comm "
         f"timed, the first, took {rec['step_s'] * 1e3:.1f} ms, first calls allocating and "
         f"DTensor working out its layouts.)")
     return dict(one_step_s=one_s, tp_step_s=tp_s, share_s=share, extra_s=extra, calls=calls,
-                ratio=ratio, sentence=sentence)
+                ratio=ratio, collective_s=collective, sentence=sentence)
 
 
 def processes_note(processes, cores):

@@ -89,10 +89,22 @@ def is_comm(event):
     return event["name"].startswith(COMM_PREFIXES) or "nccl" in event["name"].lower()
 
 
-def steps(trace):
-    """The recorded training steps: ProfilerStep#N ranges (start, end) in microseconds."""
-    return sorted(_ranges(e for e in trace["traceEvents"]
-                          if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")))
+# On a CUDA trace Kineto writes each record_function range twice: on the CPU thread that opened
+# it, and again (category "gpu_user_annotation") on the GPU rows, spanning the kernels it launched.
+GPU_ANNOTATION = "gpu_user_annotation"
+
+
+def _annotations(trace, prefix, gpu=False):
+    """The ranges named prefix...: the CPU thread's (gpu=False), or their copies on the GPU rows."""
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X"
+            and e.get("name", "").startswith(prefix) and (e.get("cat") == GPU_ANNOTATION) == gpu]
+
+
+def steps(trace, gpu=False):
+    """The recorded training steps: ProfilerStep#N ranges (start, end) in microseconds, as the CPU
+    thread ran them; gpu=True: the same steps on the GPU rows (from the first kernel a step launched
+    to the end of its last; empty on a CPU trace)."""
+    return sorted(_ranges(_annotations(trace, "ProfilerStep#", gpu)))
 
 
 def launches(trace):
@@ -161,18 +173,24 @@ def split(trace):
     comm_in_backward, the share of communication time that ran while backward was computing.
 
     CPU trace: computation is the main thread's operators (its c10d hand-offs excluded), communication the
-    collectives on any thread. GPU trace: kernels, NCCL's as communication."""
+    collectives on any thread. GPU trace: kernels, NCCL's as communication, inside the steps' ranges
+    on the GPU rows (an approximation of HTA's attribution of kernels to steps by launch)."""
     ev = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     window = steps(trace)
     if not window:
         raise AssertionError("the trace has no ProfilerStep#N range: no training step was recorded")
     if has_gpu_kernels(trace):
+        # kernels run after the CPU launched them: the steps' windows on the GPU rows hold the
+        # kernels each step launched (CPU windows would drop the last step's late kernels and take
+        # in the warm-up's); an older trace without them falls back to the CPU windows
+        window = steps(trace, gpu=True) or window
         kernels = [e for e in ev if e.get("cat") == "kernel"]
         comm = _ranges(e for e in kernels if is_comm(e))
         comp = _ranges(e for e in kernels if not is_comm(e))
         backward = []  # a kernel does not say which pass launched it
     else:
-        main = next(e["tid"] for e in ev if e["name"].startswith("ProfilerStep#"))
+        main = next(e["tid"] for e in ev if e["name"].startswith("ProfilerStep#")
+                    and e.get("cat") != GPU_ANNOTATION)
         ops = [e for e in ev if e.get("cat") in ("cpu_op", "user_annotation")]  # gloo's are annotations
         comm = _ranges(e for e in ops if is_comm(e))
         main_ops = [e for e in ops if e["tid"] == main and e["cat"] == "cpu_op"]
@@ -253,8 +271,13 @@ def top_operators(run, rank=0, n=10, log_dir=LOG_DIR):
     import pandas as pd
     trace = load(traces(run, log_dir)[rank])
     window = steps(trace)
+    on_gpu = steps(trace, gpu=True) or window  # kernels run in the steps' ranges on the GPU rows
+
+    def recorded(e):
+        return any(a <= e["ts"] < b for a, b in (on_gpu if e.get("cat") == "kernel" else window))
     inside = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e
-              and (e.get("cat") in ("cpu_op", "kernel") or is_comm(e)) and any(a <= e["ts"] < b for a, b in window)]
+              and e.get("cat") != GPU_ANNOTATION
+              and (e.get("cat") in ("cpu_op", "kernel") or is_comm(e)) and recorded(e)]
     t = pd.DataFrame([dict(operator=e["name"], self_us=s, total_us=e["dur"]) for e, s in self_times(inside)])
     per_step = length(window) / len(window)
     g = t.groupby("operator").agg(calls=("self_us", "size"), self_us=("self_us", "sum"), total_us=("total_us", "sum"))
@@ -294,8 +317,7 @@ def table_rows(table):
 def phase_ranges(trace):
     """The phase ranges (phase:data, phase:forward, ...) of the trace: (phase, start, end)."""
     return sorted(((e["name"][len("phase:"):], e["ts"], e["ts"] + e["dur"])
-                   for e in trace["traceEvents"]
-                   if e.get("ph") == "X" and e.get("name", "").startswith("phase:")),
+                   for e in _annotations(trace, "phase:")),  # the CPU's, not their GPU-row copies
                   key=lambda r: r[1])
 
 

@@ -160,21 +160,34 @@ RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1)
         "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: (n - 1) / n}
 
 
+def op_value_bytes(name, op, log_dir=LOG_DIR):
+    """Bytes of one value as the op carries it: under --precision bf16 FSDP2's
+    MixedPrecisionPolicy all-gathers parameters in bf16 (2 bytes) and reduces gradients in fp32
+    (4); otherwise every op carries the run's parameter dtype (_value_bytes)."""
+    args = (read_run(Path(log_dir) / f"{name}.jsonl")["config"] or {}).get("args", {})
+    if args.get("precision") == "bf16":
+        return 2 if op == "all_gather" else 4
+    return _value_bytes(name, log_dir)
+
+
 def comm_table(names, log_dir=LOG_DIR):
-    """One row per run: rank 0's collectives in one step, calls and whole-buffer bytes in units of the model's
-    size (4Ψ in fp32, 8Ψ in a --precision 64 run), and `sent_x_model`: the bytes one rank sends with ring algorithms, in the same unit."""
+    """One row per run: rank 0's collectives in one step, calls and whole-buffer sizes in units of the
+    model's size in values (Ψ; each op's bytes over the bytes of a value as it carries it, so a bf16
+    all-gather counts as much as an fp32 one of the same values), and `sent_x_model`: the values one
+    rank sends with ring algorithms, in the same unit."""
     import pandas as pd
     rows = []
     for name in names:
         for r in _records(name, "shard_comm", log_dir):
-            n, model = r["world_size"], _value_bytes(name, log_dir) * r["parameters"]
+            n = r["world_size"]
             row = dict(run=name, zero=LABELS[r["shard"]], N=n)
             sent = 0.0
             for op in RING:
                 calls, size = r["ops"].get(op, {}).get("calls", 0), r["ops"].get(op, {}).get("bytes", 0)
+                model = op_value_bytes(name, op, log_dir) * r["parameters"]
                 row[f"{op}_calls"], row[f"{op}_x_model"] = calls, size / model
-                sent += RING[op](n) * size
-            row["sent_x_model"] = sent / model
+                sent += RING[op](n) * size / model
+            row["sent_x_model"] = sent
             rows.append(row)
     return pd.DataFrame(rows)
 

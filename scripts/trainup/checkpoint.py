@@ -9,10 +9,8 @@ one, never half of one. A checkpoint that cannot be read, or holds another model
 import contextlib
 import errno
 import os
-import pickle
 import shutil
 import tempfile
-import zipfile
 from pathlib import Path
 
 import torch
@@ -93,13 +91,9 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     path = Path(path)
     if not path.exists():
         return 1
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-        epoch = state["epoch"] + 1  # stopped inside it (a position) or the next whole one
-        _POSITIONS[str(path)] = state.get("position")
-    except (RuntimeError, OSError, EOFError, KeyError, TypeError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
-        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}): it is damaged or not a trainup "
-                        f"checkpoint; delete it, or run without --resume") from None
+    state = read(path, map_location)
+    epoch = state["epoch"] + 1  # stopped inside it (a position) or the next whole one
+    _POSITIONS[str(path)] = state.get("position")
     same_run(path, state.get("args") or {}, _ARGS.get(str(path)))
     try:
         model.load_state_dict(state["model"])
@@ -112,6 +106,32 @@ def load(path, model, optimizer, scheduler, map_location="cpu", scaler=None):
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     return epoch
+
+
+# What every checkpoint of save() holds; Lightning's .ckpt files hold this key instead
+KEYS = ("model", "optimizer", "scheduler", "epoch")
+LIGHTNING_KEY = "pytorch-lightning_version"
+
+
+def read(path, map_location="cpu"):
+    """The checkpoint in path, checked to be one of save()'s; else one sentence saying what it
+    is."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001  torch's unpickler meets bytes that are not a
+        # checkpoint with many exception types (IndexError, KeyError, UnpicklingError, ...)
+        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}): it is damaged "
+                        f"or not a trainup checkpoint; delete it, or run without --resume"
+                        ) from None
+    if isinstance(state, dict) and LIGHTNING_KEY in state:
+        raise UserError(f"checkpoint {path} is a Lightning checkpoint (.ckpt), not one of this "
+                        f"script's: resume it with _trainup_lightning.py, or use another "
+                        f"--run-name")
+    if (not isinstance(state, dict) or not all(k in state for k in KEYS)
+            or not isinstance(state["epoch"], int)):
+        raise UserError(f"checkpoint {path} holds no trainup checkpoint (its model, optimizer, "
+                        f"scheduler and epoch): delete it, or run without --resume")
+    return state
 
 
 def plain(args):

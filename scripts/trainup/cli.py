@@ -2,13 +2,13 @@
 import argparse
 import errno
 import functools
-import gc
 import math
 import os
 import re
 from pathlib import Path
 import signal
 import sys
+import tempfile
 
 import torch
 
@@ -35,6 +35,24 @@ def positive(kind):
     return check
 
 
+# numpy and Lightning take 32-bit seeds, and some scripts add the epoch to the seed: room is left
+SEED_MAX = 2**31 - 1
+
+
+def seed(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_MAX}, got {text}")
+    return value
+
+
+# The CNN's two 3x3 convolutions and its 2x2 pooling need images of this many pixels a side
+CNN_MIN_SIDE = 6
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         """One sentence and exit status 2, without the long usage block."""
@@ -59,7 +77,7 @@ def parser(doc, lesson, precisions=("32", "64"), models=MODELS):
     g.add_argument("--lr", type=positive(float), default=1.0, help="Adadelta learning rate")
     g.add_argument("--gamma", type=positive(float), default=0.7, help="learning-rate decay per epoch")
     g.add_argument("--dropout", type=float, default=0.25, help="dropout of the CNN (0 turns it off)")
-    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--seed", type=seed, default=1, help=f"random seed, 0 to {SEED_MAX}")
     g.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads per process")
     g.add_argument("--quick", action="store_true",
                    help=f"a tiny run for tests: {QUICK['train_size']} training samples, {QUICK['epochs']} epochs")
@@ -163,6 +181,11 @@ def parse(p, argv=None):
         assert len(args.image_shape) == 3 and min(args.image_shape) > 0
     except (ValueError, AssertionError):
         p.error(f"--image-shape must look like 3x224x224, got {args.image_shape!r}")
+    if (args.dataset == "synthetic" and getattr(args, "model", None) in ("cnn", "cnn_bn")
+            and min(args.image_shape[1:]) < CNN_MIN_SIDE):
+        side = CNN_MIN_SIDE
+        p.error(f"--image-shape {'x'.join(map(str, args.image_shape))} is too small for --model "
+                f"{args.model}: its convolutions and pooling need at least {side}x{side} pixels")
     if args.precision in ("64", "64-true", "double"):  # Lightning's spellings too
         torch.set_default_dtype(torch.float64)  # the model, the data (data.load) and every buffer
     _check_concerns(p, args)
@@ -180,25 +203,21 @@ def named(p, args):
     probe = Path(args.log_dir).absolute()
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        why = "is not a folder" if not probe.is_dir() else "cannot be written"
+    why = "is not a folder" if not probe.is_dir() else writable(probe)
+    if why:
         p.error(f"--log-dir {args.log_dir} cannot be created or written ({probe} {why}); point it at a folder "
                 f"you can write")
-    freeze_imports()
     return args
 
 
-def freeze_imports():
-    """Once the flags are good, before any work: what the process imported lives as long as it does,
-    so it leaves the garbage collector's sight (gc.freeze). Else every full collection of the run
-    walks torch's few hundred thousand objects again; torch._dynamo (a few hundred thousand more,
-    which the first optimizer imports: torch wraps add_param_group with it) is imported first to be
-    frozen too. The run's own objects (its model: distributed.release) are collected as before.
-    Measured 2026-11-25 on 2 cores, 3 runs each: a quick run of lesson 04's script took 5.6
-    CPU-seconds, 4.7 with its imports frozen."""
-    if not gc.get_freeze_count():  # once a process (main() called in-process: tests, notebooks)
-        import torch._dynamo  # noqa: F401
-        gc.freeze()
+def writable(folder):
+    """None where a folder can be made in folder (made and removed again); else why not. os.access
+    answers yes to root everywhere, also under /proc and on a read-only file system."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".trainup-probe-", dir=folder))
+    except OSError as e:
+        return f"cannot be written: {e.strerror or e}"
+    return None
 
 
 PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
@@ -210,8 +229,12 @@ def main_guard(main):
     def wrapper(*a, **kw):
         handlers = {s: signal.getsignal(s) for s in preempt.SIGNALS}  # main() called in-process (tests, notebooks)
         dtype = torch.get_default_dtype()  # --precision 64 sets it for the run
+        stopped = False
         try:
             return main(*a, **kw)
+        except SystemExit as e:
+            stopped = e.code == preempt.STOPPED_EXIT
+            raise
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -233,8 +256,11 @@ def main_guard(main):
             sys.exit(1)
         finally:  # gives the caller its own signal handlers and dtype back (a Stopper replaced them)
             torch.set_default_dtype(dtype)
-            for s, handler in handlers.items():
-                signal.signal(s, handler)  # first: the Stopper's handler holds the model, which holds the group
+            # A script stopped by a signal ignores the next ones while it exits: the default
+            # action of a second SIGTERM (SLURM, a second kill) would end it -15 instead of 75
+            ignore = stopped and main.__module__ == "__main__"
+            for s, handler in handlers.items():  # first: the Stopper's handler holds the model,
+                signal.signal(s, signal.SIG_IGN if ignore else handler)  # which holds the group
             joined = sys.modules.get("trainup.distributed")  # only a run that joined a group left one
             if joined:
                 joined.release()

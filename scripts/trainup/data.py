@@ -8,6 +8,7 @@ synthetic random images of any shape (--image-shape 3x224x224 for ImageNet-sized
 Images are decoded once into tensors: a small data set then costs nothing per step, so timings
 measure training, not JPEG decoding.
 """
+import functools
 import os
 import pickle
 import zipfile
@@ -93,7 +94,9 @@ def loader(dataset, batch_size, sampler, args, device):
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=args.workers,
                       pin_memory=device.type == "cuda" and not args.no_pin_memory,
                       persistent_workers=args.workers > 0, generator=torch.Generator().manual_seed(args.seed),
-                      worker_init_fn=preempt.loader_worker_init,  # a stop is the main process's
+                      # a stop is the main process's; its end, even by SIGKILL, is its workers' too
+                      worker_init_fn=functools.partial(preempt.loader_worker_init,
+                                                       owner=os.getpid()),
                       multiprocessing_context=worker_start() if args.workers > 0 else None)
 
 

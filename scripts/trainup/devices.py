@@ -144,8 +144,9 @@ def auto_device(nproc, gpus=None):
                    f"machine has {gpus}: it runs on {nproc} CPU processes instead.")
 
 
-def pick(requested="auto", local_rank=0):
-    """torch.device for --device auto|cuda|cpu; on GPUs, this process's GPU is number local_rank."""
+def pick(requested="auto", local_rank=0, set_device=True):
+    """torch.device for --device auto|cuda|cpu; on GPUs, this process's GPU is number local_rank,
+    made current unless set_device=False (the caller then calls torch.cuda.set_device itself)."""
     if requested == "cpu":
         return torch.device("cpu")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -165,7 +166,8 @@ def pick(requested="auto", local_rank=0):
     if local_rank >= count:
         raise UserError(f"this process wants GPU {local_rank}, but this machine has only {count} GPU(s); "
                         f"start at most {count} processes per node")
-    torch.cuda.set_device(local_rank)
+    if set_device:
+        torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 
 

@@ -11,6 +11,7 @@ The processes can be started three ways; the first that applies wins:
   derived from the job id (the same in every task, without talking to each other).
 - plain `python script.py`: one process, world size 1, on a free port.
 """
+import contextlib
 import datetime
 import gc
 import os
@@ -191,9 +192,21 @@ def node_device(ctx, requested, flag="--device cuda", env=None):
 
 def setup(args):
     """Join the job's process group: the Context, with this process's device pinned from LOCAL_RANK.
+    Lesson 04's _trainup_ddp.py makes the same calls in the open: context, set_device, join."""
+    ctx = context(args)
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    with explained(ctx):
+        dist.init_process_group(ctx.backend, **meeting(ctx))
+    return ctx
+
+
+def context(args):
+    """This process's place in the job, its backend and its device, before it joins the group.
 
     Checks first what would otherwise hang or fail deep inside torch: a global batch that does not
-    split over the processes, NCCL without GPUs, a port that is already taken.
+    split over the processes, NCCL without GPUs, a port that is already taken. Sets MASTER_ADDR and
+    MASTER_PORT for init_process_group's env://, where the launcher (srun, python) did not.
     """
     ctx = from_env()
     ctx.timeout_s = args.timeout
@@ -206,7 +219,8 @@ def setup(args):
     requested, gpu = node_device(ctx, "cuda" if nccl else args.device,
                                  "--backend nccl" if nccl else "--device cuda")
     ctx.backend = pick_backend(args.backend, requested)
-    ctx.device = devices.pick("cuda" if ctx.backend == "nccl" else requested, gpu)
+    # the caller makes it current (torch.cuda.set_device), in the open
+    ctx.device = devices.pick("cuda" if ctx.backend == "nccl" else requested, gpu, set_device=False)
     if ctx.launcher == "python" and not ctx.master_port:
         ctx.master_port = free_port()
     if ctx.launcher != "torchrun" and ctx.rank == 0 and not port_is_free(ctx.master_port):
@@ -214,21 +228,32 @@ def setup(args):
         raise UserError(f"port {ctx.master_port} (MASTER_PORT) is already in use, by another job perhaps; "
                         f"set MASTER_PORT to a free port, or unset it to get one")
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = ctx.master_addr, str(ctx.master_port)
+    return ctx
+
+
+def meeting(ctx):
+    """init_process_group's arguments but the backend: where the ranks meet, who this is, how
+    long to wait. env:// (rank 0 opens a store on MASTER_PORT, the others connect), or under torchrun's
+    agent store a prefix of its own for each restart."""
     timeout = datetime.timedelta(seconds=ctx.timeout_s)
+    common = dict(rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
+    if ctx.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # The workers meet in torchrun's own store, which outlives a restart: keys of the crashed
+        # attempt (the dead ranks' addresses) would still be there: each attempt has its own prefix.
+        # (Agents on several nodes may count restarts differently; there, launch torchrun with
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, and rank 0 opens a fresh store for every attempt.)
+        store = dist.PrefixStore(f"trainup/attempt_{ctx.restart_count}", dist.TCPStore(
+            ctx.master_addr, ctx.master_port, ctx.world_size, is_master=False, timeout=timeout))
+        return dict(common, store=store)
+    return dict(common, init_method="env://")
+
+
+@contextlib.contextmanager
+def explained(ctx):
+    """The store's errors while joining as one sentence: a taken port, or the others never came."""
     try:
-        if ctx.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # The workers meet in torchrun's own store, which outlives a restart: keys of the crashed
-            # attempt (the dead ranks' addresses) would still be there, so each attempt gets its own prefix.
-            # (Agents on several nodes may count restarts differently; there, launch torchrun with
-            # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, and rank 0 opens a fresh store for every attempt.)
-            store = dist.PrefixStore(f"trainup/attempt_{ctx.restart_count}", dist.TCPStore(
-                ctx.master_addr, ctx.master_port, ctx.world_size, is_master=False, timeout=timeout))
-            dist.init_process_group(ctx.backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
-                                    timeout=timeout)
-        else:  # rank 0 opens the store on MASTER_PORT, the others connect to it
-            dist.init_process_group(ctx.backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size,
-                                    timeout=timeout)
-    except dist.DistError as e:  # the store's errors: a taken port, or the others never came
+        yield
+    except dist.DistError as e:
         text = str(e)
         if "EADDRINUSE" in text or "already in use" in text:
             raise UserError(f"port {ctx.master_port} (MASTER_PORT) is already in use; set MASTER_PORT to a free "
@@ -239,7 +264,6 @@ def setup(args):
                             f"were all {ctx.world_size} started (srun, torchrun), with the same MASTER_ADDR "
                             f"and MASTER_PORT?") from None
         raise
-    return ctx
 
 
 def per_rank_batch(batch_size, world_size):
@@ -300,12 +324,18 @@ _LEFT = []  # the groups of a run that has left: release() destroys them
 
 
 def cleanup(ctx):
-    """Leave together: a barrier first, else a fast rank tearing down can abort a slow one's last step.
-    The groups live on in _LEFT, so that release() destroys them, not whatever drops them last."""
+    """Leave together: before_leaving(ctx), then destroy_process_group()."""
+    if dist.is_initialized():
+        before_leaving(ctx)
+        dist.destroy_process_group()
+
+
+def before_leaving(ctx):
+    """A barrier, else a fast rank tearing down can abort a slow one's last step. The groups live on
+    in _LEFT, so that release() destroys them, not whatever drops them last."""
     if dist.is_initialized():
         dist.barrier(**({"device_ids": [ctx.device.index]} if ctx.backend == "nccl" else {}))
         _LEFT.extend(dist.distributed_c10d._world.pg_map)  # every group, the extra ones too
-        dist.destroy_process_group()
 
 
 def release():

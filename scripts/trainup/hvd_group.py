@@ -78,35 +78,43 @@ class Accumulation:
     in .grad locally, then ONE all-reduce AVERAGES the sums over the ranks. It divides by the ranks
     alone, never by K, and optimizer.zero_grad() between passes fails (an all-reduce might be in
     flight), so the loop zeroes after the step. Each micro-batch's mean loss is weighted by its
-    samples and the step's gradient divided by the samples it saw: the mean over the whole step,
-    as one process's batch gives, a short last batch included. (DDP's no_sync, lesson 04, is the
-    same idea: _trainup_ddp_tuned.py.) With K = 1 it steps every batch and weighs nothing."""
+    share of a whole step's samples (n_i / (K * micro-batch)) before backward, and a step that saw
+    fewer (an epoch's short end) is scaled up after: the mean over the whole step, as one process's
+    batch gives. Weighing before the all-reduce keeps what it carries at a mean gradient's size:
+    --fp16-allreduce casts it to float16 (at most 65504), and GradScaler has already multiplied
+    it by its scale (65536 at first). (DDP's no_sync, lesson 04, is the same idea:
+    _trainup_ddp_tuned.py.)
+    With K = 1 it steps every batch and weighs nothing."""
 
     def __init__(self, optimizer, loader):
         self.optimizer, self.k = optimizer, optimizer.backward_passes_per_step
         # the epoch's last batch ends a step however many passes it had; a sweep's batches have no
         # len(), and it never accumulates
         self.batches = len(loader) if self.k > 1 else None
+        self.whole = None  # a full step's samples: K times the epoch's first micro-batch (whole)
         self.passes = self.seen = 0
 
     def weigh(self, loss, samples):
-        """The loss to backward: summed over the micro-batch's samples when accumulating."""
+        """The loss to backward: its share of a full step's samples when accumulating."""
+        if self.k == 1:
+            return loss
+        self.whole = self.whole or self.k * samples
         self.passes, self.seen = self.passes + 1, self.seen + samples
-        return loss * samples if self.k > 1 else loss
+        return loss * (samples / self.whole)
 
     def last(self):
         """True at the step's last backward pass: K of them, or the epoch's end."""
         return self.passes % self.k == 0 or self.passes == self.batches
 
     def average(self):
-        """After optimizer.synchronize(): the ranks' average of summed gradients, divided by the
-        samples each rank saw this step (the same on every rank: DistributedSampler pads the
-        shards evenly) is the mean gradient over the step's global batch."""
-        if self.k > 1:
+        """After optimizer.synchronize(): the ranks' average of the weighted sums is the mean
+        gradient over the step's global batch once a short step (fewer samples than a full one, the
+        same on every rank: DistributedSampler pads the shards evenly) is scaled up to its own."""
+        if self.k > 1 and self.seen != self.whole:
             for group in self.optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        p.grad.div_(self.seen)
+                        p.grad.mul_(self.whole / self.seen)
         self.seen = 0
 
 

@@ -1,11 +1,15 @@
-"""Lightning's own checkpoint, treated as the course treats every checkpoint: a damaged one to resume from is
-one sentence, and a SIGTERM leaves one written whole and exit status 75 (resumable), as every script does."""
+"""Lightning's own checkpoint, treated as the course treats every checkpoint: a damaged one to
+resume from is one sentence, and a SIGTERM leaves one written whole and exit status 75
+(resumable), as every script does. A run stopped inside an epoch goes on from the step it stopped
+after, with the random states it had there (Loader): it ends with the parameters of a run never
+stopped."""
 import os
 import shutil
 import sys
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader
 
 from . import UserError, preempt
 
@@ -34,6 +38,10 @@ def stopped(trainer, ckpt):
     """A SIGTERM (a scheduler's time limit, scancel): Lightning's checkpoint of where the run stood, written
     whole (every rank joins, rank 0 writes, then a rename), and exit 75 as every course script: resumable."""
     tmp = ckpt.with_name(f".{ckpt.name}.tmp")
+    loader = trainer.train_dataloader
+    if isinstance(loader, Loader):  # the steps of this epoch already taken (none: it ended)
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        loader.trained = 0 if progress.is_last_batch else progress.current.completed
     trainer.save_checkpoint(tmp)  # every rank's shards, under ModelParallelStrategy
     if trainer.is_global_zero:
         replace(tmp, ckpt)
@@ -53,3 +61,37 @@ def replace(tmp, ckpt):
         shutil.rmtree(old)
     else:
         os.replace(tmp, ckpt)
+
+
+class Loader(DataLoader):
+    """A DataLoader that a run stopped inside an epoch goes on from. Lightning keeps a loader's
+    state_dict() in its checkpoint and hands it back (load_state_dict) when it resumes inside an
+    epoch; without one it would start the epoch's batches again from the first, in another order.
+
+    Iterating a DataLoader draws from the global random generator (its base seed, and the order of
+    shuffle=True), so the state of that generator as the epoch began is kept. On resume the epoch
+    starts again from it (the same order), skips the batches already trained, then takes the state
+    the stop saved (dropout's next masks). Lightning seeds every rank alike and each draws as much,
+    so one rank's states are every rank's. Under a distributed strategy Lightning makes this class
+    again with its own DistributedSampler."""
+
+    epoch_rng, resume, trained = None, None, 0
+
+    def __iter__(self):
+        resume, self.resume = self.resume, None  # used once
+        if resume:
+            preempt.set_rng_state(resume["epoch_rng"])
+        self.epoch_rng = preempt.rng_state()
+        batches = super().__iter__()
+        if resume:
+            for _ in range(resume["trained"]):  # in memory: a few milliseconds a batch
+                next(batches)
+            preempt.set_rng_state(resume["rng"])
+        return batches
+
+    def state_dict(self):
+        """Where the epoch stands; trained: its steps taken, set by stopped() before it saves."""
+        return dict(epoch_rng=self.epoch_rng, rng=preempt.rng_state(), trained=self.trained)
+
+    def load_state_dict(self, state):
+        self.resume = state if state.get("trained") and state.get("epoch_rng") else None

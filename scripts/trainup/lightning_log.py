@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning import Callback
 
-from . import checkpoint, devices, metrics
+from . import checkpoint, devices, metrics, preempt
 
 
 def _gathered(pl_module, meter):
@@ -76,11 +76,33 @@ class CourseLog(Callback):
                        sync_dist=bool(pl_module.sync_dist), launcher=type(strategy.cluster_environment).__name__
                        if getattr(strategy, "cluster_environment", None) else "none")
 
+    def on_train_start(self, trainer, pl_module):
+        """Also where a run stopped inside an epoch goes on (Lightning calls no
+        on_train_epoch_start then): the epoch's sums and seconds before the stop, so that its log
+        line covers all of it."""
+        self.tick = self.tock = time.perf_counter()
+        saved, self.resumed = getattr(self, "resumed", None), None
+        if saved and saved["epoch"] == trainer.current_epoch + 1 and saved["trained"]:
+            meters = saved["meters"]
+            pl_module.train_meter = metrics.Meter.from_tensor(
+                torch.tensor(meters[trainer.global_rank] if trainer.global_rank < len(meters) else
+                             [0.0] * len(meters[0]), dtype=torch.float64))
+            preempt.WALL_BEFORE[saved["epoch"]] = saved["wall_s"]
+
     def on_train_epoch_start(self, trainer, pl_module):
         pl_module.train_meter = metrics.Meter()
-        loader = trainer.train_dataloader
-        self.sampler = type(getattr(loader, "sampler", None)).__name__
         self.tick = self.tock = time.perf_counter()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        """Every rank: where the epoch stands, for a run stopped inside it (on_train_start)."""
+        loader = trainer.train_dataloader
+        checkpoint["trainup"] = dict(
+            epoch=trainer.current_epoch + 1, trained=getattr(loader, "trained", 0),
+            meters=[m.as_tensor().tolist() for m in _gathered(pl_module, pl_module.train_meter)],
+            wall_s=preempt.WALL_BEFORE.get(trainer.current_epoch + 1, 0.0) + self.tock - self.tick)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        self.resumed = checkpoint.get("trainup")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.tock = time.perf_counter()  # the last batch's end: training only, the test set is not timed
@@ -97,7 +119,7 @@ class CourseLog(Callback):
         self.run_log.write("lightning_sync", epoch=epoch, sync_dist=bool(pl_module.sync_dist),
                        logged_loss=float(logged) if logged is not None else None, job_loss=train.mean_loss,
                        rank_loss=[m.mean_loss for m in ranks], rank_samples=[m.samples for m in ranks],
-                       sampler=self.sampler)
+                       sampler=type(getattr(trainer.train_dataloader, "sampler", None)).__name__)
         self.run_log.epoch(epoch, train, test, max(self.tock - self.tick, 1e-9))
         model, optimizer = _whole(pl_module.model, trainer.optimizers[0])  # on every rank
         if trainer.is_global_zero:  # one writer; the others would race for the same file

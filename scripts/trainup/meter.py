@@ -41,3 +41,13 @@ class Meter:
     @property
     def accuracy(self):
         return float(self.correct) / max(self.samples, 1)
+
+
+def steady_rate(epochs):
+    """The course's one throughput: samples a second in steady state, over the epochs after the
+    first (the first pays for start-up: the loader's workers, allocations, kernels chosen; lesson 02
+    shows it on its own). A run of one epoch has only that one. None without epochs."""
+    steady = [e for e in epochs if e.get("wall_s")]
+    steady = steady[1:] or steady
+    wall = sum(e["wall_s"] for e in steady)
+    return sum(e["samples"] for e in steady) / wall if wall else None

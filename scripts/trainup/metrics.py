@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from . import UserError
-from .meter import Meter  # noqa: F401  scripts say metrics.Meter
+from .meter import Meter, steady_rate  # noqa: F401  scripts say metrics.Meter
 from .schema import (COMMON, OPTIONAL, SCHEMA, SCHEMA_VERSION, TYPES, TYPES_IN,  # noqa: F401
                      check_record)
 
@@ -200,12 +200,9 @@ class RunLog:
         epochs = getattr(self, "epochs", [])
         last = epochs[-1] if epochs else {}
         wall = time.perf_counter() - self.started
-        samples = sum(e["samples"] for e in epochs)
-        train_wall = sum(e["wall_s"] for e in epochs)
         line = dict(status=status, epochs=len(epochs), loss=last.get("loss"), accuracy=last.get("accuracy"),
                     test_accuracy=last.get("test_accuracy"), wall_s=wall,
-                    samples_per_s=samples / train_wall if train_wall else None,
-                    peak_mem_mb=peak_memory_mb(self.device),
+                    samples_per_s=steady_rate(epochs), peak_mem_mb=peak_memory_mb(self.device),
                     checkpoint=str(checkpoint) if checkpoint else None, load_end=machine_load()[0], **extra)
         self.write("summary", **line)
         if self.enabled:

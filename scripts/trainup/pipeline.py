@@ -85,10 +85,17 @@ class ActivationMeter:
     A saved-tensor hook (public: torch.autograd.graph.saved_tensors_hooks) sees every tensor saved
     in forward; it is counted once (a tensor saved twice, once) until autograd lets it go (after its backward).
     Parameters are not activations: their storage is skipped. CPU has no max_memory_allocated, this works anywhere.
+    The parameters' storages are looked up each time saving starts: moving the stage (`.to("cuda")`,
+    or to another dtype) gives every parameter a new storage, and a set taken before would count
+    the weights autograd saves (a Linear's weight, a LayerNorm's) as activations.
     """
     def __init__(self, params):
-        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self._params = list(params)  # the Parameter objects stay; .to() swaps their storage
+        self.params = set()
         self.live, self.bytes, self.peak, self.base, self.enabled = {}, 0, 0, 0, True
+
+    def _skip(self):
+        self.params = {p.untyped_storage().data_ptr() for p in self._params}
 
     def _pack(self, t):
         storage = t.untyped_storage().data_ptr()
@@ -117,6 +124,7 @@ class ActivationMeter:
         return saved.tensor if isinstance(saved, _Saved) else saved
 
     def saving(self):
+        self._skip()
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def reset_peak(self):
@@ -199,24 +207,53 @@ def _metered(forward, meter):
 class TimedStage(pp.PipelineStage):
     """A PipelineStage that notes when each micro-batch's forward and backward ran on it (its own
     wrappers around the public per-micro-batch methods the schedules call): (stage, kind, micro-batch,
-    start, end), kind F forward, B backward, I backward to the input only, W weight gradients (zero bubble)."""
+    start, end), kind F forward, B backward, I backward to the input only, W weight gradients
+    (zero bubble).
+
+    On a GPU the times are CUDA events recorded on the stream, read after the step (times()): the
+    kernels' own times, with nothing made to wait (a clock around each micro-batch would need
+    torch.cuda.synchronize, which stops the next micro-batch and the sends from overlapping it)."""
     clock = staticmethod(time.perf_counter)
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.events, self.timing = [], True
+        self.on_gpu = torch.device(self.device).type == "cuda"
+        self.origin = None  # on a GPU: (an event recorded as the step began, the clock then)
+
+    def begin(self):
+        self.events.clear()
+        if self.on_gpu:
+            ref = torch.cuda.Event(enable_timing=True)
+            ref.record()
+            self.origin = (ref, self.clock())
 
     def _start(self):
-        # on a GPU, time the work, not its launch; the wait also keeps the next micro-batch's kernels
-        # and sends from overlapping this one (a timed GPU run shows less overlap: CUDA events would
-        # not); on a CPU it is a no-op
-        devices.synchronize(self.device)
+        if self.on_gpu:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return start
         return self.clock()
 
     def _note(self, kind, mb, start):
-        if self.timing:
-            devices.synchronize(self.device)
+        if not self.timing:
+            return
+        if self.on_gpu:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.events.append((self.stage_index, kind, mb, start, end))
+        else:
             self.events.append((self.stage_index, kind, mb, start, self.clock()))
+
+    def times(self):
+        """The events with clock times: on a GPU, the step's events placed after the clock reading
+        taken when its first event was recorded (waits for the GPU to finish them)."""
+        if not self.on_gpu or not self.events:
+            return list(self.events)
+        torch.cuda.synchronize(self.device)
+        ref, at = self.origin
+        return [(s, kind, mb, at + ref.elapsed_time(a) / 1e3, at + ref.elapsed_time(b) / 1e3)
+                for s, kind, mb, a, b in self.events]
 
     def forward_one_chunk(self, fwd_chunk_id, *a, **kw):
         start = self._start()
@@ -384,7 +421,7 @@ def begin_step(pipe, layout):
     if pipe is not None:
         dist.barrier(group=layout.pipe_group)
         for s in pipe.stages:
-            s.events.clear()
+            s.begin()
         for part in pipe.parts:
             part.meter.reset_peak()
     return time.perf_counter()
@@ -393,11 +430,13 @@ def begin_step(pipe, layout):
 def end_step(pipe, layout, tick, epoch, step):
     """This rank's 'pipe_step' record: its events (times from the step's start) and activation
     peaks."""
+    if pipe is not None:
+        devices.synchronize(pipe.stages[0].device)  # a GPU step ends when its kernels do
     seconds = time.perf_counter() - tick
     if pipe is None:
         return None
     events = [[s, kind, mb, start - tick, end - tick]
-              for st in pipe.stages for s, kind, mb, start, end in st.events]
+              for st in pipe.stages for s, kind, mb, start, end in st.times()]
     return dict(epoch=epoch, step=step, microbatches=pipe.microbatches, rank=dist.get_rank(),
                 pipeline=layout.pipeline, stages=[s.stage_index for s in pipe.stages],
                 step_s=seconds,

@@ -199,6 +199,11 @@ class Stopper:
             for name, obj in extra.items():
                 if obj is not None and name in self.position["extra"]:
                     obj.load_state_dict(self.position["extra"][name])
+                    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+                        # a scheduler made afresh (a warm-up) set its first rate on the
+                        # optimizer; the rate at the stop is the one its last step set
+                        for group, lr in zip(obj.optimizer.param_groups, obj.get_last_lr()):
+                            group["lr"] = lr
         return self
 
     def batches(self, loader, epoch):
@@ -282,13 +287,36 @@ def leave_to_main(args):
         signal.signal(sig, signal.SIG_IGN)
 
 
-def loader_worker_init(worker_id):
+def loader_worker_init(worker_id, owner=None):
     """A DataLoader worker leaves SIGTERM and the stop signals to the main process, also when they reach
     the whole process group (SLURM's time limit, scancel --signal): torch's own handler would end the
     worker (unless its parent sent it), and the main process's next batch would fail. The main process
-    ends its workers itself as it exits; they also end when it dies (torch's watchdog)."""
+    ends its workers itself as it exits; they also end when it dies, even by SIGKILL (end_with).
+    owner: the main process's id (data.loader binds it)."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if owner is not None:
+        end_with(owner)
+
+
+def end_with(owner):
+    """This process ends as soon as process `owner` does (Linux). A worker started by a fork server
+    is the server's child, not the main process's: torch's watchdog and a parent-death signal
+    (prctl's PR_SET_PDEATHSIG) watch the server, and the server lives on while any worker holds its
+    pipe. So a thread waits on a pidfd of the main process, which turns readable when it ends."""
+    import select
+    import threading
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+    except (AttributeError, OSError):  # not Linux (or older than 5.3): torch's watchdog alone
+        return
+
+    def wait():
+        select.select([fd], [], [])
+        os._exit(1)
+    threading.Thread(target=wait, name="trainup-end-with-main", daemon=True).start()
 
 
 def next_epoch(go, parent):

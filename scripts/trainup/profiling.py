@@ -5,9 +5,10 @@
     train_epoch(model, profiler.steps(train_loader), ...)  # one profiler step per batch
     profiler.stop()
 
-The first steps are skipped (WAIT: the optimizer's first step imports torch._dynamo; WARMUP: the
-profiler's own start-up), then STEPS steps are recorded. tensorboard_trace_handler writes each
-process's trace to <log-dir>/profiles/<run>/<run>.rank<R>.<time>.pt.trace.json: plain chrome-trace JSON that
+The first steps are skipped (WAIT: the first step pays one-time costs, such as the optimizer's
+state, created at its first step, the allocator's first requests and the operator libraries'
+first-call set-up; WARMUP: the profiler's own start-up), then STEPS steps are recorded.
+tensorboard_trace_handler writes each process's trace to <log-dir>/profiles/<run>/<run>.rank<R>.<time>.pt.trace.json: plain chrome-trace JSON that
 TensorBoard (with torch-tb-profiler), ui.perfetto.dev and chrome://tracing open. Beside it,
 <run>.rank<R>.key_averages.txt: the profiler's own tables (prof.key_averages().table), by operator,
 by operator and input shapes (record_shapes), by memory (profile_memory).

@@ -57,6 +57,9 @@ def check(args):
                         f"evenly over {args.ray_workers} Ray workers; use a multiple of "
                         f"{args.ray_workers}")
     gpus = devices.gpu_count() if args.device != "cpu" else 0
+    if args.device == "cuda" and not gpus:  # else Ray's workers would train on the CPU, unsaid
+        raise UserError("--device cuda asks for a GPU for each Ray worker, and this machine has "
+                        "none that torch can use; use --device cpu (or auto)")
     if args.device == "auto" and gpus:  # a GPU for each worker, else the CPU (devices.py)
         device, why = devices.auto_device(args.ray_workers, gpus)
         if why:
@@ -147,10 +150,13 @@ def fit(trainer, max_failures):
 
 def placement():
     """What ran where, from Ray's state API (the dashboard serves it): each of the run's actors,
-    its process, node and state, the dead ones too (a killed worker and the group it took down)."""
+    its process, node and state, the dead ones too (a killed worker and the group it took down).
+    Asked of this run's own cluster by its address: without one the state API looks for a cluster
+    on the machine, and refuses where another Ray program runs one too."""
     from ray.util.state import list_actors
+    here = ray.get_runtime_context().gcs_address
     return [dict(actor=a.class_name, pid=a.pid, node=a.node_id[:8], state=a.state)
-            for a in list_actors(detail=True, raise_on_missing_output=False)
+            for a in list_actors(address=here, detail=True, raise_on_missing_output=False)
             if a.class_name in ("TrainController", "RayTrainWorker")]
 
 

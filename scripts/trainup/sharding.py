@@ -315,11 +315,14 @@ def shard(model, mode, device, optimizer_args, args):
         model = model.to(device)
     optimizer_args = optimizer_args or {}
     ids = [device.index] if device.type == "cuda" else None
+    # .grad a view of DDP's all-reduce buckets: otherwise DDP keeps the buckets beside the
+    # gradients, a second copy of them (4 bytes a parameter more in fp32) that held() would not see
     if mode == "none":
-        model = DDP(model, device_ids=ids)
+        model = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
         return model, torch.optim.Adam(model.parameters(), **optimizer_args)
     if mode == "optimizer":
-        model = DDP(model, device_ids=ids)  # gradients all-reduced whole; only Adam's state is split
+        # gradients all-reduced whole; only Adam's state is split
+        model = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
         return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, **optimizer_args)
     if mode == "gradients":
         shards = GradientShards(model, torch.optim.Adam, **optimizer_args)
@@ -354,10 +357,12 @@ def offload_policy(offload, device):
 
 def prefetch(blocks, n, device):
     """--prefetch N: each block's forward starts the all-gathers of the next N blocks, and its
-    backward those of the N before it, so they travel while it computes. Without it FSDP2 gathers
-    a unit when it is reached; on a GPU its own CUDA streams let that gather run ahead of the
-    compute queued before it. A CPU has no streams: there the gathers are started as async ops
-    (gloo's threads move the bytes) and waited for where the unit is used."""
+    backward those of the N before it, so they travel while it computes. Without it FSDP2 uses
+    its defaults: in forward it issues a unit's all-gather on a CUDA stream of its own, so on a
+    GPU it runs ahead of the compute queued before it (implicit prefetch); in backward it
+    prefetches one unit, in the reverse of forward's order. A CPU has no streams and gloo's calls
+    wait: there the gathers are started as async ops (gloo's threads move the bytes) and waited
+    for where the unit is used."""
     if not n:
         return
     for i, block in enumerate(blocks):

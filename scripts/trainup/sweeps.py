@@ -5,13 +5,19 @@ import time
 
 import torch
 
-from . import data, devices, metrics
+from . import UserError, data, devices, metrics
 
 
 def run(args, model, train_set, device, log, train_epoch, optimizer_for, rank=0, world_size=1):
     """Each --sweep batch size (global: each of world_size ranks takes its share) trained for 2
     warm-up steps, then --sweep-steps timed ones. optimizer_for(model, args) gives each batch size
     a fresh optimizer (Horovod passes one that returns its single DistributedOptimizer)."""
+    if min(args.sweep) > len(train_set):  # else the run ends "finished" having measured nothing
+        log.summary(status="failed")
+        sizes, n = ",".join(map(str, args.sweep)), len(train_set)
+        raise UserError(f"--sweep {sizes}: every batch size is larger than the {n} training "
+                        f"samples, so none can be measured; sweep sizes up to {n}, or train on "
+                        f"more samples (--train-size)")
     for batch_size in args.sweep:
         if batch_size > len(train_set):
             if rank == 0:

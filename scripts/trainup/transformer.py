@@ -30,8 +30,8 @@ def activation_bytes(seq, batch, hidden, heads, bytes_per_value=4):
     and output (4h): s*b*h*16 values plus a*s*s*b. In 16-bit with dropout, Korthikanti et al.
     (2022, "Reducing Activation Recomputation in Large Transformer Models") count s*b*h*(34 +
     5*a*s/h) bytes: the same tensors in 2 bytes each (32 s*b*h + 2 a*s*s*b) plus dropout's masks
-    and output. LayerNorm's mean and inverse deviation (2 values per token each) are left out: 1/h
-    of the rest."""
+    and output. LayerNorm's mean and inverse deviation (2 values per token each, two LayerNorms: 4
+    values against 16 h) are left out: 1/(4h) of the rest."""
     return bytes_per_value * (16 * seq * batch * hidden + heads * seq * seq * batch)
 
 
@@ -45,11 +45,16 @@ class Attention(nn.Module):
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} must split evenly over {heads} heads")
         self.head_dim, self.recompute = hidden // heads, "none"
+        # fused: F.scaled_dot_product_attention (flash or memory-efficient kernels), which keeps
+        # no seq x seq scores for backward; the lessons' default writes the scores out (fused=False)
+        self.fused = False
         self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
         self.proj = nn.Linear(hidden, hidden)
 
     def scores(self, q, k, v):
         """softmax(q k^T / sqrt(d)) v: the part whose activations grow with seq^2."""
+        if self.fused:
+            return F.scaled_dot_product_attention(q, k, v)
         weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
         return weights @ v
 
