@@ -191,3 +191,14 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(monkeypatch, capsys, log_d
     assert proc.returncode == 2
     assert_clean_error(proc, *words)
     assert not log_dir.exists()  # nothing half-written, and no process group was joined
+
+
+def test_the_batch_splits_over_the_data_parallel_groups_only(log_dir):
+    """Each tp rank takes its replica's whole batch: with dp 1, a global batch of 3 on 2 tp ranks is
+    a valid job, not 'cannot be split over 2 processes'."""
+    cmd = [sys.executable, SCRIPT, *map(str, TINY), "--batch-size", "3", "--epochs", "1",
+           "--train-size", "12", "--test-size", "12", "--run-name", "odd",
+           "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
+    done = Ranks(cmd, launch.environment(), ntasks=2).finish()
+    assert done.returncode == 0, done.stderr[-3000:]
+    checks.finished("odd", log_dir)

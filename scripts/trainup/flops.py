@@ -35,7 +35,12 @@ def per_sample(model, sample_shape):
     from torch.utils.flop_counter import FlopCounterMode
 
     # eval mode: a SyncBatchNorm copy must not gather
-    meta = copy.deepcopy(model).to("meta").train(False)
+    # the copy's tensors are made on the meta device from the start: a deepcopy of a GPU model
+    # would first hold a second copy of its weights on the GPU
+    memo = {id(t): torch.empty_like(t, device="meta") for t in model.buffers()}
+    memo.update({id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+                 for p in model.parameters()})
+    meta = copy.deepcopy(model, memo).train(False)
     # 2: BatchNorm in training refuses a batch of 1
     x = torch.empty(2, *sample_shape, device="meta")
     with FlopCounterMode(display=False) as counter:
