@@ -141,7 +141,7 @@ def broken_copy(name, folder):
 
 
 # The breakages' pytests are forks of one interpreter that has imported pytest and torch, as each
-# of them does first (its test module imports torch): 2 to 3 CPU-seconds a pytest, spent once.
+# of them does first (its test module imports torch): paid once, not by each.
 # Nothing of the course is imported before the forks: each fork's conftest reads its copy's
 # TRAINUP_SCRIPTS_DIR and imports that copy's trainup and lessons, as a fresh pytest does. At most
 # `most` run at once; one still running after its timeout is killed, as subprocess.run kills it.

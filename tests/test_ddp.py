@@ -298,7 +298,7 @@ def test_on_two_gpus_nccl_ranks_end_like_one_gpu(log_dir):
 
 def test_the_scaling_table_joins_this_machine_s_runs_and_the_references():
     """Notebook 04 joins its runs and the committed references (index 0, 1, 2 and 0 again): each
-    machine's speedup is over its own one-process run (with the H100's reference, 2026-11-26, the
+    machine's speedup is over its own one-process run (with the H100's reference the
     repeated index broke the table)."""
     import pandas as pd
     from lessons import ddp

@@ -52,7 +52,7 @@ def test_pick_follows_the_request_and_what_exists(fake_gpus):
 
 def test_a_node_s_processes_share_no_gpu(fake_gpus, capsys):
     """--device auto takes GPUs only where each of a node's processes gets one (on a 1-GPU H100,
-    2026-11-26, two ranks both on GPU 0 ended in NCCL's "Duplicate GPU detected"); rank 0 of the
+    two ranks both on GPU 0 ended in NCCL's "Duplicate GPU detected"); rank 0 of the
     node says why; --device cuda with too few is one sentence on every rank."""
     from trainup import distributed
     ctx = lambda rank, n, launcher="torchrun": distributed.Context(  # noqa: E731

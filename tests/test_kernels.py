@@ -49,7 +49,7 @@ def choices():
 # One interpreter a kernel choice, started under its environment (each choice is read when torch
 # loads or first computes), imports the script, torch and torch._dynamo (which each run's optimizer
 # imports), then forks the choice's runs, each calling main() with its flags and variables. 24
-# fresh interpreters cost about 130 CPU-seconds, most of it these imports, repeated in every one.
+# fresh interpreters would repeat these imports in every one.
 # No parallel region may have run before the forks (OpenMP's threads do not survive a fork): the
 # interpreter checks that it has no thread but its own.
 FORKS = r'''

@@ -43,7 +43,7 @@ def test_every_record_follows_the_schema(tmp_path):
 def test_a_stream_kept_past_the_run_writes_to_the_terminal(tmp_path, monkeypatch, capsys):
     """rich's live display (Lightning's progress bar where rich is installed) keeps sys.stdout as
     it found it, the run's tee, and writes to it after the run's log is closed: the terminal gets
-    it, and neither that write nor the exit's flush fails (on a GPU machine with rich, 2026-11-26,
+    it, and neither that write nor the exit's flush fails (on a GPU machine with rich,
     the Lightning script exited with status 120)."""
     log = metrics.RunLog(fake_args(tmp_path), "script.py", "cpu")
     kept = sys.stdout  # what rich's Live saves when it starts
@@ -59,7 +59,7 @@ def test_a_stream_kept_past_the_run_writes_to_the_terminal(tmp_path, monkeypatch
 def test_the_log_names_the_gpus_without_starting_cuda(monkeypatch):
     """The env record's GPU names come from NVML until CUDA has started: a kernel that logged a CPU
     run could not fork Lightning's ddp_notebook ranks afterwards, nor could those ranks log (on an
-    H100, 2026-11-26: "Cannot re-initialize CUDA in forked subprocess")."""
+    H100: "Cannot re-initialize CUDA in forked subprocess")."""
     import nvitop
 
     def no_cuda(*a):

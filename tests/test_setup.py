@@ -223,7 +223,7 @@ def test_every_pin_has_a_wheel_on_pypi_for_exactly_the_pythons_claimed():
     """Asks PyPI itself, one request per package in parallel threads. pip's resolver (`pip install --dry-run
     --python-version 3.X --only-binary=:all:`) would be the fuller check, but the index reachable here serves no
     PEP 658 metadata, so pip downloads every wheel to read its dependencies (several GB per Python version).
-    Run once by hand on 2026-11-22, that pip call resolved all 159 packages for 3.12, 3.13 and 3.14, and
+    Run once by hand, that pip call resolved all 159 packages for 3.12, 3.13 and 3.14, and
     stopped at numpy==2.4.6 for 3.10 and at torch===2.13.0 for 3.15."""
     try:
         urllib.request.urlopen("https://pypi.org/simple/pip/", timeout=15).close()
@@ -350,7 +350,7 @@ def test_the_colab_cell_moves_none_of_colabs_packages():
     from packaging.utils import canonicalize_name
     from packaging.version import Version
     have = colab_snapshot()
-    assert have["numpy"] == Version("2.1.3") and "mlxtend" in have  # the snapshot of 2026-08-19
+    assert have["numpy"] == Version("2.1.3") and "mlxtend" in have  # Colab's published snapshot
     python313 = {**default_environment(), "python_version": "3.13", "python_full_version": "3.13.5",
                  "sys_platform": "linux", "platform_system": "Linux", "extra": ""}
     lines = (ROOT / "requirements-colab.txt").read_text().splitlines()

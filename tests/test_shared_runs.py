@@ -154,7 +154,7 @@ def test_a_baseline_made_already_is_copied_and_not_run_again(tmp_path):
 def test_a_hung_job_is_killed_with_the_workers_of_its_own_sessions_and_fails(monkeypatch):
     """torchrun starts its workers in sessions of their own: a hung job's process group does not
     hold them, and a worker still holding the job's output would keep the test waiting for ever
-    (a fresh-clone run, 2026-11-26). The guard kills the whole tree and fails in its time."""
+    (seen in a fresh-clone run). The guard kills the whole tree and fails in its time."""
     import subprocess
     import sys
     import time

@@ -70,7 +70,7 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     """Run the Ray job, kill rank 1 once Ray kept a checkpoint, wait for the end. Folders relative
     to the course's top folder. Raises (one sentence first) where the run fails or hangs.
     A run whose workers never start is ended, every process Ray started with it too, and started
-    once more: on a loaded machine Ray's own start can stall (seen 2026-11-28 on 2 busy cores: the
+    once more: on a loaded machine Ray's own start can stall (on 2 busy cores the
     Train controller's request to its autoscaling coordinator timed out, and the worker group it
     went on to start never came up)."""
     quick = QUICK if quick is None else quick
@@ -163,7 +163,7 @@ def load(run, log_dir="logs", checkpoint_dir="checkpoints"):
 def marked(mark, wait_s=30):
     """The processes whose environment holds MARK=mark (the driver and all Ray started), once
     those on their way out have had wait_s seconds to go (10 were too few in a fresh clone's
-    suite on a slow day, 2026-11-28: Ray's processes end after ray.shutdown() returns, on their
+    suite on a slow machine: Ray's processes end after ray.shutdown() returns, on their
     own time; one that stays 30 s has outlived the run)."""
     deadline = time.monotonic() + wait_s
     while True:

@@ -105,7 +105,7 @@ def worker_start():
     as forks of this process. Once a run has joined its process group, gloo's threads call into
     Python at moments of their own, and a fork that lands while one of them holds CPython's lock of
     thread states leaves the worker waiting for it for ever: CPython issue 112275, fixed in 3.11.8.
-    Seen here on 3.11.7 (2026-11-26): a DDP rank's test-set worker hung inside the fork, its rank
+    Seen on 3.11.7: a DDP rank's test-set worker hung inside the fork, its rank
     waited for the worker's batches, the other rank timed out. Python 3.14 starts workers this way
     by default. Tensors reach the workers through shared memory, not copied."""
     import multiprocessing

@@ -31,7 +31,7 @@ def machine_load():
 def gpu_names():
     """The names of the GPUs torch sees, without starting CUDA where it has not started: a process
     that started it cannot fork ranks that use it (Lightning's ddp_notebook refuses), and a process
-    forked after it started cannot start it again (on an H100, 2026-11-26: lesson 07's CPU ranks
+    forked after it started cannot start it again (on an H100, lesson 07's CPU ranks
     forked from a kernel failed here). NVML names them (nvitop, CUDA_VISIBLE_DEVICES respected)."""
     if not torch.cuda.is_available():
         return []
@@ -77,7 +77,7 @@ class _Tee:
     still reach the terminal. A closed one is dropped quietly: whoever kept this stream past the
     run's end writes to the terminal (rich's live display, Lightning's progress bar where rich is
     installed, as on Colab, restores it and writes after the run's log is closed; found on a GPU
-    machine, 2026-11-26: exit status 120)."""
+    machine: exit status 120)."""
     def __init__(self, *streams):
         self.streams = list(streams)
 

@@ -108,7 +108,7 @@ def cluster(args, gpus=0):
 
 def start(init, tries=2):
     """ray.init. Ray waits 30 s (its own constant) for a local node's raylet to register with
-    the GCS; on a loaded machine that can pass (seen 2026-11-26 with the test suite and two
+    the GCS; on a loaded machine that can pass (seen with the test suite and two
     more jobs on 2 cores: "The current node timed out during startup"). Then the processes that
     start began are ended, and the cluster started once more."""
     import psutil

@@ -73,8 +73,8 @@ TYPES = {
 OPTIONAL = {"env": ("cores", "load_start"), "summary": ("load_end",),
             "shard_memory": ("forward_param_bytes",),
             "tp": ("heads", "sequence_parallel", "tokens"),  # _trainup_tp_sp.py's transformer
-            "sharding": ("prefetch", "offload"),  # FSDP2's options (2026-11-25)
-            "pipeline": ("split", "recompute"),  # (2026-11-25, 2026-11-26)
+            "sharding": ("prefetch", "offload"),  # FSDP2's options
+            "pipeline": ("split", "recompute"),
             "epoch": ("flops_per_s", "mfu", "lr")}
 # Fields whose type depends on the record: an epoch's number against a 'ranks' list of them; a summary of
 # a run without epochs (a sweep) has no loss.
