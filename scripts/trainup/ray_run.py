@@ -106,11 +106,11 @@ def cluster(args, gpus=0):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def start(init, tries=2):
+def start(init, tries=4):
     """ray.init. Ray waits 30 s (its own constant) for a local node's raylet to register with
     the GCS; on a loaded machine that can pass (seen with the test suite and two
-    more jobs on 2 cores: "The current node timed out during startup"). Then the processes that
-    start began are ended, and the cluster started once more."""
+    more jobs on 2 cores: "The current node timed out during startup", twice in a row). Then the
+    processes that start began are ended, and the cluster started again, up to `tries` times."""
     import psutil
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     for attempt in range(tries):
@@ -124,6 +124,8 @@ def start(init, tries=2):
                 p.kill()
             psutil.wait_procs(began, timeout=30)
             ray.shutdown()
+            print("note: Ray's node did not register within Ray's 30 s (a loaded machine); "
+                  "its processes ended, Ray started again", file=sys.stderr)
 
 
 def init_args(args, gpus, temp, address=None):
