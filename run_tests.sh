@@ -24,4 +24,5 @@ export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-1000000000}
 # (tests/suite_plugin.py: serial_group). TRAINUP_TEST_WORKERS=0 runs everything in this process.
 cores=$(nproc 2>/dev/null || echo 2)
 workers=${TRAINUP_TEST_WORKERS:-$(( cores + 1 < 2 ? 2 : (cores + 1 > 4 ? 4 : cores + 1) ))}
-exec .venv/bin/python -m pytest -n "$workers" --no-loadscope-reorder "$@"
+# --durations: the slowest tests' times end the report, to see where the suite's time goes.
+exec .venv/bin/python -m pytest -n "$workers" --no-loadscope-reorder --durations=25 "$@"

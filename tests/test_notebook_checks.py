@@ -343,9 +343,9 @@ def test_published_figures_name_their_source():
 def test_a_printed_diff_is_checked_for_the_lessons_lines():
     from lessons import launch
     diff = "--- a\n+++ b\n@@ -1 +1,2 @@\n-old line\n+    hvd.init()\n+    model = DDP(model)\n"
-    launch.diff_adds(diff, "hvd.init()", "DDP(model")
+    launch.check_diff_adds(diff, "hvd.init()", "DDP(model")
     with pytest.raises(AssertionError, match="missing: old line"):
-        launch.diff_adds(diff, "old line")  # removed, not added
+        launch.check_diff_adds(diff, "old line")  # removed, not added
 
 
 def test_the_cores_note_says_what_the_cores_allow():

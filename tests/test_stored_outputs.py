@@ -1,7 +1,7 @@
 """Stored outputs hold no digit that depends on the processor, the load or the run.
 
 nbval (lax mode, pytest.ini) compares every cell tagged nbval-check-output with its stored output
-after the sanitizer's rewrites (notebooks/nbval_sanitize.cfg). A float difference printed in full (a gap of 1.9e-07 stored,
+after the sanitizer's rewrites (tests/nbval_sanitize.cfg). A float difference printed in full (a gap of 1.9e-07 stored,
 2.2e-07 on another processor) passes on the machine that stored it only. Such values are rounded to
 what the lesson claims, or shown in an untagged cell that asserts. The tolerances a lesson states are
 constants, and may be shown, as may a value rounded to its power of ten (a gap "about 1e-02").
@@ -24,7 +24,7 @@ IN_FULL = re.compile(r"(?<![\w.])(?!1e[-+]?\d+\b)\d+(\.\d+)?e[-+]?\d+\b")
 
 def sanitizers():
     config = configparser.ConfigParser()
-    config.read(ROOT / "notebooks" / "nbval_sanitize.cfg")
+    config.read(ROOT / "tests" / "nbval_sanitize.cfg")
     return [(re.compile(config[s]["regex"]), config[s]["replace"]) for s in config.sections()]
 
 

@@ -10,6 +10,7 @@ runs), so it is this Python's torchrun whatever PATH holds; the printed command 
 """
 import difflib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -205,7 +206,23 @@ def script_diff(old, new):
     return "".join(difflib.unified_diff(a, b, f"scripts/{old}", f"scripts/{new}", n=1))
 
 
-def diff_adds(diff, *lesson):
+def show_code(text, language="diff"):
+    """Shows a diff (or source) as a Markdown code block of that language, which JupyterLab and
+    Colab colour: a diff's added lines green, its removed ones red. Plain text outside a notebook."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        print(text)
+        return
+    longest = max((len(r) for r in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)  # longer than any run of backticks in the text
+    display(Markdown(f"{fence}{language}\n{text.rstrip()}\n{fence}"))
+
+
+def check_diff_adds(diff, *lesson):
     """The diff adds the lesson's lines (each fragment in some added line). A notebook checks its printed
     diff with this rather than storing it to compare character by character: any edit of the scripts would
     fail that, and a diff that lost the lesson's lines could be stored again."""

@@ -51,9 +51,13 @@ class Drill:
 
 def available():
     """(True, Ray's version) where Ray Train imports; else (False, one sentence saying how)."""
+    import logging
     import warnings
-    with warnings.catch_warnings():  # Ray imports tqdm.auto, which warns in a notebook without
-        warnings.filterwarnings("ignore", message="IProgress not found")  # ipywidgets: noise here
+    # In a notebook without ipywidgets, Ray's import logs (ray.widgets) and tqdm.auto warns that
+    # rich output is missing: the lesson prints text, so both are noise here.
+    logging.getLogger("ray.widgets").setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
         from trainup import ray_run
     if ray_run.ray is None:
         return False, (f"Ray is not installed in this Python ({ray_run.RAY_MISSING}): the Ray "
