@@ -24,11 +24,11 @@ PYTHON_NEWEST = (3, 14)
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's own index of CPU-only builds
 # PyPI's torch 2.13 is a CUDA 13 build (drivers of the 580 series on); PyTorch's own index also builds it
-# for CUDA 12.6 (drivers from the 525 series, Maxwell to Hopper). 12.8 and 12.9 stopped with 2.12.
+# for CUDA 12.6 (drivers from the 525 series, Maxwell to Hopper), and for CUDA 12.9.
 CUDA12_INDEX = "https://download.pytorch.org/whl/cu126"
 INDEX = {"cpu": CPU_INDEX, "cu126": CUDA12_INDEX}
 # Size of .venv on disk after each path (README "Set-up" says the same; a test checks they agree).
-CUDA_SIZE = "5.4 GB"  # measured 2026-11-22 on a fresh clone
+CUDA_SIZE = "5.4 GB"  # measured on a fresh clone
 CPU_SIZE = "not measured here (only PyPI is reachable from the machine the course is built on)"
 
 

@@ -12,8 +12,9 @@ from . import UserError
 PRECISIONS = {"32": torch.float32, "64": torch.float64, "16": torch.float16, "bf16": torch.bfloat16}
 
 
-# PyTorch's CUDA 12.6 builds (torch 2.13 has no 12.8 or 12.9 build): drivers from the 525 series, and
-# GPUs from Maxwell on, which PyPI's CUDA 13 build (Turing on, drivers of the 580 series) leaves out.
+# PyTorch's CUDA 12.6 builds: drivers from the 525 series, and GPUs from Maxwell on, which PyPI's
+# CUDA 13 build (Turing on, drivers of the 580 series) leaves out. PyTorch also builds torch 2.13
+# for CUDA 12.9 (its release note to Colab, googlecolab/colabtools#6053); the course takes 12.6.
 CUDA12_INDEX = OLDER_CUDA_INDEX = "https://download.pytorch.org/whl/cu126"
 
 
