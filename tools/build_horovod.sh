@@ -79,7 +79,7 @@ command -v make >/dev/null || cannot "make not found (install it, e.g. apt-get i
 command -v patch >/dev/null || cannot "patch not found (install it, e.g. apt-get install patch)"
 
 say "building Horovod $VERSION against torch $torch_version ($flavour), once: download its source (3.5 MB),"
-say "  patch it for C++17, compile a wheel (85 to 190 s on 2 cores, 2026-11-21), keep it in $dir/ (log: $dir/build.log)"
+say "  patch it for C++17, compile a wheel (a few minutes on 2 cores), keep it in $dir/ (log: $dir/build.log)"
 # The source tree lives beside the wheel it builds; one left by an interrupted build keeps its compiled objects.
 src=$dir/src
 sdist=$src/horovod-$VERSION.tar.gz
