@@ -523,7 +523,7 @@ def test_the_horovod_build_names_its_log_and_the_failing_line(course_copy, tmp_p
     assert done.returncode == 1, done.stdout + done.stderr
     err = done.stderr.strip().splitlines()
     assert len(err) == 1 and "ERROR: No matching distribution found" in err[0] and "download.log" in err[0], err
-    assert "building Horovod 0.28.1" in done.stdout and "85 to 190 s" in done.stdout
+    assert "building Horovod 0.28.1" in done.stdout and "a few minutes" in done.stdout
 
 
 def test_a_script_asking_for_the_gpu_behind_an_old_driver_gets_the_fix(monkeypatch, capsys):
