@@ -104,7 +104,7 @@ def test_lesson_06_runs_its_stages_on_gpus_only_where_there_are_two(gpus, monkey
         with pytest.raises(Started):
             schedules.sweep_on_gpus(64, ["--width", 8])
         cmd = " ".join(started[0])
-        assert "--nproc-per-node 2" in cmd and "--device cuda --sweep" in cmd, cmd
+        assert "--nproc-per-node 2" in cmd and "--device cuda --stages 2 --sweep " in cmd, cmd
         assert "--device cpu" not in cmd
 
 

@@ -18,7 +18,7 @@ import sys
 from trainup import ROOT
 from trainup.distributed import free_port
 from trainup.metrics import machine_load
-from . import checks, jobs
+from . import checks, jobs, manifest
 from .placement import placed
 from .report import QUICK, check, failed
 
@@ -154,37 +154,10 @@ def two_nodes(script, *args, name, rendezvous="static", nproc_per_node=1, quick=
     return name
 
 
-# The ladder: each lesson's script, the script it grows from, and the most changed lines (diff's < and >
-# lines) its diff may have, so that diff teaches the lesson. Measured after the shared plumbing moved to
-# trainup/ (flags by concern, one evaluate, one sweep); gpu -> dp shows the size every step aims at (about
-# 60). tests/test_structure.py holds every step to its budget; a step that grows needs its budget raised
-# here, in review, where the reason shows.
-LADDER = (("_trainup_cpu.py", "_trainup_hogwild.py", 66),
-          ("_trainup_cpu.py", "_trainup_gpu.py", 85),
-          ("_trainup_gpu.py", "_trainup_dp.py", 65), ("_trainup_gpu.py", "_trainup_ddp.py", 87),
-          ("_trainup_ddp.py", "_trainup_ddp_tuned.py", 78),
-          # Horovod's --accumulate (backward_passes_per_step) costs 10: the step only at the K-th
-          # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)
-          # lesson 04's script joins and leaves in the open (init_process_group, set_device,
-          # destroy_process_group): 7 lines each child replaces with its own framework's calls
-          ("_trainup_ddp.py", "_trainup_horovod.py", 96),
-          ("_trainup_ddp.py", "_trainup_ray.py", 97),
-          # Fabric (lesson 07): its calls in lesson 04's loop (about 60 lines); the rest is sweeps,
-          # the stop signal and GPU statistics left to the Trainer, which has its own; its own
-          # DataLoader starts workers as data.loader does (data.worker_start)
-          ("_trainup_ddp.py", "_trainup_fabric.py", 134),
-          # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy
-          ("_trainup_fabric.py", "_trainup_lightning.py", 161),
-          # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3)
-          ("_trainup_lightning.py", "_trainup_lightning_fsdp.py", 45),
-          # the block-stack lessons (06, 09) grow from one parent: each diff is its lesson
-          ("_trainup_ddp.py", "_trainup_blocks.py", 137),
-          ("_trainup_blocks.py", "_trainup_pipeline.py", 117),
-          # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows
-          ("_trainup_blocks.py", "_trainup_fsdp.py", 90),
-          ("_trainup_blocks.py", "_trainup_tp.py", 63),
-          # the transformer (09c): attention cut by heads, sequence parallelism, loss_parallel
-          ("_trainup_tp.py", "_trainup_tp_sp.py", 54))
+# The ladder: each lesson's script, the script it grows from, and the most changed lines its diff may
+# have (lessons/manifest.py holds each, with the reason for its budget). tests/test_structure.py holds
+# every step to its budget.
+LADDER = tuple((s.parent, s.name, s.budget) for s in manifest.SCRIPTS.values() if s.parent)
 
 
 def changed_lines(old, new):

@@ -9,16 +9,15 @@ lessons/ (report.run, launch.run and its kin, horovod.run) passes its arguments 
 """
 import os
 
-# The flag that says where a script runs, and its GPU value; the other scripts listed take --device.
-LIGHTNING = ("_trainup_lightning.py", "_trainup_lightning_fsdp.py", "_trainup_fabric.py")
-FLAG = {script: ("--accelerator", "gpu") for script in LIGHTNING}
-CHOOSES_DEVICE = {"_trainup_gpu.py", "_trainup_ddp.py", "_trainup_ddp_tuned.py", "_trainup_fsdp.py",
-                  "_trainup_horovod.py", *LIGHTNING, "_trainup_blocks.py",
-                  "_trainup_pipeline.py", "_trainup_tp.py"}
+from .manifest import ACCELERATOR, SCRIPTS
+
+# The flag that says where a script runs and its GPU value (lessons/manifest.py); the scripts that
+# choose no device (CPU only, DataParallel's --gpus, the collectives' --backend) are not here.
+FLAG = {name: s.device_flag for name, s in SCRIPTS.items() if s.device_flag}
+CHOOSES_DEVICE = set(FLAG)
+LIGHTNING = tuple(name for name, flag in FLAG.items() if flag == ACCELERATOR)
 # Where a script's --device defaults to cpu, a job that names none never uses a GPU.
-DEFAULT = {"_trainup_blocks.py": "cpu", "_trainup_pipeline.py": "cpu", "_trainup_tp.py": "cpu"}
-# The others choose no device: _trainup_cpu.py and _trainup_hogwild.py (CPU only), _trainup_dp.py
-# (--gpus, one process), _trainup_pipeline_manual.py (CPU only), _trainup_collectives.py (--backend).
+DEFAULT = {name: s.device_default for name, s in SCRIPTS.items() if s.device_default != "auto"}
 
 
 def gpu_count():
@@ -50,7 +49,7 @@ def placed(script, args, nproc=1, gpus=None, say=print):
     args = [str(a) for a in args]
     if os.path.basename(script) not in CHOOSES_DEVICE:
         return args
-    flag, gpu = FLAG.get(os.path.basename(script), ("--device", "cuda"))
+    flag, gpu = FLAG[os.path.basename(script)]
     n = processes(os.path.basename(script), args, nproc)
     gpus = gpu_count() if gpus is None else gpus
     device, why = decide(n, gpus)

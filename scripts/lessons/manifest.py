@@ -1,0 +1,67 @@
+"""The course's scripts, one entry each: the lesson that teaches it, the script it grows from, how far
+its diff may go, and how it chooses its device. The ladder (launch.LADDER), the device placement
+(placement.py) and the structure tests read this one list: a new lesson's script is one entry here.
+
+    from lessons import manifest
+    manifest.SCRIPTS["_trainup_ddp.py"].parent     # '_trainup_gpu.py'
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Script:
+    """One script of scripts/. `budget`: the most changed lines (diff's < and > lines) its diff
+    against `parent` may have, so that the diff teaches the lesson; a step that grows needs its
+    budget raised here, in review, where the reason shows. `device_flag`: the flag that says where it
+    runs and its GPU value (None: the script chooses no device); `device_default`: that flag's value
+    when a job names none."""
+    name: str
+    notebook: str
+    parent: str | None = None
+    budget: int | None = None
+    device_flag: tuple[str, str] | None = None
+    device_default: str = "auto"
+
+
+DEVICE = ("--device", "cuda")
+ACCELERATOR = ("--accelerator", "gpu")  # Lightning's Trainer and Fabric
+
+_ENTRIES = (
+    # lesson 01: the baseline, and Hogwild's processes on one shared model
+    Script("_trainup_cpu.py", "01_cpu_baseline.ipynb"),
+    Script("_trainup_hogwild.py", "01_cpu_baseline.ipynb", "_trainup_cpu.py", 66),
+    Script("_trainup_gpu.py", "02_single_gpu.ipynb", "_trainup_cpu.py", 85, DEVICE),
+    # gpu -> dp shows the size every step aims at; DataParallel takes --gpus, one process
+    Script("_trainup_dp.py", "03_data_parallel.ipynb", "_trainup_gpu.py", 65),
+    # lesson 04's script joins and leaves in the open (init_process_group, set_device,
+    # destroy_process_group): 7 lines each child replaces with its own framework's calls
+    Script("_trainup_ddp.py", "04_ddp.ipynb", "_trainup_gpu.py", 87, DEVICE),
+    Script("_trainup_ddp_tuned.py", "04_ddp.ipynb", "_trainup_ddp.py", 78, DEVICE),
+    # the collectives one by one, over the --backend it names
+    Script("_trainup_collectives.py", "04_ddp.ipynb"),
+    Script("_trainup_ray.py", "04c_elastic.ipynb", "_trainup_ddp.py", 97),
+    # Horovod's --accumulate (backward_passes_per_step) costs 10: the step only at the K-th
+    # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)
+    Script("_trainup_horovod.py", "05_horovod.ipynb", "_trainup_ddp.py", 96, DEVICE),
+    # the block-stack lessons (06, 09, 09c) grow from one parent: each diff is its lesson
+    Script("_trainup_blocks.py", "06_pipeline_parallel.ipynb", "_trainup_ddp.py", 137, DEVICE,
+           "cpu"),
+    Script("_trainup_pipeline.py", "06_pipeline_parallel.ipynb", "_trainup_blocks.py", 117, DEVICE,
+           "cpu"),
+    Script("_trainup_pipeline_manual.py", "06_pipeline_parallel.ipynb"),  # CPU only
+    # Fabric (lesson 07): its calls in lesson 04's loop (about 60 lines); the rest is sweeps,
+    # the stop signal and GPU statistics left to the Trainer, which has its own; its own
+    # DataLoader starts workers as data.loader does (data.worker_start)
+    Script("_trainup_fabric.py", "07_lightning.ipynb", "_trainup_ddp.py", 134, ACCELERATOR),
+    # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy
+    Script("_trainup_lightning.py", "07_lightning.ipynb", "_trainup_fabric.py", 161, ACCELERATOR),
+    # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3)
+    Script("_trainup_lightning_fsdp.py", "07_lightning.ipynb", "_trainup_lightning.py", 45,
+           ACCELERATOR),
+    # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows
+    Script("_trainup_fsdp.py", "09_sharding.ipynb", "_trainup_blocks.py", 90, DEVICE),
+    Script("_trainup_tp.py", "09c_tensor_parallel.ipynb", "_trainup_blocks.py", 63, DEVICE, "cpu"),
+    # the transformer: attention cut by heads, sequence parallelism, loss_parallel
+    Script("_trainup_tp_sp.py", "09c_tensor_parallel.ipynb", "_trainup_tp.py", 54),
+)
+SCRIPTS = {s.name: s for s in _ENTRIES}
