@@ -143,6 +143,38 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
         ray_run.start({})
 
 
+def test_a_node_late_on_a_loaded_machine_runs_again_once_the_load_falls(monkeypatch, tmp_path):
+    """Ray's node missing Ray's 30 s (its start failed, twice): the drill waits for the load to
+    fall and runs again, up to STARTS runs; then, or on any other failure, the course's sentence."""
+    said, tries, waits = [], [], []
+
+    def attempt(cmd, run, log_dir, checkpoint_dir, show, outcomes):
+        returncode, output = outcomes.pop(0)
+        tries.append(returncode)
+        d = ray_drill.Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir,
+                            output=output, returncode=returncode)
+        if returncode == 0:
+            d.log.write_text(json.dumps({"type": "ddp"}) + "\n")
+        return d
+
+    late = (1, f"Exception: The current node {ray_drill.NODE_LATE}. This could happen ...")
+    outcomes = [late, late, (0, "")]
+    monkeypatch.setattr(ray_drill, "_attempt", lambda *a: attempt(*a, outcomes))
+    monkeypatch.setattr(ray_drill, "calm", lambda: waits.append(1) or (12.0, 1.5, 2))
+    monkeypatch.setattr(ray_drill, "failed", lambda *a: RuntimeError("exited with status 1"))
+    d = ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
+    assert tries == [1, 1, 0] and d.returncode == 0 and len(waits) == 2
+    assert sum("did not start in time" in s and "the run starts again" in s for s in said) == 2
+
+    outcomes[:] = [late] * ray_drill.STARTS
+    with pytest.raises(RuntimeError, match="exited with status 1"):
+        ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
+    outcomes[:] = [(1, "Traceback ... ValueError: something else"), (0, "")]
+    with pytest.raises(RuntimeError, match="exited with status 1"):
+        ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
+    assert outcomes == [(0, "")]  # not run again
+
+
 def test_a_run_whose_workers_never_start_is_ended_and_started_once_more(monkeypatch, tmp_path):
     """Ray's own start can stall on a loaded machine: no rank writes its log within the wait. The
     drill ends that run and starts it once more, says so; a second stall is the hang sentence."""

@@ -49,6 +49,27 @@ class Drill:
     left: list = field(default_factory=list)  # processes of the run still there after its end
 
 
+# Ray gives a new node's raylet 30 s, its own constant, to register; its agents (Python processes)
+# start first, and on a loaded machine (2 cores running the test suite) that takes longer, start
+# after start (trainup/ray_run.start). The drill then waits for the load to fall and runs again.
+NODE_LATE = "timed out during startup"
+STARTS = 3
+CALM_WAIT_S = 120
+
+
+def calm(wait_s=CALM_WAIT_S, poll_s=5):
+    """Waits until the one-minute load average is below this process's cores, at most wait_s;
+    returns (seconds waited, the load then, the cores)."""
+    from trainup.metrics import machine_load
+    start = time.monotonic()
+    while True:
+        load, cores = machine_load()
+        waited = time.monotonic() - start
+        if load is None or load < cores or waited >= wait_s:
+            return waited, load, cores
+        time.sleep(poll_s)
+
+
 def available():
     """(True, Ray's version) where Ray Train imports; else (False, one sentence saying how)."""
     import logging
@@ -85,12 +106,20 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     log_dir, checkpoint_dir = ROOT / log_dir, ROOT / checkpoint_dir  # an absolute one stays
     log_dir.mkdir(parents=True, exist_ok=True)
     show("$ python " + shlex.join(cmd))
-    for attempt in (1, 2):
+    stalls = 0
+    for attempt in range(1, STARTS + 1):
         d = _attempt(cmd, run, log_dir, checkpoint_dir, show)
-        if d.returncode is not None or elastic.records(d.log) or attempt == 2:
+        if d.returncode is None and not elastic.records(d.log) and stalls == 0:
+            stalls += 1
+            show(f"no worker started within {WAIT_S} s: Ray's start stalled (a loaded machine); "
+                 "its processes ended, the run started once more")
+        elif d.returncode not in (None, 0) and NODE_LATE in d.output and attempt < STARTS:
+            waited, load, cores = calm()
+            show(f"Ray's node did not start in time (a loaded machine); after {waited:.0f} s "
+                 f"waiting for the load ({load:.1f}) to fall below the cores ({cores}), "
+                 "the run starts again")
+        else:
             break
-        show(f"no worker started within {WAIT_S} s: Ray's start stalled (a loaded machine); "
-             "its processes ended, the run started once more")
     if d.returncode is None:
         raise RuntimeError(f"the Ray run did not end within {WAIT_S} s: it hung\n"
                            f"{d.output[-3000:]}")

@@ -106,11 +106,12 @@ def cluster(args, gpus=0):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def start(init, tries=4):
+def start(init, tries=2):
     """ray.init. Ray waits 30 s (its own constant) for a local node's raylet to register with
     the GCS; on a loaded machine that can pass (seen with the test suite and two
-    more jobs on 2 cores: "The current node timed out during startup", twice in a row). Then the
-    processes that start began are ended, and the cluster started again, up to `tries` times."""
+    more jobs on 2 cores: "The current node timed out during startup"). Then the processes that
+    start began are ended, and the cluster started again, up to `tries` times (the lessons' drill
+    waits for the load to fall, and runs again: lessons/ray_drill.py)."""
     import psutil
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     for attempt in range(tries):
