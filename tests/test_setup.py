@@ -80,9 +80,9 @@ def course_copy(tmp_path_factory):
     return copy
 
 
-def setup_env(copy, *args, env=None):
+def setup_env(copy, *args, env=None, timeout=60):
     return subprocess.run(["bash", str(copy / "tools" / "setup_env.sh"), *args], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_setup_env_stops_on_an_unsupported_python_with_one_sentence(course_copy, tmp_path):
@@ -156,14 +156,15 @@ def test_setup_env_uses_the_active_conda_environment_when_asked(course_copy, tmp
     taken = setup_env(copy, "--conda", env=conda)
     assert taken.returncode == 2 and "mv .venv .venv.pip" in taken.stderr and (copy / ".venv").is_dir()
     (copy / ".venv").rmdir()
-    done = setup_env(copy, "--conda", env=conda)
+    # pip checks every pin and installs the course: minutes on 2 busy cores
+    done = setup_env(copy, "--conda", env=conda, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (copy / ".venv").resolve() == prefix.resolve() and (prefix / ".requirements.sha256").exists()
     assert "the course's packages (trainup, lessons) installed" in done.stdout
     where = subprocess.run([str(prefix / "bin" / "python"), "-c", "import lessons; print(lessons.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True)
     assert where.stdout.startswith(str(copy / "scripts" / "lessons")), where.stdout + where.stderr
-    again = setup_env(copy, env={"TRAINUP_SKIP_HOROVOD": "1"})  # what run_tests.sh and run_course.sh run
+    again = setup_env(copy, env={"TRAINUP_SKIP_HOROVOD": "1"}, timeout=600)  # run_tests.sh's, run_course.sh's
     assert again.returncode == 0 and "step 1/4" not in again.stdout and (copy / ".venv").is_symlink()
     assert "installed" not in again.stdout  # once per environment and checkout
 
