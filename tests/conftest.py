@@ -19,6 +19,8 @@ import suite_plugin as suite
 from suite_plugin import SHARED_OUTCOMES, plain_id
 
 ROOT = Path(__file__).resolve().parents[1]
+# the date in a reference set's name (<machine>_<date>) where a test makes one
+DAY = "2026-01-01"
 SCRIPTS = Path(os.environ.get("TRAINUP_SCRIPTS_DIR", ROOT / "scripts"))
 sys.path.insert(0, str(SCRIPTS))
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import (SCRIPTS, assert_clean_error, finish_job, in_process, rename_watch, run_script,
+from conftest import (DAY, SCRIPTS, assert_clean_error, finish_job, in_process, rename_watch, run_script,
                       srun_env, start_baseline, start_job)
 from lessons import checks, launch, report
 from trainup import distributed, models
@@ -306,8 +306,8 @@ def test_the_scaling_table_joins_this_machine_s_runs_and_the_references():
         return dict(measured_on=where, run=f"ddp_n{n}", world_size=n, batch_size=64,
                     samples_per_s=speed)
     here = pd.DataFrame([row("here", 1, 100.0), row("here", 2, 180.0), row("here", 4, 300.0)])
-    reference = pd.DataFrame([row("H100_2026-11-26", 1, 50000.0)])
+    reference = pd.DataFrame([row(f"H100_{DAY}", 1, 50000.0)])
     table = ddp.scaling_table(pd.concat([here, reference]))
     got = {(r.measured_on, r.world_size): (r.speedup, r.efficiency) for r in table.itertuples()}
     assert got == {("here", 1): (1.0, 1.0), ("here", 2): (1.8, 0.9), ("here", 4): (3.0, 0.75),
-                   ("H100_2026-11-26", 1): (1.0, 1.0)}
+                   (f"H100_{DAY}", 1): (1.0, 1.0)}

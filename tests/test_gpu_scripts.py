@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import (BASELINE, SCRIPTS, assert_clean_error, finish_job, finish_script, in_process,
+from conftest import (DAY, BASELINE, SCRIPTS, assert_clean_error, finish_job, finish_script, in_process,
                       run_script, start_baseline, start_script)
 from lessons import checks, gpu, report
 from trainup import UserError, dataparallel, devices
@@ -267,16 +267,16 @@ def test_a_sweep_logs_throughput_for_each_batch_size_that_fits(cpu_runs, tmp_pat
     # the same log, committed as a reference measured elsewhere: the lesson's tables say where it ran
     assert gpu.references("gpu_*", log_dir) == []
     assert "No reference logs matching gpu_*.jsonl have been committed yet" in gpu.about_references("gpu_*", log_dir)
-    folder = log_dir / "reference" / "H100_2026-01-01"
+    folder = log_dir / "reference" / f"H100_{DAY}"
     folder.mkdir(parents=True)
     (folder / "gpu_sweep.jsonl").write_text((log_dir / "sweep.jsonl").read_text())
     assert gpu.references("gpu_*", log_dir) == [folder / "gpu_sweep.jsonl"]
-    assert "measured on H100_2026-01-01 (not here)" in gpu.about_references("gpu_*", log_dir)
+    assert f"measured on H100_{DAY} (not here)" in gpu.about_references("gpu_*", log_dir)
     both = gpu.sweeps([log_dir / "sweep.jsonl", folder / "gpu_sweep.jsonl"])
-    assert list(both["measured_on"]) == ["here", "here", "H100_2026-01-01", "H100_2026-01-01"]
-    assert list(both["label"])[-1] == "sweep (H100_2026-01-01)"
+    assert list(both["measured_on"]) == ["here", "here", f"H100_{DAY}", f"H100_{DAY}"]
+    assert list(both["label"])[-1] == f"sweep (H100_{DAY})"
     table = gpu.runs([folder / "gpu_sweep.jsonl"], log_dir)
-    assert list(table["measured_on"]) == ["H100_2026-01-01"] and list(table["device"]) == ["cpu"]
+    assert list(table["measured_on"]) == [f"H100_{DAY}"] and list(table["device"]) == ["cpu"]
 
 
 def test_fp16_with_its_grad_scaler_trains_on_the_cpu_and_resumes_with_its_loss_scale(cpu_runs):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from conftest import ROOT
+from conftest import DAY, ROOT
 from lessons import report
 from trainup import checkpoint, metrics, models
 
@@ -214,4 +214,4 @@ def test_cnn_takes_mnist_and_cifar_shapes():
 
 def test_reference_logs_say_where_they_were_measured(tmp_path):
     assert report.measured_on(tmp_path / "cpu_t1.jsonl") == "here"
-    assert report.measured_on(tmp_path / "reference" / "H100_2026-11-21" / "gpu_sweep.jsonl") == "H100_2026-11-21"
+    assert report.measured_on(tmp_path / "reference" / f"H100_{DAY}" / "gpu_sweep.jsonl") == f"H100_{DAY}"

@@ -14,6 +14,8 @@ from lessons.log_reader import read_run
 from lessons import perfmodel as pm
 from trainup import LOG_DIR
 
+from conftest import DAY
+
 A, B = 5e-5, 2e9  # the synthetic sweep's alpha and beta
 SAMPLES = 4000
 
@@ -272,7 +274,7 @@ def test_a_set_is_quiet_when_other_programs_took_almost_none_of_the_cores(tmp_pa
         return reference.quiet(tmp_path)
     # its own 2-process jobs may lift the load above the cores: that is not someone else's
     assert made(load_before=0.7, wall_s=400.0, others_cpu_s=12.0)
-    assert reference.describe(tmp_path).endswith("other programs than its jobs: 12 CPU-seconds of "
+    assert reference.describe(tmp_path).endswith("other programs than its jobs: 12 s of CPU time of "
                                                  "the cores' 800")
     assert not made(load_before=0.7, wall_s=400.0, others_cpu_s=80.0)  # 10 % of 800 s
     assert not made(load_before=1.5, wall_s=400.0, others_cpu_s=0.0)  # busy when it began
@@ -290,15 +292,15 @@ def test_a_set_is_quiet_when_other_programs_took_almost_none_of_the_cores(tmp_pa
 
 
 def test_the_newest_reference_set_is_found_by_its_date(tmp_path):
-    for day in ("2025-01-02", "2025-03-01"):
-        folder = tmp_path / f"m_{day}"
+    for month in ("01", "03"):  # reference sets are named <machine>_<date>
+        folder = tmp_path / f"m_{DAY.replace('-01-', f'-{month}-')}"
         for name, script, _, flags in reference.RUNS:
             for run in reference.names(name, script, flags):
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / f"{run}.jsonl").write_text("")
         (folder / "machine.json").write_text("{}")
-    (tmp_path / "z_2030-01-01").mkdir()  # newer, but not a set of this lesson
-    assert reference.newest(tmp_path).name == "m_2025-03-01"
+    (tmp_path / f"z_{DAY.replace('2026', '2030')}").mkdir()  # newer, but not a set of this lesson
+    assert reference.newest(tmp_path).name == f"m_{DAY.replace('-01-', '-03-')}"
     assert reference.newest(tmp_path / "none") is None
     assert reference.names("x", "_trainup_fsdp.py", ["--shard", "none,optimizer"]) == \
         ["x_none", "x_optimizer"]
@@ -349,7 +351,7 @@ def synthetic_set(folder):
 
 def test_the_scaling_report_shows_the_prediction_beside_the_runs_it_predicts(tmp_path):
     from lessons import scaling_report as sr
-    folder = tmp_path / "reference" / "m_2025-01-01"
+    folder = tmp_path / "reference" / f"m_{DAY}"
     synthetic_set(folder)
     assert reference.complete(folder) and reference.quiet(folder)
     table = sr.performance(sr.load(tmp_path)[0]).set_index("run")

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, finish_job, notebook_passed, start_job
+from conftest import DAY, ROOT, SCRIPTS, finish_job, notebook_passed, start_job
 from lessons import checks, launch
 from lessons import equivalence as eq
 from lessons import scaling_report as sr
@@ -102,15 +102,15 @@ def test_empty_logs(tmp_path, capsys):
 
 
 def test_references_only(tmp_path, capsys):
-    ref = tmp_path / "reference" / "h100_2026-11-22"
+    ref = tmp_path / "reference" / f"h100_{DAY}"
     write_run(ref, "gpu_one", "_trainup_gpu.py", device="cuda:0", samples_per_s=5000)
     write_run(ref, "ddp_n2", "_trainup_ddp.py", world_size=2, device="cuda:0", samples_per_s=9000)
     runs, left = sr.load(tmp_path)
     missing = sr.what_is_missing(runs, left)
-    assert "only reference runs (h100_2026-11-22)" in missing and "run_course.sh" in missing
+    assert f"only reference runs (h100_{DAY})" in missing and "run_course.sh" in missing
     table = sr.performance(runs)
     row = table.set_index("run").loc["ddp_n2"]
-    assert row.measured_on == "h100_2026-11-22" and row.hardware == "NVIDIA H100" and row.speedup == pytest.approx(1.8)
+    assert row.measured_on == f"h100_{DAY}" and row.hardware == "NVIDIA H100" and row.speedup == pytest.approx(1.8)
     equal = sr.equivalence(runs, tmp_path / "checkpoints").set_index("strategy")
     assert equal.loc["DDP, 2 ranks", "result"] == "skipped" and "no checkpoint" in equal.loc["DDP, 2 ranks", "reason"]
     code, out, _ = report_main(capsys, "--log-dir", tmp_path, "--checkpoint-dir", tmp_path / "c", "--no-figures")
@@ -126,7 +126,7 @@ def full_set(tmp_path):
                                            ("d2", "_trainup_ddp.py", 2, 180, 700, 1e-12),
                                            ("d4", "_trainup_ddp.py", 4, 320, 650, 2e-12)):
         write_run(tmp_path, name, script, n, rate, mem, state=shifted(by), accuracies=(0.5, 0.7 + n / 100))
-    write_run(tmp_path / "reference" / "a100_2026-01-01", "r1", "_trainup_gpu.py", device="cuda:0", samples_per_s=4000)
+    write_run(tmp_path / "reference" / f"a100_{DAY}", "r1", "_trainup_gpu.py", device="cuda:0", samples_per_s=4000)
     return tmp_path
 
 
@@ -156,9 +156,9 @@ def test_synthetic_full_set(full_set):
     assert group.startswith("model cnn on digits (512 samples)")
     # 80 % by default: only the reference run reached it, and runs of two machines never mix
     one, target, group = sr.time_to_accuracy(runs)
-    assert target == sr.TARGET == 0.8 and list(one["run"]) == ["r1"] and "a100_2026-01-01" in group
+    assert target == sr.TARGET == 0.8 and list(one["run"]) == ["r1"] and f"a100_{DAY}" in group
     assert sr.about_time(one, target, group).startswith("Of model cnn on digits (512 samples), "
-                                                       "measured on a100_2026-01-01, only r1")
+                                                       f"measured on a100_{DAY}, only r1")
     none, target, group = sr.time_to_accuracy([r for r in runs if r["name"] != "r1"])
     assert not len(none) and "No run of model cnn" in sr.about_time(none, target, group)
     fig = sr.scaling_plot(sr.performance(runs), "test_scaling_report")

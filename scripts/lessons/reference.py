@@ -216,7 +216,7 @@ def make(folder=None, runs=RUNS, say=print):
             f"its own busy: runs minutes apart may differ by as much.")
     if not quiet(folder):  # notebook 11 asserts its goal on a quiet set only
         say(f"The load average was {load_before:.1f} before, and other programs than the set's "
-            f"used {others:.0f} CPU-seconds of the {wall * cores:.0f} its {wall:.0f} s had on "
+            f"used {others:.0f} s of CPU time of the {wall * cores:.0f} its {wall:.0f} s had on "
             f"{cores} cores: they took turns with these runs. Stop them and make the set again "
             f"before committing it." if others is not None else
             f"The load average was {load_before:.1f} before and up to {max(loads(folder)):.1f} "
@@ -252,7 +252,7 @@ def describe(folder):
             f"{max(loads(folder)):.2f} while the set was made (its own 2-process jobs in it)")
     if info.get("others_cpu_s") is not None:  # a CPU time below 0 is no one's: see own_cpu_s
         line += (f"; other programs than its jobs: {max(info['others_cpu_s'], 0):.0f} "
-                 f"CPU-seconds of the cores' {info['wall_s'] * info['cores']:.0f}")
+                 f"s of CPU time of the cores' {info['wall_s'] * info['cores']:.0f}")
     if steady(info) is not None:
         line += f"; its speed, probed before each job, moved by {steady(info):.0%} at most"
     return line
@@ -303,7 +303,7 @@ def busy_cpu_s():
 
 
 def own_cpu_s():
-    """CPU-seconds of this process and of the jobs it has waited for (torchrun waits for its
+    """Seconds of CPU time of this process and of the jobs it has waited for (torchrun waits for its
     workers, so theirs are in it)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
