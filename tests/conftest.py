@@ -30,7 +30,8 @@ sys.path.insert(0, str(SCRIPTS))
 FAST_FILES = {"test_activations.py", "test_data.py", "test_elastic.py", "test_gpumon.py",
               "test_install.py", "test_k8s.py", "test_lesson_shape.py", "test_metrics.py",
               "test_perfmodel.py", "test_planner.py", "test_predict_here.py", "test_readme.py",
-              "test_stored_outputs.py", "test_fresh_jobs.py", "test_machine.py", "test_style.py"}
+              "test_stored_outputs.py", "test_fresh_jobs.py", "test_machine.py", "test_style.py",
+              "test_manifest.py"}
 FAST_TESTS = {
     "test_horovod.py::test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it",
     "test_blocks.py::test_two_ranks_end_with_the_parameters_of_one_process",
