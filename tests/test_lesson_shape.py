@@ -5,6 +5,7 @@ lessons it builds on, the hardware it uses and how long it takes. Closing: "What
 a last cell linking the next lesson (the last lesson links the course's front page).
 """
 import json
+import math
 import re
 
 import pytest
@@ -65,3 +66,168 @@ def test_the_shape_check_finds_a_lesson_without_its_plan(tmp_path):
     path.write_text(json.dumps({"cells": cells}))
     assert problems(path, "00_x.ipynb") == []
     assert "does not link 01_y.ipynb" in problems(path, "01_y.ipynb")[0]
+
+
+# ---- Colab's runtime: a GPU for the lessons that use one ----------------------------------------
+
+# Each lesson's "**Hardware:**" bullet, in its own words, and what they decide: Colab opens the
+# lesson on a GPU runtime (metadata.accelerator "GPU", metadata.colab.gpuType "T4": one T4) when
+# the lesson uses a GPU where there is one. A lesson that needs 2 GPUs or more gains nothing from
+# one T4. A bullet rewritten without its words fails below: decide again, then change the metadata.
+USES_ONE_GPU = {
+    "00_environment": (True, "on a machine with NVIDIA GPUs it also lists them"),
+    "01_cpu_baseline": (False, "no GPU is used"),
+    "02_single_gpu": (True, "where an NVIDIA GPU is present the GPU cells run on it"),
+    "03_data_parallel": (True, "the runs on 1 to N GPUs and the phase timings need NVIDIA GPUs"),
+    "04_ddp": (True, "with NVIDIA GPUs the NCCL cells run too"),
+    "04b_slurm": (False, "The GPU templates are checked, not run."),
+    "04c_elastic": (False, "No GPU is used."),
+    "05_horovod": (False, "GPUs are described, not used."),
+    "06_pipeline_parallel": (False, "one cell uses 2 or more GPUs where present"),
+    "07_lightning": (False, "GPUs are described, not used."),
+    "08_monitoring_and_profiling": (True, "the Lightning run use GPUs where there are enough"),
+    "09_sharding": (False, "described, not run: no GPU run of this lesson is stored"),
+    "09b_activations": (False, "a laptop CPU (one process, a small layer)"),
+    "09c_tensor_parallel": (False, "no GPU run of this lesson is stored"),
+    "10_scaling_report": (False, "GPU runs appear where reference logs of GPUs are committed"),
+    "11_predict_the_cluster": (False, "no GPU is used"),
+}
+
+
+def hardware_bullet(nb):
+    """The opening's "**Hardware:**" bullet, its lines joined."""
+    for c in nb["cells"]:
+        found = re.search(r"^- \*\*Hardware:\*\*(.*?)(?=^- \*\*|\Z)", "".join(c["source"]),
+                          re.M | re.S)
+        if c["cell_type"] == "markdown" and found:
+            return " ".join(found.group(1).split())
+    return ""
+
+
+def gpu_problems(path, uses_gpu, words):
+    """Where the notebook's Colab metadata, its Hardware bullet and the verdict disagree."""
+    nb = json.loads(path.read_text())
+    said = []
+    if words not in hardware_bullet(nb):
+        said.append(f"{path.name}: its Hardware bullet no longer says {words!r}: decide again")
+    meta = nb.get("metadata", {})
+    asks = (meta.get("accelerator"), meta.get("colab", {}).get("gpuType"))
+    if uses_gpu and asks != ("GPU", "T4"):
+        said.append(f"{path.name}: uses a GPU, but Colab's metadata asks for {asks}")
+    if not uses_gpu and asks != (None, None):
+        said.append(f"{path.name}: uses no GPU, but Colab's metadata asks for {asks}")
+    return said
+
+
+def test_every_lesson_is_decided_for_colab():
+    assert sorted(USES_ONE_GPU) == [p.stem for p in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_colab_opens_on_a_gpu_the_lessons_that_use_one(path):
+    uses_gpu, words = USES_ONE_GPU[path.stem]
+    assert not gpu_problems(path, uses_gpu, words), "\n".join(gpu_problems(path, uses_gpu, words))
+
+
+def test_the_gpu_check_finds_metadata_that_disagrees(tmp_path):
+    opening = {"cell_type": "markdown", "metadata": {},
+               "source": ["- **Hardware:** a laptop CPU; the GPU cells run\n", "  on a GPU.\n",
+                          "- **Time:** 1 min in quick mode"]}
+    path = tmp_path / "99_x.ipynb"
+    path.write_text(json.dumps({"cells": [opening], "metadata": {}}))
+    assert gpu_problems(path, False, "the GPU cells run on a GPU") == []
+    assert "uses a GPU, but" in gpu_problems(path, True, "the GPU cells run on a GPU")[0]
+    assert "no longer says" in gpu_problems(path, False, "no GPU is used")[0]
+    path.write_text(json.dumps({"cells": [opening],
+                                "metadata": {"accelerator": "GPU", "colab": {"gpuType": "T4"}}}))
+    assert gpu_problems(path, True, "the GPU cells run on a GPU") == []
+    assert "uses no GPU, but" in gpu_problems(path, False, "the GPU cells run on a GPU")[0]
+
+
+# ---- how long a lesson is ----------------------------------------------------------------------
+
+WIDTH = 100  # characters of prose in one rendered line
+SCREEN = 45  # rendered lines in one screen
+IMAGE = 24  # lines a plot takes (a figure about 480 pixels high, at 20 pixels a line)
+AUTO_SCROLL, SCROLL_BOX = 100, 20  # a cell's text output longer than this shows in a box of that
+MOST_SCREENS = 10
+# Lessons already longer than MOST_SCREENS, each held to its own length until it is split.
+LONGER = {"02_single_gpu": 14.7, "03_data_parallel": 10.8, "04_ddp": 25.3, "04b_slurm": 12.2,
+          "04c_elastic": 11.0, "05_horovod": 14.9, "06_pipeline_parallel": 19.6,
+          "07_lightning": 19.9, "08_monitoring_and_profiling": 17.5, "09_sharding": 18.2,
+          "09c_tensor_parallel": 15.7, "10_scaling_report": 15.4, "11_predict_the_cluster": 18.0}
+
+
+def markdown_lines(text):
+    lines = 1  # the space between cells
+    for line in text.splitlines():
+        if re.search(r"!\[[^\]]*\]\(|<img\b", line):
+            lines += IMAGE
+        elif line.startswith("#"):
+            lines += 2  # a heading: larger type, space above
+        else:
+            lines += max(1, math.ceil(len(line) / WIDTH))  # prose wraps
+    return lines
+
+
+def output_lines(outputs):
+    text = images = 0
+    for out in outputs:
+        data = out.get("data", {})
+        if out["output_type"] == "stream":
+            text += len("".join(out["text"]).splitlines())
+        elif out["output_type"] == "error":
+            text += sum(len(frame.splitlines()) for frame in out["traceback"])
+        elif any(kind.startswith("image/") for kind in data):
+            images += IMAGE
+        elif "text/plain" in data:  # a table: about a line a row, as its text shows it
+            text += len("".join(data["text/plain"]).splitlines())
+    return (SCROLL_BOX if text > AUTO_SCROLL else text) + images
+
+
+def screens(path):
+    """A notebook's rendered height in screens, estimated: rendered lines over SCREEN.
+
+    The assumptions: GitHub shows a notebook about WIDTH characters of prose wide and SCREEN lines
+    high on a laptop. Markdown wraps at WIDTH; a heading takes 2 lines; an image IMAGE lines. A
+    code cell takes its lines (code does not wrap: it scrolls sideways) and one for the space
+    around it. Its stored outputs add their text lines, and IMAGE lines for each plot; text of more
+    than AUTO_SCROLL lines counts as a box of SCROLL_BOX lines, as the classic Jupyter Notebook
+    scrolls such an output (its OutputArea.auto_scroll_threshold, 100 lines by default; JupyterLab
+    and GitHub show it whole, so there a long output makes the lesson longer than counted here).
+    """
+    lines = 0
+    for c in json.loads(path.read_text())["cells"]:
+        source = "".join(c["source"])
+        if c["cell_type"] == "markdown":
+            lines += markdown_lines(source)
+        elif c["cell_type"] == "code":
+            lines += len(source.splitlines()) + 1 + output_lines(c.get("outputs", []))
+    return lines / SCREEN
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_lesson_fits_in_ten_screens_or_does_not_grow(path):
+    most = LONGER.get(path.stem, MOST_SCREENS)
+    measured = screens(path)
+    assert measured <= most, (f"{path.name}: {measured:.1f} screens, more than {most}: "
+                              f"split it or shorten it")
+    if path.stem in LONGER:
+        assert measured > MOST_SCREENS, (f"{path.name}: {measured:.1f} screens now: take it "
+                                         f"out of LONGER, so that {MOST_SCREENS} holds it")
+
+
+def test_the_screen_count_adds_what_a_reader_scrolls_past(tmp_path):
+    prose = {"cell_type": "markdown", "metadata": {},
+             "source": ["# A heading\n", "x" * 250 + "\n", "\n", "![plot](p.png)"]}
+    code = {"cell_type": "code", "metadata": {}, "source": ["a = 1\n", "print(a)"], "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": ["1\n"] * 150},
+        {"output_type": "display_data", "data": {"image/png": "", "text/plain": ["<Figure>"]},
+         "metadata": {}}]}
+    path = tmp_path / "99_x.ipynb"
+    path.write_text(json.dumps({"cells": [prose, code]}))
+    expected = (1 + 2 + 3 + 1 + IMAGE) + (2 + 1 + SCROLL_BOX + IMAGE)
+    assert screens(path) == expected / SCREEN
+    cells = math.floor(MOST_SCREENS * SCREEN / (2 + 1 + SCROLL_BOX + IMAGE)) + 1
+    path.write_text(json.dumps({"cells": [code] * cells}))
+    assert screens(path) > MOST_SCREENS  # a notebook this long fails the test above

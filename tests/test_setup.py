@@ -399,6 +399,7 @@ def colab_runtime(monkeypatch, tmp_path):
     monkeypatch.setenv("TRAINUP_COLAB_HOME", str(home))
     monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")  # set_up adds to it; put back afterwards
     monkeypatch.delitem(sys.modules, "colab")
     monkeypatch.chdir(tmp_path)
     yield home, calls
@@ -416,8 +417,11 @@ def test_on_colab_the_cell_clones_installs_what_colab_lacks_and_moves_in_once(co
     assert not any(re.match(r"^(torch|torchvision|numpy|pandas)\b", a) for a in pip)
     assert len(calls) == 2 and os.getcwd() == str(home / "notebooks")
     assert sys.path[0] == str(home / "scripts")  # the notebooks' `from lessons import ...` finds the clone's
+    # and so do the processes the notebook starts (tests/test_colab_clone.py runs them)
+    assert os.environ["PYTHONPATH"] == os.pathsep.join([str(home / "scripts"), "elsewhere"])
     exec(colab_cell.setup_source(), {})  # again: no clone, no install
     assert len(calls) == 2 and os.getcwd() == str(home / "notebooks")
+    assert os.environ["PYTHONPATH"] == os.pathsep.join([str(home / "scripts"), "elsewhere"])
     assert "working folder" in capsys.readouterr().out
 
 

@@ -1,8 +1,10 @@
 """The course on Colab: where it lives, and the set-up that each notebook's first cell runs there.
 
 tools/colab_cell.py writes that cell (and the "Open in Colab" badge) into every notebook. On Colab the cell
-clones REPO_URL into HOME, then calls set_up(): install what Colab lacks (requirements-colab.txt) while holding
-Colab's own torch, torchvision, numpy, pandas, scikit-learn and matplotlib where they are, and move into the notebooks folder.
+clones REPO_URL into HOME, then calls set_up(): install what Colab lacks (requirements-colab.txt)
+while holding Colab's own torch, torchvision, numpy, pandas, scikit-learn and matplotlib where they
+are, move into the notebooks folder, and put the clone's scripts/ on sys.path and PYTHONPATH (the
+course is not pip-installed there).
 Outside Colab the cell does nothing. Safe to run twice, and no runtime restart is needed (nothing Colab had
 already imported is replaced).
 """
@@ -54,7 +56,12 @@ def set_up(home=HOME, run=subprocess.run):
         done.append("installed requirements-colab.txt, keeping " + ", ".join(constraints().split()))
     os.chdir(os.path.join(home, "notebooks"))
     done.append("working folder: " + os.getcwd())
-    scripts = os.path.join(home, "scripts")  # what pip install -e . gives elsewhere: import trainup, lessons
+    # What pip install -e . gives elsewhere: `import trainup, lessons` in this kernel, and in every
+    # process it starts (the jobs' `python -m trainup.spot` finds trainup only through PYTHONPATH).
+    scripts = os.path.join(home, "scripts")
     if scripts not in sys.path:
         sys.path.insert(0, scripts)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if scripts not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([scripts, *paths])
     return done

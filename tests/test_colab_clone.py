@@ -1,0 +1,318 @@
+"""The course as Colab has it: a clone whose packages are not installed.
+
+On Colab a learner opens a notebook and runs its set-up cell, which clones the course and puts the
+clone's scripts/ on sys.path (tools/colab.py); nothing of the course is pip-installed there. Here
+the .venv has the course installed editable (a path in site-packages' __editable__.*.pth) and the
+tests' own PYTHONPATH may name this checkout's scripts/ too: a copy run naively imports this
+checkout's packages and proves nothing. So the course's tracked files are copied to a temporary
+folder, and every fresh interpreter started below (the notebook's and every job's) first runs a
+sitecustomize.py (GUARD) that takes away each path and editable finder that reaches a `trainup` or
+`lessons` outside the copy, and notes where those two packages are imported from. Each test asserts
+that every such import, in every process, came from the copy.
+
+The notebook's cells run as Colab runs them: the set-up cell with COLAB_RELEASE_TAG set (its clone
+folder given by TRAINUP_COLAB_HOME, already there, so no network), then the lesson's own cells,
+read from the notebook, in quick mode.
+"""
+import hashlib
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
+PACKAGES = ("trainup", "lessons")
+
+# Put first on PYTHONPATH: Python runs it at the start of every fresh interpreter, after the .pth
+# files of site-packages have put their paths on sys.path.
+GUARD = '''
+import json, os, sys
+
+COPY = os.path.realpath(os.environ["TRAINUP_CLONE_ROOT"])
+NOTES = os.environ["TRAINUP_CLONE_IMPORTS"]
+PACKAGES = {packages!r}
+
+
+def inside(path):
+    return path == COPY or path.startswith(COPY + os.sep)
+
+
+def reaches_another_course(entry):
+    folder = os.path.realpath(entry or os.getcwd())
+    return not inside(folder) and any(
+        os.path.isfile(os.path.join(folder, p, "__init__.py")) for p in PACKAGES)
+
+
+# an editable install's path (the .venv's), a PYTHONPATH entry, a user site: gone
+sys.path[:] = [p for p in sys.path if not reaches_another_course(p)]
+# setuptools' other kind of editable install: a finder on sys.meta_path
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not str(getattr(f, "__module__", "")).startswith("__editable__")]
+
+
+class Witness:
+    """Notes where each of PACKAGES is found, in this process, at its import."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name not in PACKAGES:
+            return None
+        for finder in sys.meta_path:
+            if finder is cls or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                with open(NOTES, "a") as notes:
+                    notes.write(json.dumps([os.getpid(), name, spec.origin,
+                                            list(getattr(sys, "argv", []))[:2]]) + "\\n")
+                return spec
+        return None
+
+
+sys.meta_path.insert(0, Witness)
+'''.format(packages=PACKAGES)
+
+# Runs a notebook's cells, one after another in one namespace as a kernel does, each after a marker
+# line so that a cell's printed output can be read apart.
+DRIVER = '''
+import json, sys
+namespace = {"__name__": "__main__"}
+for number, source in enumerate(json.load(open(sys.argv[1]))):
+    print(f"<<cell {number}>>", flush=True)
+    exec(compile(source, f"<cell {number}>", "exec"), namespace)
+    sys.stdout.flush()
+'''
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """A copy of the course's tracked files (what `git clone` gives), as the set-up cell leaves it
+    on Colab once it has installed requirements-colab.txt (here the .venv already has them)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip(f"the course is not a git checkout here: {listed.stderr.decode().strip()}")
+    home = tmp_path_factory.mktemp("content") / "trainup"
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():  # a file deleted and not yet committed is not in a clone either
+            (home / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, home / name)
+    requirements = (home / "requirements-colab.txt").read_bytes()
+    (home / ".colab-installed").write_text(hashlib.sha256(requirements).hexdigest())
+    guard = home.parent / "guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(GUARD)
+    (guard / "run_cells.py").write_text(DRIVER)
+    return home
+
+
+def colab_env(home, notes):
+    """This process's environment as a Colab runtime's would be: none of the course's knobs or
+    test switches (TRAINUP_*), no PYTHONPATH but the guard's; quick mode, as the tests run."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TRAINUP_") and k != "PYTHONPATH"}
+    return {**env, "COLAB_RELEASE_TAG": "release-colab-simulated", "TRAINUP_COLAB_HOME": str(home),
+            "TRAINUP_QUICK": "1", "PYTHONPATH": str(home.parent / "guard"),
+            "TRAINUP_CLONE_ROOT": str(home), "TRAINUP_CLONE_IMPORTS": str(notes),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def imports(notes):
+    """[(pid, package, the file it was imported from, argv[:2])] from every process of a run."""
+    if not notes.exists():
+        return []
+    return [tuple(json.loads(line)) for line in notes.read_text().splitlines()]
+
+
+def outside(home, found):
+    root = home.resolve()
+    return [f for f in found if not (f[2] and Path(f[2]).resolve().is_relative_to(root))]
+
+
+def code_cells(notebook):
+    cells = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+    return [(c.get("id"), "".join(c["source"])) for c in cells if c["cell_type"] == "code"]
+
+
+def cell(notebook, line):
+    """The one code cell of the notebook that holds this line, whole."""
+    found = [source for _, source in code_cells(notebook) if line in source]
+    assert len(found) == 1, f"{notebook}: {len(found)} code cells hold {line!r} (1 wanted)"
+    return found[0]
+
+
+def setup_cell(notebook):
+    return next(source for cell_id, source in code_cells(notebook) if cell_id == "colab-setup")
+
+
+def run_notebook_cells(home, tmp_path, notebook, pieces, timeout=420):
+    """The notebook's set-up cell, then the pieces, in one fresh interpreter started where Colab
+    starts its kernel (the folder above the clone). Returns (the finished process, what it imported
+    from where, the text each cell printed)."""
+    notes = tmp_path / "imports.jsonl"
+    cells = tmp_path / "cells.json"
+    cells.write_text(json.dumps([setup_cell(notebook), *pieces]))
+    driver = home.parent / "guard" / "run_cells.py"
+    done = subprocess.run([sys.executable, str(driver), str(cells)], cwd=home.parent,
+                          env=colab_env(home, notes), capture_output=True, text=True,
+                          timeout=timeout)
+    said = {}
+    for part in done.stdout.split("<<cell ")[1:]:
+        number, _, text = part.partition(">>\n")
+        said[int(number)] = text
+    return done, imports(notes), said
+
+
+def assert_only_the_copy(home, done, found, pieces_ran_a_job=True):
+    assert done.returncode == 0, (
+        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    assert found, "no process imported trainup or lessons: the witness did not run"
+    assert not outside(home, found), f"imported from outside the copy: {outside(home, found)}"
+    notebook = {name: origin for _, name, origin, argv in found
+                if argv[:1] and argv[0].endswith("run_cells.py")}
+    assert notebook.get("lessons") == str(home / "scripts" / "lessons" / "__init__.py"), found
+    if pieces_ran_a_job:
+        jobs = [f for f in found if not (f[3][:1] and f[3][0].endswith("run_cells.py"))]
+        assert jobs, f"no job's process imported the copy's packages: {found}"
+
+
+def test_a_naive_run_would_import_this_checkout_and_the_guard_stops_it(clone, tmp_path):
+    """Why the guard: from the copy's top folder, `import trainup` reaches this checkout (through
+    the .venv's editable install, or PYTHONPATH) unless the guard takes those paths away."""
+    probe = ["-c", "import trainup; print(trainup.__file__)"]
+    env = colab_env(clone, tmp_path / "imports.jsonl")
+    bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # no guard
+    naive = [{**bare, "PYTHONPATH": str(ROOT / "scripts")}]
+    if any(any(Path(folder).glob("__editable__*trainup*")) for folder in site.getsitepackages()):
+        naive.append(bare)  # the .venv's editable install alone
+    for naive_env in naive:
+        ran = subprocess.run([sys.executable, *probe], cwd=clone, capture_output=True, text=True,
+                             env=naive_env)
+        assert ran.returncode == 0 and not Path(ran.stdout.strip()).is_relative_to(clone), ran
+    guarded = subprocess.run([sys.executable, *probe], cwd=clone, capture_output=True, text=True,
+                             env=env)
+    # the copy's scripts/ is not on sys.path from its top folder
+    assert "No module named 'trainup'" in guarded.stderr, guarded
+    guarded = subprocess.run([sys.executable, *probe], cwd=clone / "scripts", capture_output=True,
+                             text=True, env=env)
+    assert guarded.returncode == 0 and guarded.stdout.strip() == str(
+        clone / "scripts" / "trainup" / "__init__.py"), guarded
+    assert [f[1] for f in imports(tmp_path / "imports.jsonl")] == ["trainup"]
+
+
+def test_the_spot_drill_of_lesson_04c_runs_from_a_clone_as_on_colab(clone, tmp_path):
+    """Lesson 04c's spot drill (`python -m trainup.spot` around a training run, a stand-in for the
+    cloud's metadata service) from the copy: it ends as the notebook's stored output says."""
+    notebook = "04c_elastic"
+    spot = cell(notebook, 'spot = elastic.spot_drill("spot", cloud="aws")')
+    pieces = [cell(notebook, "from lessons import checks, elastic, launch, ray_drill"), spot]
+    done, found, said = run_notebook_cells(clone, tmp_path, notebook, pieces)
+    assert_only_the_copy(clone, done, found)
+    stored = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+    outputs = next(c["outputs"] for c in stored if "".join(c["source"]) == spot)
+    assert said[len(pieces)] == "".join("".join(o["text"]) for o in outputs if "text" in o)
+    # the watcher, `python -m trainup.spot` (its argv is ["-m", ...] until runpy has found it)
+    assert any(name == "trainup" and argv[:1] == ["-m"] for _, name, _, argv in found), found
+
+
+def whole(line):
+    """The notebook's code cell that holds this line, whole."""
+    return ("cell", line)
+
+
+def call(text):
+    """A call as it stands in one of the notebook's cells, alone (the cell starts more jobs)."""
+    return ("call", text)
+
+
+def glue(code):
+    """Code that is not the notebook's: the value a loop of the cell gives its variable."""
+    return ("glue", code)
+
+
+# Each lesson: its import cell, then what starts its first job: the cell, or the call taken from
+# it; a lesson whose first cell of jobs is heavy gives one job of it, or a lighter job of its own.
+# 04c: the spot drill above. Each runs after the notebook's set-up cell. The flag: the pieces start
+# a job that imports the course's packages.
+LESSONS = {
+    "00_environment": ([whole("from lessons import checks, machine, report"),
+                        whole("ghost = subprocess.Popen("),
+                        whole("found = machine.training_processes()"),
+                        whole("ended = machine.end_process(ghost.pid)")], False),
+    "01_cpu_baseline": ([whole("from lessons import checks, claims, launch, report"),
+                         glue("threads = 1"),
+                         call('report.run("_trainup_cpu.py", "--threads", threads, '
+                              'name=f"cpu_t{threads}")')], True),
+    "02_single_gpu": ([whole("from lessons import checks, claims, gpu, launch, report"),
+                       call('cpu_run = report.run("_trainup_gpu.py", "--device", "cpu", '
+                            'name="gpu_cpu")')], True),
+    "03_data_parallel": ([whole("from trainup import LOG_DIR, dataparallel"),
+                          call('cpu_run = report.run("_trainup_dp.py", name="dp_here_cpu", '
+                               'env={"CUDA_VISIBLE_DEVICES": ""})')], True),
+    "04_ddp": ([whole("from lessons import checks, claims, collectives, ddp, launch, report"),
+                glue("n = 2"),
+                call('launch.run("_trainup_ddp.py", "--device", "cpu", "--batch-size", 64, '
+                     'name=f"ddp_n{n}", nproc=n)')], True),
+    # no SLURM in the copy, as on Colab: the cell asks tools/local_slurm.sh and says so
+    "04b_slurm": ([whole("from lessons import checks, report, slurm"),
+                   whole("slurm.for_notebook()")], False),
+    # Horovod's probe, a fresh interpreter importing horovod.torch: what Colab, without it, runs
+    "05_horovod": ([whole("HOROVOD, about = horovod.available()")], False),
+    "06_pipeline_parallel": ([whole("from lessons import checks, launch, report, schedules"),
+                              call('schedules.run("_trainup_pipeline_manual.py", "--steps", 20, '
+                                   '*SIZE, name="pp_manual")')], True),
+    "07_lightning": ([whole("from lessons import checks, claims, launch, lightning, report"),
+                      call('launch.run("_trainup_fabric.py", "--accelerator", "cpu", *COMMON, '
+                           'name="l_fabric", nproc=2)')], True),
+    "08_monitoring_and_profiling": (
+        [whole("from lessons import checks, claims, launch, report, traces"),
+         call('report.run("_trainup_cpu.py", "--profile", STEPS, name="prof_cpu")')], True),
+    "09_sharding": ([whole("from lessons import checks, claims, launch, zero_stages as lesson"),
+                     call('lesson.run(2, "fsdp_save2", modes=("parameters",), epochs=1)')], True),
+    # no job: the layer is measured in the notebook's own process
+    "09b_activations": ([whole("from lessons import activations, checks, claims"),
+                         whole("diffs = activations.largest_gradient_difference()")], False),
+    "09c_tensor_parallel": ([whole("from lessons import checks, claims, launch, report, tp_runs"),
+                             call('report.run("_trainup_tp.py", "--threads", 1, *TP_SIZE, '
+                                  'name="tp_one")')], True),
+    # the first of the five jobs sr.ensure_pair() starts
+    "10_scaling_report": ([whole("from lessons import scaling_report as sr"),
+                           glue("name, script, nproc, flags = sr.PAIR[0]\n"
+                                "report.run(script, *sr.PAIR_FLAGS, *flags, name=name)")], True),
+    "11_predict_the_cluster": ([whole("from lessons import checks, collectives, hardware"),
+                                call('collectives.run("bandwidth", name="predict_bandwidth")')],
+                               True),
+}
+
+
+def pieces_of(notebook, wanted):
+    """The code each piece stands for, checked against the notebook's cells."""
+    pieces = []
+    for kind, text in wanted:
+        if kind == "cell":
+            pieces.append(cell(notebook, text))
+        elif kind == "call":
+            holding = [source for _, source in code_cells(notebook) if text in source]
+            assert len(holding) == 1, f"{notebook}: {len(holding)} code cells hold {text!r}"
+            pieces.append(text)
+        else:
+            pieces.append(text)
+    return pieces
+
+
+def test_every_lesson_is_listed_once():
+    listed = set(LESSONS) | {"04c_elastic"}
+    assert listed == {p.stem for p in NOTEBOOKS.glob("[0-9]*.ipynb")}
+
+
+@pytest.mark.parametrize("notebook", sorted(LESSONS))
+def test_each_lesson_starts_its_first_job_from_a_clone_as_on_colab(clone, tmp_path, notebook):
+    wanted, starts_a_job = LESSONS[notebook]
+    done, found, _ = run_notebook_cells(clone, tmp_path, notebook, pieces_of(notebook, wanted))
+    assert_only_the_copy(clone, done, found, starts_a_job)
