@@ -153,7 +153,7 @@ AUTO_SCROLL, SCROLL_BOX = 100, 20  # a cell's text output longer than this shows
 MOST_SCREENS = 10
 # Lessons already longer than MOST_SCREENS, each held to its own length until it is split.
 LONGER = {"02_single_gpu": 14.7, "03_data_parallel": 10.8, "04_ddp": 25.3, "04b_slurm": 12.2,
-          "04c_elastic": 11.0, "05_horovod": 14.9, "06_pipeline_parallel": 19.6,
+          "04c_elastic": 10.9, "05_horovod": 14.9, "06_pipeline_parallel": 19.4,
           "07_lightning": 19.9, "08_monitoring_and_profiling": 17.5, "09_sharding": 18.2,
           "09c_tensor_parallel": 15.7, "10_scaling_report": 15.4, "11_predict_the_cluster": 18.0}
 
@@ -180,6 +180,8 @@ def output_lines(outputs):
             text += sum(len(frame.splitlines()) for frame in out["traceback"])
         elif any(kind.startswith("image/") for kind in data):
             images += IMAGE
+        elif "text/markdown" in data:  # a diff or code shown as a Markdown code block
+            text += len("".join(data["text/markdown"]).splitlines())
         elif "text/plain" in data:  # a table: about a line a row, as its text shows it
             text += len("".join(data["text/plain"]).splitlines())
     return (SCROLL_BOX if text > AUTO_SCROLL else text) + images
