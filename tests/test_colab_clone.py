@@ -151,7 +151,7 @@ def setup_cell(notebook):
     return next(source for cell_id, source in code_cells(notebook) if cell_id == "colab-setup")
 
 
-def run_notebook_cells(home, tmp_path, notebook, pieces, timeout=420):
+def run_notebook_cells(home, tmp_path, notebook, pieces, timeout=900):
     """The notebook's set-up cell, then the pieces, in one fresh interpreter started where Colab
     starts its kernel (the folder above the clone). Returns (the finished process, what it imported
     from where, the text each cell printed)."""
