@@ -9,8 +9,8 @@ Compared with _trainup_ddp.py: Fabric joins the group (--accelerator, --devices,
 --strategy, or torchrun's and SLURM's variables), wraps the model in DDP (fabric.setup), puts a
 DistributedSampler in the loader and moves its batches to the device (setup_dataloaders), and
 applies --precision in the forward and in fabric.backward (autocast and the GradScaler are its);
-fabric.all_reduce sums the metrics. The loop, the log, the checkpoint and --profile stay the
-course's; sweeps, the stop signal and GPU statistics stay with lesson 04: from here the Trainer
+fabric.all_reduce sums the metrics. The loop, the log, the checkpoint, the stop signal and
+--profile stay the course's; sweeps and GPU statistics stay with lesson 04: from here the Trainer
 (_trainup_lightning.py, which takes the loop itself) has its own.
 """
 import time
@@ -20,12 +20,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from trainup import (checkpoint, cli, data, devices, distributed, evaluation, fabric_run,
-                     lightning_flags, metrics, models, profiling)
+                     lightning_flags, metrics, models, preempt, profiling)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, fabric):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):  # on the device already
         optimizer.zero_grad()
         logits = model(x)  # under --precision's autocast
@@ -60,6 +60,8 @@ def main(argv=None):
     fabric = fabric_run.make(args)  # from --accelerator, --devices, --num-nodes, --strategy...
     per_rank = distributed.per_rank_batch(args.batch_size, fabric.world_size)  # or one sentence
     fabric.launch()  # --devices 2 starts the other process; under torchrun or srun: joins
+    # the ranks agree on a stop's step through the group Fabric joined
+    stop = preempt.Stopper(args, preempt.TorchDistributed(fabric_run.context(fabric)))
     device = fabric.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -78,6 +80,7 @@ def main(argv=None):
     log = metrics.RunLog(args, __file__, device, fabric.world_size, fabric_run.backend(fabric),
                          enabled=fabric.is_global_zero)
     log.flops(model.module, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
+    stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler)  # what a stop saves, rank 0 writes
 
     train_loader = fabric.setup_dataloaders(  # a DistributedSampler put in; batches to device
         DataLoader(train_set, per_rank, shuffle=True, num_workers=args.workers,
@@ -92,8 +95,8 @@ def main(argv=None):
     profiler = profiling.start(args, fabric.global_rank, device)  # --profile STEPS: a trace
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
-        train = train_epoch(model, profiler.steps(train_loader), optimizer, epoch,
-                            args.show_progress and fabric.is_global_zero, fabric)
+        train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)),
+                            optimizer, epoch, args.show_progress and fabric.is_global_zero, fabric)
         scheduler.step()
         devices.synchronize(device)
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed

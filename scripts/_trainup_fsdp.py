@@ -7,7 +7,8 @@
 Compared with _trainup_blocks.py: Adam, whose state ZeRO counts (--model: the CNN instead);
 --shard, what is split over the ranks (trainup/sharding.py): `none` (DDP), `optimizer` (ZeRO-1),
 `gradients` (ZeRO-2 by hand), `gradients_fsdp` (as FSDP2 ships it), `parameters` (ZeRO-3), in
-turn in one job; one step's bytes and collectives logged; DCP checkpoints, loaded by any size.
+turn in one job; one step's bytes and collectives logged; DCP checkpoints, loaded by any size,
+written by every rank at a stop too (SIGTERM or --stop-signal), which --resume continues exactly.
 """
 import time
 
@@ -15,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, models, profiling,
-                     sharding)
+from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, models, preempt,
+                     profiling, sharding)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of the steps it had taken
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device), y.to(device)
         logits = model(x)
@@ -55,16 +56,17 @@ def main(argv=None):
     args = parse_args(argv)
     sharding.check_job(args, distributed.from_env().world_size)  # before anyone waits for anyone
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
     for run, resume_from in sharding.runs(args):  # each --shard mode in turn, in this one job
-        one_run(run, resume_from, ctx, device, train_set, test_set)
+        one_run(run, resume_from, ctx, device, train_set, test_set, stop)
     distributed.cleanup(ctx)
 
 
-def one_run(args, resume_from, ctx, device, train_set, test_set):
+def one_run(args, resume_from, ctx, device, train_set, test_set, stop):
     """One run of one --shard mode: its own log and checkpoints, its model from the same seed."""
     torch.manual_seed(args.seed)  # every rank builds the same whole model
     with sharding.building(args, ctx):  # --meta-init: only rank 0 builds it in memory
@@ -74,6 +76,9 @@ def one_run(args, resume_from, ctx, device, train_set, test_set):
     start_epoch = sharding.load_sharded(resume_from, model, optimizer, scheduler, args)  # any size
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     sharding.log_run(log, model, ctx, args, start_epoch)
+    stop.watch(sharding.dcp_folder(args), log, model, optimizer, scheduler,  # every rank saves
+               save=sharding.saver(args, model, optimizer, scheduler),
+               saved=sharding.saved_position(resume_from))
 
     per_rank = args.batch_size // ctx.world_size
     sampler = DistributedSampler(train_set, ctx.world_size, ctx.rank, seed=args.seed)  # padded
@@ -84,8 +89,8 @@ def one_run(args, resume_from, ctx, device, train_set, test_set):
     for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, profiler.steps(train_loader), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device)
+        train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)),
+                            optimizer, epoch, args.show_progress and ctx.is_main, device)
         scheduler.step()
         wall = time.perf_counter() - tick
         test = evaluation.evaluate(model, test_loader, device)  # FSDP: as many forwards per rank

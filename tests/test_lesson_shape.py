@@ -152,10 +152,10 @@ IMAGE = 24  # lines a plot takes (a figure about 480 pixels high, at 20 pixels a
 AUTO_SCROLL, SCROLL_BOX = 100, 20  # a cell's text output longer than this shows in a box of that
 MOST_SCREENS = 10
 # Lessons already longer than MOST_SCREENS, each held to its own length until it is split.
-LONGER = {"02_single_gpu": 14.7, "03_data_parallel": 10.8, "04_ddp": 25.3, "04b_slurm": 12.2,
+LONGER = {"02_single_gpu": 14.7, "03_data_parallel": 10.8, "04_ddp": 25.3, "04b_slurm": 12.0,
           "04c_elastic": 10.9, "05_horovod": 14.9, "06_pipeline_parallel": 19.4,
           "07_lightning": 19.9, "08_monitoring_and_profiling": 17.5, "09_sharding": 18.2,
-          "09c_tensor_parallel": 15.7, "10_scaling_report": 15.4, "11_predict_the_cluster": 18.0}
+          "09c_tensor_parallel": 15.7, "10_scaling_report": 14.8, "11_predict_the_cluster": 18.0}
 
 
 def markdown_lines(text):

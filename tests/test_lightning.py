@@ -344,8 +344,9 @@ def test_a_run_refused_for_a_live_writer_leaves_the_live_runs_tensorboard_alone(
     assert (board / "events.out").read_text() == "the live run's"
 
 
-@pytest.mark.parametrize("script", [SCRIPT, FSDP_SCRIPT])
-def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path, script):
+@pytest.mark.parametrize("script, sent", [(SCRIPT, "SIGTERM"), (FSDP_SCRIPT, "SIGTERM"),
+                                          (SCRIPT, "SIGUSR1")])  # --stop-signal's default
+def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path, script, sent):
     """A SIGTERM (a time limit, scancel) mid-run: Lightning stops after the step, the course saves its
     checkpoint whole and exits 75 (Lightning alone exits 0, unsaved); --resume then finishes the run.
     Under ModelParallelStrategy that checkpoint is a folder of shards, put in place whole."""
@@ -362,10 +363,10 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path, scrip
     while time.time() < deadline and proc.poll() is None and '"type": "epoch"' not in (
             log.read_text() if log.exists() else ""):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, sent))
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 75, f"exit {proc.returncode}\n{err[-3000:]}"
-    assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
+    assert f"stopped by {sent}" in err and "Traceback" not in err, err[-3000:]
     assert (ckpt_dir / "stop-lightning.ckpt").exists() and not list(ckpt_dir.glob(".*.tmp"))
     assert not list(ckpt_dir.glob(".*.old"))  # a folder of shards: the one it replaced, removed
     assert report.read_run(log)["summary"]["status"] == "stopped"  # as every course script logs a stop

@@ -349,15 +349,11 @@ def synthetic_set(folder):
     (folder / "machine.json").write_text(json.dumps(about))
 
 
-def test_the_scaling_report_shows_the_prediction_beside_the_runs_it_predicts(tmp_path):
-    from lessons import scaling_report as sr
+def test_a_complete_set_predicts_each_of_its_2_process_runs_once(tmp_path):
     folder = tmp_path / "reference" / f"m_{DAY}"
     synthetic_set(folder)
     assert reference.complete(folder) and reference.quiet(folder)
-    table = sr.performance(sr.load(tmp_path)[0]).set_index("run")
-    expected, *_ = ph.predictions(folder)
-    shown = table.loc[list(expected["run"])]
-    assert shown["predicted_epoch_s"].tolist() == pytest.approx(expected["predicted_s"].tolist())
-    assert shown["prediction_error"].tolist() == pytest.approx(expected["error"].tolist())
-    assert set(expected["run"]) == {run for run, _ in ph.PREDICTED}
-    assert table.drop(index=expected["run"])["predicted_epoch_s"].isna().all()
+    table, *_ = ph.predictions(folder)
+    assert sorted(table["run"]) == sorted(run for run, _ in ph.PREDICTED)
+    assert table["predicted_s"].gt(0).all() and table["error"].notna().all()
+

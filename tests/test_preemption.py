@@ -299,6 +299,75 @@ def test_ddp_ranks_all_stop_after_the_step_one_of_them_posted_and_resume_to_the_
     assert summaries == ["stopped", "finished"]
 
 
+def _torchrun(script, log_dir, name, env, *extra):
+    flags = [*TINY, "--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
+    command = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPTS / script,
+               *flags, "--run-name", name, *extra]
+    return start_job([str(a) for a in command], {**os.environ, **launch.environment(env)})
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory):
+    """Lesson 07's Fabric script under torchrun: 2 ranks straight; 2 ranks of which rank 1 alone
+    gets SIGTERM after step 3, then --resume."""
+    tmp = tmp_path_factory.mktemp("prefabric")
+    log_dir, env = tmp / "logs", site(tmp / "site")
+    jobs = {"straight": _torchrun("_trainup_fabric.py", log_dir, "straight", env),
+            "stopped": _torchrun("_trainup_fabric.py", log_dir, "stopped",
+                                 {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"})}
+    done = {k: finish_job(p) for k, p in jobs.items()}
+    at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
+    resumed = finish_job(_torchrun("_trainup_fabric.py", log_dir, "stopped", env, "--resume"))
+    return SimpleNamespace(log_dir=log_dir, at_stop=at_stop, resumed=resumed, **done)
+
+
+def test_fabric_ranks_stop_at_one_step_and_resume_to_the_parameters_of_a_run_never_stopped(fabric):
+    ok(fabric.straight), ok(fabric.resumed)
+    assert fabric.stopped.returncode != 0  # torchrun reports its workers' 75 as a failure
+    assert "stopped in epoch 1 after step" in fabric.stopped.stdout, fabric.stopped.stdout[-2000:]
+    position = fabric.at_stop["position"]
+    assert (position["epoch"], position["world_size"], len(position["ranks"])) == (1, 2, 2)
+    assert STOP_AT <= position["step"] < 8  # inside the epoch of 8 steps
+    resumed, straight = params(fabric.log_dir, "stopped"), params(fabric.log_dir, "straight")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
+    summaries = [r["status"] for r in lines(fabric.log_dir, "stopped") if r["type"] == "summary"]
+    assert summaries == ["stopped", "finished"]
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory):
+    """Lesson 09's FSDP2 (--shard parameters) under torchrun: 2 ranks straight; 2 ranks of which
+    rank 1 alone gets SIGTERM after step 3, then --resume from the shards every rank wrote."""
+    tmp = tmp_path_factory.mktemp("prefsdp")
+    log_dir, env = tmp / "logs", site(tmp / "site")
+    flags = ["--shard", "parameters", "--blocks", "2", "--width", "32", "--dropout", "0.2"]
+    jobs = {"straight": _torchrun("_trainup_fsdp.py", log_dir, "straight", env, *flags),
+            "stopped": _torchrun("_trainup_fsdp.py", log_dir, "stopped",
+                                 {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"}, *flags)}
+    done = {k: finish_job(p) for k, p in jobs.items()}
+    folder = log_dir / "checkpoints" / "stopped.dcp"
+    at_stop = torch.load(folder / "trainup_position.pt", weights_only=True)
+    resumed = finish_job(_torchrun("_trainup_fsdp.py", log_dir, "stopped", env, *flags,
+                                   "--resume"))
+    return SimpleNamespace(log_dir=log_dir, at_stop=at_stop, folder=folder, resumed=resumed,
+                           **done)
+
+
+def test_fsdp_ranks_save_their_shards_at_a_stop_and_resume_to_a_run_never_stopped(fsdp):
+    ok(fsdp.straight), ok(fsdp.resumed)
+    assert fsdp.stopped.returncode != 0  # torchrun reports its workers' 75 as a failure
+    assert "stopped in epoch 1 after step" in fsdp.stopped.stdout, fsdp.stopped.stdout[-2000:]
+    assert (fsdp.at_stop["epoch"], fsdp.at_stop["world_size"]) == (1, 2)
+    assert STOP_AT <= fsdp.at_stop["step"] < 8
+    assert not (fsdp.folder / "trainup_position.pt").exists()  # the resumed run's end replaced it
+    resumed, straight = params(fsdp.log_dir, "stopped"), params(fsdp.log_dir, "straight")
+    for k in straight:
+        assert torch.equal(resumed[k], straight[k]), k
+    summaries = [r["status"] for r in lines(fsdp.log_dir, "stopped") if r["type"] == "summary"]
+    assert summaries == ["stopped", "finished"]
+
+
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     """SIGTERM to the whole process group (what SLURM's time limit and scancel --signal do) while DataLoader

@@ -307,10 +307,15 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_every_notebook_starts_with_the_badge_and_the_set_up_cell(path):
+def test_every_notebook_starts_with_the_badge_and_the_title_and_then_the_set_up_cell(path):
+    """The lesson's title first (the badge above it): the set-up cell, folded on Colab to its
+    #@title line, is the first code cell."""
     nb = nbformat.read(path, as_version=4)
-    badge, setup = nb.cells[:2]
+    badge, title = nb.cells[:2]
+    setup = next(c for c in nb.cells if c.cell_type == "code")
     assert badge.id == colab_cell.BADGE_ID and setup.id == colab_cell.SETUP_ID
+    assert title.cell_type == "markdown" and title.source.startswith("# "), title.source[:80]
+    assert setup.source.startswith("#@title ") and setup.metadata.get("cellView") == "form"
     assert badge.source == colab_cell.badge_source(path) and colab.REPO_URL.split("github.com/")[1] in badge.source
     assert setup.source == colab_cell.setup_source() and colab.REPO_URL in setup.source
     assert [c.id for c in nb.cells].count(colab_cell.SETUP_ID) == 1
@@ -322,9 +327,11 @@ def test_the_cell_tool_is_idempotent(tmp_path):
     path = ROOT / "notebooks" / NOTEBOOKS[0].name
     once = nbformat.writes(colab_cell.apply(nb, path))
     assert nbformat.writes(colab_cell.apply(nbformat.reads(once, as_version=4), path)) == once
-    bare = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 07 · new")])
+    bare = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 07 · new"),
+                                           nbformat.v4.new_code_cell("1 + 1")])
     cells = colab_cell.apply(bare, ROOT / "notebooks" / "07_new.ipynb").cells
-    assert [c.id for c in cells[:2]] == [colab_cell.BADGE_ID, colab_cell.SETUP_ID] and len(cells) == 3
+    assert [c.id for c in cells][0] == colab_cell.BADGE_ID and len(cells) == 4
+    assert [c.source for c in cells[1:]] == ["# 07 · new", colab_cell.setup_source(), "1 + 1"]
 
 
 def test_requirements_colab_never_touches_colabs_torch():
@@ -400,6 +407,7 @@ def colab_runtime(monkeypatch, tmp_path):
     monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", "elsewhere")  # set_up adds to it; put back afterwards
+    monkeypatch.delenv("TRAINUP_QUICK", raising=False)  # as on Colab: set_up chooses quick mode
     monkeypatch.delitem(sys.modules, "colab")
     monkeypatch.chdir(tmp_path)
     yield home, calls
@@ -422,7 +430,9 @@ def test_on_colab_the_cell_clones_installs_what_colab_lacks_and_moves_in_once(co
     exec(colab_cell.setup_source(), {})  # again: no clone, no install
     assert len(calls) == 2 and os.getcwd() == str(home / "notebooks")
     assert os.environ["PYTHONPATH"] == os.pathsep.join([str(home / "scripts"), "elsewhere"])
-    assert "working folder" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "working folder" in said and colab.QUICK_NOTE in said  # the time, said before it is spent
+    assert os.environ["TRAINUP_QUICK"] == "1"
 
 
 def test_outside_colab_the_cell_does_nothing(monkeypatch, capsys):

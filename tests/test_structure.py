@@ -81,6 +81,52 @@ def test_the_floors_trainup_needs_nothing_above_it_and_scripts_only_trainup():
         assert not above, f"{script.name} imports the notebooks' lessons package: {above}"
 
 
+
+# The notebooks' toolkit: modules any lesson may use (running jobs, reading logs, checks, the
+# hardware tables and the cost formulas); every other lessons/ module is one lesson's helper.
+TOOLKIT = {"checks", "claims", "hardware", "jobs", "launch", "log_reader", "machine", "manifest",
+           "perfmodel", "placement", "report"}
+
+
+def first_lesson_of_each_module():
+    """{lessons module outside the toolkit: the first notebook (in course order) that imports
+    it}: the lesson it belongs to."""
+    import json
+    owner = {}
+    for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                         if c["cell_type"] == "code")
+        for line in re.findall(r"^\s*from lessons(?:\.\w+)? import ([^\n(]+)", text, re.M):
+            for name in re.findall(r"(\w+)(?:\s+as\s+\w+)?", line):
+                owner.setdefault(name, path.stem)
+    modules = {p.stem for p in (SCRIPTS / "lessons").glob("*.py")}
+    return {m: o for m, o in owner.items() if m in modules - TOOLKIT}
+
+
+def later_lesson_imports(edges, owner):
+    """Imports of a module that belongs to a later lesson than the importer's: [(importer, imported)]."""
+    return [(m, d) for m, deps in edges.items() for d in deps
+            if m in owner and d in owner and owner[d] > owner[m]]
+
+
+def test_no_lessons_module_imports_a_later_lessons_module_or_a_script():
+    """A learner reads the lessons in order: lesson 10's helpers may use lesson 04's, never 11's;
+    and the notebooks' helpers never load a script (the notebook runs or imports it, in view)."""
+    edges = {m: {d for p, d in deps if p == "lessons"} for (p, m), deps in graph().items()
+             if p == "lessons"}
+    assert not later_lesson_imports(edges, first_lesson_of_each_module())
+    loading = [p.name for p in sorted((SCRIPTS / "lessons").glob("*.py"))
+               if re.search(r"import _trainup|spec_from_file_location\(\s*[\"']_trainup",
+                            p.read_text())]
+    assert not loading, f"lessons/ modules that load a script: {loading}"
+
+
+def test_the_lesson_order_check_finds_a_later_import():
+    owner = {"scaling_report": "10_scaling_report", "predict_here": "11_predict_the_cluster"}
+    assert later_lesson_imports({"scaling_report": {"predict_here"}}, owner) == [
+        ("scaling_report", "predict_here")]
+    assert later_lesson_imports({"predict_here": {"scaling_report"}}, owner) == []
+
 def test_the_check_finds_a_cycle():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None

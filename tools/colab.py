@@ -19,6 +19,9 @@ import sys
 REPO_URL = "https://github.com/trainup-course/trainup"
 BRANCH = "main"
 HOME = "/content/trainup"  # where the cell clones the course on Colab (/content is Colab's working folder)
+QUICK_NOTE = ("quick mode (TRAINUP_QUICK=1): every run shortened, so the lesson ends in minutes "
+              "(its Time line gives both modes); for full runs, put `%env TRAINUP_QUICK=0` "
+              "above this cell and run both")
 KEPT = ("torch", "torchvision", "numpy", "pandas", "scikit-learn", "matplotlib")  # Colab's own, never replaced
 
 
@@ -56,6 +59,12 @@ def set_up(home=HOME, run=subprocess.run):
         done.append("installed requirements-colab.txt, keeping " + ", ".join(constraints().split()))
     os.chdir(os.path.join(home, "notebooks"))
     done.append("working folder: " + os.getcwd())
+    # Colab's runtime has 2 CPUs: the lessons' shortened runs unless the learner asked for full ones
+    if os.environ.setdefault("TRAINUP_QUICK", "1") == "1":
+        done.append(QUICK_NOTE)
+    else:
+        done.append("full mode (TRAINUP_QUICK is not 1): the lesson's full runs; its Time line "
+                    "says how long")
     # What pip install -e . gives elsewhere: `import trainup, lessons` in this kernel, and in every
     # process it starts (the jobs' `python -m trainup.spot` finds trainup only through PYTHONPATH).
     scripts = os.path.join(home, "scripts")

@@ -1,4 +1,6 @@
-"""Give every notebook an "Open in Colab" badge and ONE set-up cell, first, from tools/colab.py's REPO_URL.
+"""Give every notebook an "Open in Colab" badge first and ONE set-up cell, after the lesson's title and
+objectives (before its first code cell), from tools/colab.py's REPO_URL. Colab shows the set-up cell
+folded to its #@title line (cellView "form"): the learner sees the lesson first.
 
     python tools/colab_cell.py                      every notebooks/[0-9]*.ipynb
     python tools/colab_cell.py notebooks/07_x.ipynb  the ones named
@@ -19,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BADGE_ID, SETUP_ID = "colab-badge", "colab-setup"
 OUTSIDE_COLAB = "Not on Colab: nothing to set up (this notebook runs from the course's notebooks/ folder).\n"
 
-SETUP = '''# Set-up for Colab (the badge above opens this notebook there): run this cell first. Elsewhere it does nothing.
-# On Colab it fetches the course, installs the few packages Colab lacks while keeping Colab's own torch,
-# and moves into the course's notebooks/ folder. Safe to run twice; no restart needed.
+SETUP = '''#@title Set-up for Colab: run this cell first (elsewhere it does nothing)
+# On Colab it fetches the course, installs what Colab lacks (keeping its torch), moves into the
+# course's notebooks/ folder and chooses quick mode. Safe to run twice; no restart needed.
 import os, subprocess, sys
 if "COLAB_RELEASE_TAG" in os.environ:
     COURSE = os.environ.get("TRAINUP_COLAB_HOME", "{home}")
@@ -50,13 +52,18 @@ def wanted_cells(notebook):
     badge = nbformat.v4.new_markdown_cell(badge_source(notebook), id=BADGE_ID)
     setup = nbformat.v4.new_code_cell(setup_source(), id=SETUP_ID, execution_count=1)  # nbval: outputs need a count
     setup.outputs = [nbformat.v4.new_output("stream", name="stdout", text=OUTSIDE_COLAB)]
+    # folded on Colab; its output is the same everywhere but Colab, so nbval compares it
+    setup.metadata = {"cellView": "form", "tags": ["nbval-check-output"]}
     return [badge, setup]
 
 
 def apply(nb, notebook):
-    """The notebook with the two cells first (replacing earlier versions of them); nothing else changes."""
+    """The notebook with the badge first and the set-up cell before the first code cell (replacing
+    earlier versions of them); nothing else changes."""
     rest = [c for c in nb.cells if c.get("id") not in (BADGE_ID, SETUP_ID)]
-    nb.cells = wanted_cells(notebook) + rest
+    badge, setup = wanted_cells(notebook)
+    first_code = next((i for i, c in enumerate(rest) if c.cell_type == "code"), len(rest))
+    nb.cells = [badge, *rest[:first_code], setup, *rest[first_code:]]
     return nb
 
 

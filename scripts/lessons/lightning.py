@@ -4,8 +4,8 @@ the runs' logs; the 1.x flags answered by the script itself; sync_dist on and of
     from lessons import lightning
     lightning.who_does_what()              # each distributed chore: where _trainup_ddp.py does it, if Lightning's script does
     lightning.setup("l_ddp")               # what the Trainer chose: strategy, launcher, processes, sampler
-    lightning.in_this_kernel("--strategy", "ddp_notebook", ..., name="l_notebook")  # a Trainer in a cell
-    lightning.old_flags()                  # the 1.x flags, run through the script: exit status and its sentence
+    lightning.in_this_kernel(main, "--strategy", "ddp_notebook", ..., name="l_notebook")  # a cell's Trainer
+    lightning.old_flags(main)              # the 1.x flags, run through the script: exit status and its sentence
     lightning.sync_table(["l_ddp", "l_nosync"])  # what rank 0 logged against the whole job's loss
     lightning.tensorboard_scalars("l_ddp") # the event file read back (tensorboard's EventAccumulator)
 """
@@ -54,19 +54,23 @@ def who_does_what():
     return pd.DataFrame(rows).set_index("chore")
 
 
-def in_this_kernel(*flags, name):
-    """The Lightning script's main() run inside this Python, a notebook's kernel, as a learner's cell
-    would run a Trainer: (its exit status, what it wrote to stderr); its log tells the rest. Inside a kernel the Trainer may
-    start its ranks only by forking the kernel (strategy ddp_notebook): 'ddp' starts each rank by
-    running the script's file again, and a kernel has none (Lightning refuses it)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_trainup_lightning", ROOT / "scripts" / SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    err = io.StringIO()  # stdout too: the ranks' lines name this machine's folders
+def in_this_kernel(script_main, *flags, name):
+    """A script's main() (the notebook imports the script) run inside this Python, a notebook's
+    kernel, as a learner's cell would run a Trainer: (its exit status, what it wrote to stderr);
+    its log tells the rest. Inside a kernel the Trainer may start its ranks only by forking the
+    kernel (strategy ddp_notebook): 'ddp' starts each rank by running the script's file again,
+    and a kernel has none (Lightning refuses it)."""
+    return _called(script_main, [*map(str, flags), "--run-name", name,
+                                 *(["--quick"] if report.QUICK else [])])
+
+
+def _called(script_main, argv):
+    """(exit status, stderr) of script_main(argv) called here; stdout is dropped, since the ranks'
+    lines name this machine's folders."""
+    err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
-            script.main([*map(str, flags), "--run-name", name, *(["--quick"] if report.QUICK else [])])
+            script_main(argv)
             code = 0
         except SystemExit as e:  # the script's one-sentence refusals
             code = e.code
@@ -118,26 +122,20 @@ OLD_FLAGS = [["--gpus", "2"], ["--num-processes", "2"], ["--tpu-cores", "8"], ["
              ["--strategy", "horovod"], ["--strategy", "ddp2"], ["--strategy", "ddp_sharded"]]
 
 
-def answer(flags):
-    """Run the script's main() here with these flags: (exit status, what it wrote on stderr). The 1.x flags are
-    refused before any training starts, so this takes no time."""
-    import _trainup_lightning
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            _trainup_lightning.main(["--quick", "--no-progress", *flags, "--run-name", "l_flag_check"])
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    return code, err.getvalue().strip().removeprefix("error: ")
+def answer(script_main, flags):
+    """The script's main() run here with these flags: (exit status, what it wrote on stderr). The
+    1.x flags are refused before any training starts, so this takes no time."""
+    code, said = _called(script_main, ["--quick", "--no-progress", *flags,
+                                       "--run-name", "l_flag_check"])
+    return code, said.strip().removeprefix("error: ")
 
 
-def old_flags(flags=OLD_FLAGS):
+def old_flags(script_main, flags=OLD_FLAGS):
     """A table: each 1.x flag, the script's exit status and its one-sentence answer."""
     import pandas as pd
     rows = []
     for f in flags:
-        code, sentence = answer(f)
+        code, sentence = answer(script_main, f)
         rows.append({"Lightning 1.x": " ".join(f), "exit status": code, "answer": sentence})
     return pd.DataFrame(rows).set_index("Lightning 1.x")
 

@@ -58,8 +58,9 @@ _ENTRIES = (
     # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3)
     Script("_trainup_lightning_fsdp.py", "07_lightning.ipynb", "_trainup_lightning.py", 45,
            ACCELERATOR),
-    # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows
-    Script("_trainup_fsdp.py", "09_sharding.ipynb", "_trainup_blocks.py", 90, DEVICE),
+    # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows; the stop
+    # signal (lesson 04's, absent from the block stack) saves DCP shards from every rank
+    Script("_trainup_fsdp.py", "09_sharding.ipynb", "_trainup_blocks.py", 100, DEVICE),
     Script("_trainup_tp.py", "09c_tensor_parallel.ipynb", "_trainup_blocks.py", 63, DEVICE, "cpu"),
     # the transformer: attention cut by heads, sequence parallelism, loss_parallel
     Script("_trainup_tp_sp.py", "09c_tensor_parallel.ipynb", "_trainup_tp.py", 54),

@@ -349,30 +349,13 @@ def nearest(candidates, f):
                                           -(r["facts"]["time"] or 0), r["name"]), default=None)
 
 
-def predicted(runs):
-    """{(measured_on, run): (predicted epoch seconds, error)} for the runs lesson 11's model
-    predicts: the 2-process runs of a reference set of its layout (lessons/reference.py), each
-    from that set's 1-process runs and sweep (lessons/predict_here.py); the error is against
-    the run's timed epochs (all but the first), as lesson 11 measures them."""
-    from . import predict_here, reference
-    out = {}
-    sets = {Path(r["path"]).parent for r in runs if r["facts"]["measured_on"] != "here"}
-    for folder in sorted(sets):
-        if reference.complete(folder):
-            table, *_ = predict_here.predictions(folder)
-            out.update({(folder.name, t.run): (t.predicted_s, t.error) for t in table.itertuples()})
-    return out
-
-
 def performance(runs):
     """One row per training run: strategy, hardware, devices, batch, throughput, epoch time, speedup and
     efficiency against the matching single-device run (strong scaling where one did the same global batch,
-    else weak scaling where one did the per-device batch: column scaling), lesson 11's predicted epoch
-    and its error where the model predicts the run (predicted), resident memory per process
+    else weak scaling where one did the per-device batch: column scaling), resident memory per process
     (peak_mem_mb; on a GPU the memory torch allocated), final loss and accuracy."""
     import pandas as pd
     rows = []
-    model = predicted(runs)
     for r in runs:
         f, s = r["facts"], r["summary"]
         base, scaling, speedup, why = comparison(r, runs)
@@ -387,8 +370,6 @@ def performance(runs):
             gflops_per_s=sum(achieved) / len(achieved) / 1e9 if achieved else None,
             mfu=sum(mfu) / len(mfu) if mfu else None,
             efficiency=speedup / f["devices"], baseline=base["name"] if base else None,
-            predicted_epoch_s=model.get((f["measured_on"], r["name"]), (None, None))[0],
-            prediction_error=model.get((f["measured_on"], r["name"]), (None, None))[1],
             scaling=scaling, no_speedup=why,
             peak_mem_mb=s["peak_mem_mb"], loss=s["loss"], test_accuracy=s["test_accuracy"], epochs=len(r["epochs"]),
             model=f.get("model"), dataset=f.get("dataset"), work=work_of(f)))
@@ -843,8 +824,6 @@ def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
 
 COLUMNS = ["strategy", "measured_on", "hardware", "world_size", "global_batch", "per_device_batch", "samples_per_s",
            "epoch_s", "speedup", "efficiency", "scaling", "peak_mem_mb", "loss", "test_accuracy"]
-# lesson 11's model beside the runs it predicts (sr.predicted): the command prints them apart
-PREDICTED = ["run", "measured_on", "strategy", "predicted_epoch_s", "prediction_error"]
 # The model's FLOPs a second (trainup/flops.py) and that over the GPUs' datasheet peak (MFU): empty where
 # they were not counted (the block-stack scripts, logs from before) or the peak is not known (CPUs).
 ACHIEVED = ["gflops_per_s", "mfu"]
@@ -868,11 +847,6 @@ def main(argv=None):
     table = performance(runs)
     if len(table):
         print(table[["run"] + COLUMNS + ACHIEVED].round(3).to_string(index=False))
-    model = table[table["predicted_epoch_s"].notna()] if len(table) else table
-    if len(model):
-        print("Lesson 11's model, from each set's 1-process runs and all-reduce sweep (the error: "
-              "against the epochs after the first):")
-        print(model[PREDICTED].round(3).to_string(index=False))
     equal = equivalence(runs, a.checkpoint_dir)
     print(equal[EQUIVALENCE_COLUMNS].to_string(index=False))
     print(about_equivalence(equal))

@@ -34,6 +34,9 @@ def readable(ckpt):
                         f"Lightning's; delete it, or run without --resume") from None
 
 
+SIGNAL = ["SIGTERM"]  # the signal that stopped the run (lightning_run.as_sigterm: --stop-signal's)
+
+
 def stopped(trainer, ckpt):
     """A SIGTERM (a scheduler's time limit, scancel): Lightning's checkpoint of where the run stood, written
     whole (every rank joins, rank 0 writes, then a rename), and exit 75 as every course script: resumable."""
@@ -45,7 +48,7 @@ def stopped(trainer, ckpt):
     trainer.save_checkpoint(tmp)  # every rank's shards, under ModelParallelStrategy
     if trainer.is_global_zero:
         replace(tmp, ckpt)
-        print(f"stopped by SIGTERM at epoch {trainer.current_epoch + 1}, step {trainer.global_step}: "
+        print(f"stopped by {SIGNAL[0]} at epoch {trainer.current_epoch + 1}, step {trainer.global_step}: "
               f"{ckpt.name} saved; run again with --resume to go on", file=sys.stderr)
     sys.exit(preempt.STOPPED_EXIT)
 

@@ -8,6 +8,7 @@ and exit status 75).
 import contextlib
 import logging
 import shutil
+import signal
 import warnings
 from pathlib import Path
 
@@ -42,6 +43,18 @@ QUIET = (  # (message start, why it does not apply here)
 )
 for _message, _why in QUIET:
     warnings.filterwarnings("ignore", message=_message)
+
+
+def as_sigterm(signum, frame):
+    """--stop-signal, answered as the SIGTERM Lightning handles while it fits (it stops every rank
+    after the step); Lightning leaves a handler set before fit in place, also under SLURM, whose
+    requeue signal it would otherwise take. Before fit: SIGTERM's own answer."""
+    lightning_ckpt.SIGNAL[0] = signal.Signals(signum).name
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler):
+        handler(signal.SIGTERM, frame)
+    else:
+        signal.raise_signal(signal.SIGTERM)
 
 
 class Run:
@@ -109,6 +122,8 @@ class Run:
             resume = args.resume and self.ckpt.exists()
             if resume:
                 lightning_ckpt.readable(self.ckpt)
+            if args.stop_signal != "TERM":  # Lightning answers SIGTERM alone: --stop-signal too
+                signal.signal(getattr(signal, f"SIG{args.stop_signal}"), as_sigterm)
             yield str(self.ckpt) if resume else None
         except (ValueError, RuntimeError) as e:
             if not str(e).startswith(("Lightning", "You ", "`")):  # Lightning's refusals read so

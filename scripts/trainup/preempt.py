@@ -189,12 +189,15 @@ class Stopper:
             return
         self.signal = signal.Signals(signum).name  # only a flag: the step in progress finishes first
 
-    def watch(self, ckpt, log, model, optimizer, scheduler, scaler=None, **extra):
+    def watch(self, ckpt, log, model, optimizer, scheduler, scaler=None, save=None, saved=None,
+              **extra):
         """What a stop saves; on --resume, where the checkpoint says the run stopped. extra: more objects with
-        state_dict() (a warm-up schedule), saved and restored with the position."""
+        state_dict() (a warm-up schedule), saved and restored with the position. A sharded model
+        saves itself: save(epochs_done, position) runs on every rank, and saved is the position
+        its checkpoint held (None: rank 0 writes checkpoint.save's one file)."""
         self.watched = dict(ckpt=ckpt, log=log, model=model, optimizer=optimizer, scheduler=scheduler,
-                            scaler=scaler, extra=extra)
-        self.position = checkpoint.position(ckpt) if self.args.resume else None
+                            scaler=scaler, extra=extra, save=save)
+        self.position = (saved if save else checkpoint.position(ckpt)) if self.args.resume else None
         if self.position:
             for name, obj in extra.items():
                 if obj is not None and name in self.position["extra"]:
@@ -248,7 +251,9 @@ class Stopper:
         ranks = self.comm.gather(mine)  # every rank's random states, for rank 0 to save
         position = dict(epoch=epoch, step=step, wall_s=wall_s, world_size=self.comm.world_size, ranks=ranks,
                         extra={k: v.state_dict() for k, v in w["extra"].items() if v is not None})
-        if self.comm.rank == 0:
+        if w["save"]:  # every rank writes its shards
+            w["save"](epoch - 1, position)
+        elif self.comm.rank == 0:
             checkpoint.save(w["ckpt"], w["model"], w["optimizer"], w["scheduler"], epoch - 1, self.args,
                             w["scaler"], position=position)
         return w["ckpt"], w["log"]
@@ -355,6 +360,10 @@ class Steps:
             set_rng_state(rng)
         batches = iter(_skipped(self.loader, self.skip))
         if rng and self.skip:
+            # a loader whose __iter__ is a generator (Fabric's) starts, and draws its seed, at the
+            # first batch asked for: ask for it before the states go back
+            batches = itertools.chain([first] if (first := next(batches, None)) is not None else [],
+                                      batches)
             set_rng_state(rng)
         for step, batch in enumerate(batches, self.skip + 1):
             yield batch  # the script trains one step on it

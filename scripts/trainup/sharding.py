@@ -473,11 +473,13 @@ ZERO1_FILE = "zero1_optimizer.pt"
 
 
 ARGS_FILE = "trainup_args.json"  # beside DCP's files: the flags of the run that saved, for a resume to check
+POSITION_FILE = "trainup_position.pt"  # beside them after a stop: the step, every rank's random states
 
 
-def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
+def save_sharded(folder, model, optimizer, scheduler, epoch, args=None, position=None):
     """A torch.distributed.checkpoint (DCP) folder: every rank writes its own shards, with metadata that
-    lets a job of any size load it, and rank 0 the run's flags (ARGS_FILE). Written to a temporary
+    lets a job of any size load it, and rank 0 the run's flags (ARGS_FILE) and, for a stop inside
+    an epoch, where it stopped (POSITION_FILE: preempt.Stopper's position). Written to a temporary
     folder, then renamed by rank 0: a reader sees the old checkpoint or the new one."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -507,6 +509,8 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
             (tmp / ARGS_FILE).write_text(json.dumps(checkpoint.plain(args)))
             if is_zero1(optimizer):  # the whole state, as one process's Adam would save it
                 torch.save(optimizer.state_dict(), tmp / ZERO1_FILE)
+            if position is not None:
+                torch.save(position, tmp / POSITION_FILE)
     dist.barrier()
     if dist.get_rank() == 0:
         old = folder.with_name(f".{folder.name}.old")
@@ -515,6 +519,31 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None):
         os.replace(tmp, folder)
         shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
+
+
+def saver(args, model, optimizer, scheduler):
+    """What a stop (preempt.Stopper) calls on every rank: the run's DCP checkpoint with where it
+    stopped; ZeRO-2 by hand keeps no checkpoint, so its stop is refused in one sentence."""
+    def save(epochs_done, position):
+        if args.shard not in RESUMABLE:
+            raise UserError(f"stopped in epoch {epochs_done + 1}, without a checkpoint: --shard "
+                            f"{args.shard} (ZeRO-2 by hand) has no checkpoint format; --shard "
+                            f"{' or '.join(RESUMABLE)} can stop and resume")
+        save_sharded(dcp_folder(args), model, optimizer, scheduler, epochs_done, args, position)
+    return save
+
+
+def saved_position(folder):
+    """Where the run whose DCP checkpoint is folder stopped inside an epoch; None at an epoch's end
+    (or no checkpoint)."""
+    path = Path(folder) / POSITION_FILE if folder is not None else None
+    if path is None or not path.exists():
+        return None
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception:  # torn or foreign: one sentence, as the shards' own load says
+        raise UserError(f"checkpoint {folder}: {POSITION_FILE} cannot be read (damaged); resume "
+                        f"from another checkpoint, or start the run again") from None
 
 
 def is_zero1(optimizer):
