@@ -58,11 +58,14 @@ def test_every_fault_of_the_list_has_its_test():
         assert f"def {name}" in (ROOT / "tests" / module).read_text(), f"{trial}: {module}::{name}* is gone"
 
 
-def _full_after(nbytes):
-    """A torch.save that writes nbytes of the file, then finds the disk full."""
+def _full_after(nbytes, as_torch_stream=False):
+    """A torch.save that writes nbytes of the file, then finds the disk full: an OSError, or the
+    RuntimeError torch's C++ stream raises when a flush falls short."""
     def save(obj, f, *a, **k):
         with open(f, "wb") as out:
             out.write(b"x" * nbytes)
+        if as_torch_stream:
+            raise RuntimeError("[enforce fail at inline_container.cc] . basic_ios::clear: iostream error")
         raise OSError(errno.ENOSPC, "No space left on device", str(f))
     return save
 
@@ -71,17 +74,27 @@ def _args(tmp_path):
     return cli.argparse.Namespace(run_name="r", checkpoint_dir=str(tmp_path), lesson="x", model="m", seed=1)
 
 
-@pytest.mark.parametrize("writer", ["checkpoint.save", "sharding.save_full"])
-def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_last_whole_one(writer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("writer", ["checkpoint.save", "sharding.save_full",
+                                    "tensor_parallel.save_model", "pipeline.save_model"])
+@pytest.mark.parametrize("as_torch_stream", [False, True], ids=["oserror", "torch_stream"])
+def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_last_whole_one(writer, as_torch_stream,
+                                                                           tmp_path, monkeypatch):
+    from trainup import pipeline, tensor_parallel
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     path = tmp_path / "r.pt"
-    save = {"checkpoint.save": lambda epoch: checkpoint.save(path, model, opt, sched, epoch, _args(tmp_path)),
+    args = _args(tmp_path)
+    save = {"checkpoint.save": lambda epoch: checkpoint.save(path, model, opt, sched, epoch, args),
             "sharding.save_full": lambda epoch: sharding.save_full(path, model.state_dict(), epoch,
-                                                                    _args(tmp_path))}[writer]
+                                                                    args),
+            "tensor_parallel.save_model": lambda epoch: tensor_parallel.save_model(
+                path, model.state_dict(), epoch, args),
+            "pipeline.save_model": lambda epoch: pipeline.save_model(path, model, epoch, args),
+            }[writer]
     save(1)
-    monkeypatch.setattr(torch, "save", _full_after(100))
+    monkeypatch.setattr(torch, "save", _full_after(100, as_torch_stream))
+    monkeypatch.setattr(checkpoint, "no_room", lambda folder: True)  # the disk, as it is then
     with pytest.raises(UserError, match=r"could not be written \(No space left on device\); the disk is full: "
                                         r"the last whole checkpoint is kept"):
         save(2)

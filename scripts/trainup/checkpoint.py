@@ -74,8 +74,9 @@ def whole(path, tmp):
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, or over the quota
-# torch.save's zip writer turns a write that fell short (a full disk) into a RuntimeError, not an OSError
-TORN = ("unexpected pos", "PytorchStreamWriter failed writing")
+# torch.save's zip writer turns a write that fell short (a full disk) into a RuntimeError, not an
+# OSError; so does its C++ stream when the file's buffer is flushed ("basic_ios::clear")
+TORN = ("unexpected pos", "PytorchStreamWriter failed writing", "basic_ios::clear")
 
 
 def no_room(folder, least=1 << 20):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 from torch.utils.checkpoint import checkpoint
 
-from . import UserError, devices
+from . import UserError, checkpoint, devices
 from .meter import Meter
 
 # name: (schedule class, stages a rank holds, how stages map to ranks)
@@ -324,10 +324,9 @@ def save_model(path, model, epoch, args):
     """The whole model's parameters, atomically (temporary file, then os.replace): what checks.same_parameters reads."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save({"model": model.state_dict(), "epoch": epoch,
-                "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}},
-               tmp)
-    os.replace(tmp, path)
+    with checkpoint.whole(path, tmp):  # a full disk: one sentence, the last whole one kept
+        torch.save({"model": model.state_dict(), "epoch": epoch, "args": checkpoint.plain(args)}, tmp)
+        os.replace(tmp, path)
     return path
 
 

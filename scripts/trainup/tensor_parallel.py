@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import UserError, cli
+from . import UserError, checkpoint, cli
 from .devices import synchronize
 
 # Megatron-LM's cut of an MLP: `up` by output features (each rank a slice of the hidden layer), `down` by
@@ -240,8 +240,7 @@ def save_model(path, state, epoch, args):
     """The whole model's parameters (gathered), atomically: what checks.same_parameters reads."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save({"model": state, "epoch": epoch,
-                "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}},
-               tmp)
-    os.replace(tmp, path)
+    with checkpoint.whole(path, tmp):  # a full disk: one sentence, the last whole one kept
+        torch.save({"model": state, "epoch": epoch, "args": checkpoint.plain(args)}, tmp)
+        os.replace(tmp, path)
     return path
