@@ -45,7 +45,8 @@ if _at:
         steps = [0]
         def count(opt, a, kw):
             steps[0] += 1
-            me = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+            me = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID",
+                                                           os.environ.get("LOCAL_RANK", "0"))))
             if steps[0] == step and me == rank:
                 import signal
                 if os.environ.get("TRAINUP_TEST_KILL_AGENT"):  # torchrun's agent killed, its workers left
@@ -366,6 +367,30 @@ def test_fsdp_ranks_save_their_shards_at_a_stop_and_resume_to_a_run_never_stoppe
         assert torch.equal(resumed[k], straight[k]), k
     summaries = [r["status"] for r in lines(fsdp.log_dir, "stopped") if r["type"] == "summary"]
     assert summaries == ["stopped", "finished"]
+
+
+@pytest.mark.parametrize("signalled", ["group", "rank 1"])
+def test_lightning_ranks_it_started_stop_at_one_step_and_resume_exactly(tmp_path, signalled):
+    """Lightning's own launcher (--devices 2, strategy ddp): SIGTERM to the job's whole group (a
+    scheduler's way), or to rank 1 alone, after step 3: every rank stops before the same step and
+    exits 75 (Lightning's handler would hang the first and miss the second); --resume ends with
+    the parameters of a run never stopped."""
+    log_dir, env = tmp_path / "logs", site(tmp_path / "site")
+    flags = [*TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp"]
+    hit = ({"TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
+           if signalled == "group" else {"TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"})
+    straight = python("_trainup_lightning.py", *flags, "--run-name", "straight",
+                      log_dir=log_dir, env=env)
+    stopped = finish_job(python("_trainup_lightning.py", *flags, "--run-name", "s",
+                                log_dir=log_dir, env={**env, **hit}))
+    ok(stopped, preempt.STOPPED_EXIT)
+    assert "at epoch 1, step" in stopped.stderr and "Traceback" not in stopped.stderr
+    ok(finish_job(python("_trainup_lightning.py", *flags, "--run-name", "s", "--resume",
+                         log_dir=log_dir, env=env)))
+    ok(finish_job(straight))
+    resumed, never = params(log_dir, "s"), params(log_dir, "straight")
+    for k in never:
+        assert torch.equal(resumed[k], never[k]), k
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,15 @@ after, with the random states it had there (Loader): it ends with the parameters
 stopped."""
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from . import UserError, preempt
@@ -34,7 +39,57 @@ def readable(ckpt):
                         f"Lightning's; delete it, or run without --resume") from None
 
 
-SIGNAL = ["SIGTERM"]  # the signal that stopped the run (lightning_run.as_sigterm: --stop-signal's)
+SIGNAL = ["SIGTERM"]  # the signal that stopped the run
+
+
+class StopSignal(Callback):
+    """SIGTERM and --stop-signal, as the course's other scripts answer them: every rank stops
+    before the same step, whichever rank was signalled (preempt's agreement: the job's store on
+    CPUs, an all-reduced flag on GPUs), and fitting() saves and exits 75. It replaces, as training
+    starts, the handler Lightning set as fit began: that one broadcasts from inside the handler
+    and signals the ranks it started once more, so ranks signalled together (a scheduler signals
+    the job's whole group) run unequal collectives and hang; and it stops only where rank 0 was
+    signalled."""
+
+    def __init__(self, stop_signal):
+        self.signals = {signal.SIGTERM, getattr(signal, f"SIG{stop_signal}")}
+        self.pid, self.signal, self.posted, self.steps = os.getpid(), None, None, 0
+
+    def on_train_start(self, trainer, pl_module):
+        for sig in self.signals:
+            signal.signal(sig, self._requested)
+        device, world = trainer.strategy.root_device, trainer.world_size
+        backend = dist.get_backend() if dist.is_initialized() else "none"
+        self.comm = (preempt.TorchDistributed(SimpleNamespace(
+            world_size=world, rank=trainer.global_rank, device=device, backend=backend))
+            if world > 1 else preempt.Alone())
+        self.how, self.every = (preempt.STOP_CHECK.get(device.type, preempt.STOP_CHECK["cuda"])
+                                if world > 1 else ("", 1))
+
+    def _requested(self, signum, frame):
+        if os.getpid() == self.pid:  # not a loader worker forked from this process
+            self.signal = signal.Signals(signum).name
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps += 1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        """Before a step, after the steps before it are whole (Lightning's progress counts them):
+        stop here when the ranks agree, as preempt.Stopper.due does after a step."""
+        if self.steps % self.every or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return  # the epoch's last step is next: its progress would count it taken
+        if self.comm.world_size == 1:
+            stop = self.signal is not None
+        elif self.how == "all_reduce":
+            stop = self.comm.any(self.signal is not None)
+        else:
+            if self.signal is not None and not self.posted:  # no rank is past the next check
+                self.posted = self.comm.post(preempt.STOP_KEY, str(self.steps + self.every))
+            posted = self.comm.read(preempt.STOP_KEY)  # every rank skips the same steps: the
+            stop = posted is not None and int(posted) <= self.steps  # first check past it agrees
+        if stop:
+            SIGNAL[0] = self.signal or "a signal on another rank"
+            raise SIGTERMException
 
 
 def stopped(trainer, ckpt):

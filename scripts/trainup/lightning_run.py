@@ -8,7 +8,6 @@ and exit status 75).
 import contextlib
 import logging
 import shutil
-import signal
 import warnings
 from pathlib import Path
 
@@ -45,18 +44,6 @@ for _message, _why in QUIET:
     warnings.filterwarnings("ignore", message=_message)
 
 
-def as_sigterm(signum, frame):
-    """--stop-signal, answered as the SIGTERM Lightning handles while it fits (it stops every rank
-    after the step); Lightning leaves a handler set before fit in place, also under SLURM, whose
-    requeue signal it would otherwise take. Before fit: SIGTERM's own answer."""
-    lightning_ckpt.SIGNAL[0] = signal.Signals(signum).name
-    handler = signal.getsignal(signal.SIGTERM)
-    if callable(handler):
-        handler(signal.SIGTERM, frame)
-    else:
-        signal.raise_signal(signal.SIGTERM)
-
-
 class Run:
     """One Lightning run's plumbing: its devices, nodes, tensorboard and callbacks are the
     Trainer's."""
@@ -81,7 +68,8 @@ class Run:
                                              name=args.run_name, default_hp_metric=False)
         own_ckpt = ModelCheckpoint(dirpath=args.checkpoint_dir, enable_version_counter=False,
                                    filename=f"{args.run_name}-lightning")  # Lightning's, by rank 0
-        self.callbacks = [course_log, *watchers, own_ckpt, *lightning_callbacks.callbacks(args)]
+        self.callbacks = [course_log, *watchers, own_ckpt, *lightning_callbacks.callbacks(args),
+                          lightning_ckpt.StopSignal(args.stop_signal)]  # SIGTERM, --stop-signal
         self.ckpt = Path(args.checkpoint_dir) / f"{args.run_name}-lightning.ckpt"
 
     @property
@@ -111,8 +99,8 @@ class Run:
         """Around Trainer.fit. First, once the Trainer knows its world size and before Lightning
         starts the other processes: the global batch must split evenly; --monitor's note; `with`
         gives the checkpoint to resume from (checked readable: lightning_ckpt), or None.
-        Then Lightning's refusals in one sentence; a SIGTERM (Lightning stops every rank after the
-        step; alone it would exit 0, unsaved) saves its checkpoint whole and exits 75
+        Then Lightning's refusals in one sentence; a SIGTERM or --stop-signal (every rank stops
+        before the same step: lightning_ckpt.StopSignal) saves its checkpoint whole and exits 75
         (lightning_ckpt.stopped); at the end, where TensorBoard's files are."""
         args, world = self.args, trainer.world_size
         try:
@@ -122,8 +110,6 @@ class Run:
             resume = args.resume and self.ckpt.exists()
             if resume:
                 lightning_ckpt.readable(self.ckpt)
-            if args.stop_signal != "TERM":  # Lightning answers SIGTERM alone: --stop-signal too
-                signal.signal(getattr(signal, f"SIG{args.stop_signal}"), as_sigterm)
             yield str(self.ckpt) if resume else None
         except (ValueError, RuntimeError) as e:
             if not str(e).startswith(("Lightning", "You ", "`")):  # Lightning's refusals read so
