@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 from torch.utils.checkpoint import checkpoint
 
-from . import UserError, checkpoint, devices
+from . import UserError, devices
+from .checkpoint import plain, whole
 from .meter import Meter
 
 # name: (schedule class, stages a rank holds, how stages map to ranks)
@@ -324,8 +325,8 @@ def save_model(path, model, epoch, args):
     """The whole model's parameters, atomically (temporary file, then os.replace): what checks.same_parameters reads."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with checkpoint.whole(path, tmp):  # a full disk: one sentence, the last whole one kept
-        torch.save({"model": model.state_dict(), "epoch": epoch, "args": checkpoint.plain(args)}, tmp)
+    with whole(path, tmp):  # a full disk: one sentence, the last whole one kept
+        torch.save({"model": model.state_dict(), "epoch": epoch, "args": plain(args)}, tmp)
         os.replace(tmp, path)
     return path
 
