@@ -118,6 +118,15 @@ def test_preflight_counts_gpus_from_cuda_visible_devices():
     assert proc.returncode == 2 and "4 tasks per node but only 2 GPU(s) per node" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("path", [p for p in TEMPLATES if "torch.distributed.run" in p.read_text()],
+                         ids=lambda p: p.name)
+def test_torchrun_templates_pass_the_stop_signals_on_to_the_training(path):
+    """torchrun forwards only the signals it handles; SLURM's --signal and scancel --signal send
+    SIGUSR1, which would end torchrun unsaved (tests/test_faults_stops.py sends it for real)."""
+    from lessons import launch
+    assert f"export PET_SIGNALS_TO_HANDLE={launch.TORCHRUN_SIGNALS}" in path.read_text()
+
+
 def test_preflight_stops_a_gpu_template_that_got_no_gpu():
     proc = _preflight(TRAINUP_LAUNCH="srun", TRAINUP_GPUS="4", SLURM_NTASKS_PER_NODE="4")
     assert proc.returncode == 2 and "this job got no GPU" in proc.stderr, proc.stderr
