@@ -1,6 +1,7 @@
 """pytest loads this whatever paths it is given: tests/suite_plugin.py, the suite's scheduling and
 nbval's kernels, apply to a notebook run alone as to the whole suite (tests/conftest.py, only where
 a test file is collected, holds the tests' fixtures)."""
+
 import sys
 from pathlib import Path
 

@@ -3,6 +3,7 @@
 TRAINUP_SCRIPTS_DIR points the tests at another copy of scripts/ (tests/test_breakages.py runs tests
 against copies with one deliberate defect each, to prove that the tests catch it).
 """
+
 import fcntl
 import hashlib
 import os
@@ -27,11 +28,25 @@ sys.path.insert(0, str(SCRIPTS))
 
 # The fast tier (`bash run_tests.sh -m fast`, tests/README.md): files of unit tests whole, and one
 # real multi-process run per strategy, each a test whose module starts only the jobs it reads.
-FAST_FILES = {"test_activations.py", "test_data.py", "test_elastic.py", "test_gpumon.py",
-              "test_install.py", "test_k8s.py", "test_lesson_shape.py", "test_metrics.py",
-              "test_perfmodel.py", "test_planner.py", "test_predict_here.py", "test_readme.py",
-              "test_stored_outputs.py", "test_fresh_jobs.py", "test_machine.py", "test_style.py",
-              "test_manifest.py"}
+FAST_FILES = {
+    "test_activations.py",
+    "test_data.py",
+    "test_elastic.py",
+    "test_gpumon.py",
+    "test_install.py",
+    "test_k8s.py",
+    "test_lesson_shape.py",
+    "test_metrics.py",
+    "test_perfmodel.py",
+    "test_planner.py",
+    "test_predict_here.py",
+    "test_readme.py",
+    "test_stored_outputs.py",
+    "test_fresh_jobs.py",
+    "test_machine.py",
+    "test_style.py",
+    "test_manifest.py",
+}
 FAST_TESTS = {
     "test_horovod.py::test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it",
     "test_blocks.py::test_two_ranks_end_with_the_parameters_of_one_process",
@@ -43,8 +58,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = plain_id(item.nodeid).split("::")
         if path[0].startswith("tests/") and (
-                path[0][len("tests/"):] in FAST_FILES
-                or "::".join([path[0][len("tests/"):], path[-1].split("[")[0]]) in FAST_TESTS):
+            path[0][len("tests/") :] in FAST_FILES
+            or "::".join([path[0][len("tests/") :], path[-1].split("[")[0]]) in FAST_TESTS
+        ):
             item.add_marker(pytest.mark.fast)
 
 
@@ -53,7 +69,9 @@ def wanted_jobs(request):
     (tests/test_breakages.py runs its targets so) starts only its own; None where one has no mark: all."""
     want = set()
     for item in request.session.items:
-        if getattr(item, "module", None) is request.module and request.fixturename in getattr(item, "fixturenames", ()):
+        if getattr(item, "module", None) is request.module and request.fixturename in getattr(
+            item, "fixturenames", ()
+        ):
             mark = item.get_closest_marker("jobs")
             if mark is None:
                 return None
@@ -77,8 +95,11 @@ def notebook_passed(request, notebook, poll_s=2.0):
     a cell failed or it did not end in time: the test then makes the run itself."""
     if os.environ.get("TRAINUP_SCRIPTS_DIR"):
         return False
-    cells = {plain_id(item.nodeid) for item in request.session.items
-             if plain_id(item.nodeid).startswith(f"{notebook}::")}
+    cells = {
+        plain_id(item.nodeid)
+        for item in request.session.items
+        if plain_id(item.nodeid).startswith(f"{notebook}::")
+    }
     xdist = SHARED_OUTCOMES in getattr(request.config, "workerinput", {})
     deadline = time.monotonic() + suite.NOTEBOOK_WAIT_S
     while cells:
@@ -106,9 +127,21 @@ def drill_beside_its_baseline(folder, flags, env, drill):
     lesson 04's DDP script with the same flags: the run it must end equal to. Returns (the
     drill, "one")."""
     logs, ckpt = folder / "logs", folder / "checkpoints"
-    one = start_job([sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *flags, "--quick",
-                     "--run-name", "one", "--log-dir", str(logs), "--checkpoint-dir", str(ckpt)],
-                    env)
+    one = start_job(
+        [
+            sys.executable,
+            str(SCRIPTS / "_trainup_ddp.py"),
+            *flags,
+            "--quick",
+            "--run-name",
+            "one",
+            "--log-dir",
+            str(logs),
+            "--checkpoint-dir",
+            str(ckpt),
+        ],
+        env,
+    )
     made = drill(logs, ckpt)
     done = finish_job(one)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -122,8 +155,14 @@ def start_job(cmd, env):
     """Start a job as a learner does, a fresh interpreter (under its launcher where cmd names one),
     in a session of its own, so that a hung job can be ended with all its children."""
     return subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def finish_job(proc):
@@ -138,8 +177,10 @@ def finish_job(proc):
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             out, err = "", "(its output: held open by a process outside its tree)"
-        raise AssertionError(f"{proc.args} did not end within {HANG_GUARD_S} s: it hung\n"
-                             f"{(out or '')[-2000:]}\n{(err or '')[-4000:]}") from None
+        raise AssertionError(
+            f"{proc.args} did not end within {HANG_GUARD_S} s: it hung\n"
+            f"{(out or '')[-2000:]}\n{(err or '')[-4000:]}"
+        ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -179,32 +220,51 @@ def kill_tree(pid):
 def srun_env(rank, ntasks, port, job="1"):
     """What srun gives task `rank` of an ntasks-task step on one node, and where rank 0 opens the
     store: the scripts read these as they read torchrun's."""
-    return dict(SLURM_PROCID=str(rank), SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(rank),
-                SLURM_NNODES="1", SLURM_NODEID="0", SLURM_JOB_ID=job, SLURM_STEP_ID="0",
-                MASTER_PORT=str(port))
+    return dict(
+        SLURM_PROCID=str(rank),
+        SLURM_NTASKS=str(ntasks),
+        SLURM_LOCALID=str(rank),
+        SLURM_NNODES="1",
+        SLURM_NODEID="0",
+        SLURM_JOB_ID=job,
+        SLURM_STEP_ID="0",
+        MASTER_PORT=str(port),
+    )
 
 
 class Ranks:
     """A job's ranks started as `srun -n N python ...` starts them: no launcher (a test that is not
     about torchrun spares its agent, an interpreter of its own). finish(): rank 0's output, the
     first non-zero exit status."""
+
     def __init__(self, cmd, env, ntasks=2):
         from trainup import distributed
+
         port = distributed.free_port()
         self.procs = [start_job(cmd, {**env, **srun_env(r, ntasks, port)}) for r in range(ntasks)]
 
     def finish(self):
         done = [finish_job(p) for p in self.procs]
         code = next((d.returncode for d in done if d.returncode), 0)
-        return subprocess.CompletedProcess(done[0].args, code, done[0].stdout,
-                                           "".join(d.stderr for d in done))
+        return subprocess.CompletedProcess(
+            done[0].args, code, done[0].stdout, "".join(d.stderr for d in done)
+        )
 
 
 # The one-process run that the proofs of DDP, Horovod and Lightning compare with, the same in each
 # file (float64: threads and kernels move it by about 1e-16). It is made once a session and reused
 # by the breakages' pytests whose copy leaves its code alone (start_baseline).
-BASELINE = ["--quick", "--dropout", "0", "--device", "cpu", "--batch-size", "64",
-            "--precision", "64"]
+BASELINE = [
+    "--quick",
+    "--dropout",
+    "0",
+    "--device",
+    "cpu",
+    "--batch-size",
+    "64",
+    "--precision",
+    "64",
+]
 RUN_CACHE = "TRAINUP_RUN_CACHE"  # where runs made once are kept; the breakages' pytests inherit it
 
 
@@ -229,8 +289,10 @@ def baseline_key(scripts=None):
 class Baseline:
     """start_baseline's run: made by this call, or already made (another worker waits on the lock
     while one makes it). finish() puts one.jsonl and checkpoints/one.pt into log_dir."""
+
     def __init__(self, folder, log_dir):
         from lessons import launch
+
         self.folder, self.log_dir = folder, Path(log_dir)
         folder.parent.mkdir(parents=True, exist_ok=True)
         self.lock = open(folder.with_suffix(".lock"), "w")
@@ -239,8 +301,9 @@ class Baseline:
         if not (folder / "made").exists():
             shutil.rmtree(folder, ignore_errors=True)  # a run that did not finish
             flags = [*BASELINE, "--run-name", "one"]
-            self.proc = start_job(_script_command("_trainup_gpu.py", flags, folder, None),
-                                  launch.environment())
+            self.proc = start_job(
+                _script_command("_trainup_gpu.py", flags, folder, None), launch.environment()
+            )
 
     def finish(self):
         done = finish_job(self.proc) if self.proc else subprocess.CompletedProcess([], 0, "", "")
@@ -260,19 +323,30 @@ def start_baseline(tmp_path_factory, log_dir):
 
 
 def _script_command(script, args, log_dir, checkpoint_dir):
-    return [sys.executable, str(SCRIPTS / script), *map(str, args),
-            "--log-dir", str(log_dir), "--checkpoint-dir", str(checkpoint_dir or Path(log_dir) / "checkpoints"),
-            "--no-progress"]
+    return [
+        sys.executable,
+        str(SCRIPTS / script),
+        *map(str, args),
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-dir",
+        str(checkpoint_dir or Path(log_dir) / "checkpoints"),
+        "--no-progress",
+    ]
 
 
 def _failed(script, proc):
-    return AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return AssertionError(
+        f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
 
 
 def run_script(script, *args, log_dir, timeout=300, env=None, check=True, checkpoint_dir=None):
     """Run scripts/<script> as a learner would (start_job); logs and checkpoints go to log_dir."""
-    job = start_job(_script_command(script, args, log_dir, checkpoint_dir),
-                    {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    job = start_job(
+        _script_command(script, args, log_dir, checkpoint_dir),
+        {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     try:
         out, err = job.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -291,8 +365,10 @@ def run_script(script, *args, log_dir, timeout=300, env=None, check=True, checkp
 def start_script(script, *args, log_dir, env=None, checkpoint_dir=None):
     """run_script's run, started and not waited for (finish_script waits): runs that do not depend on each
     other go side by side (most of each is starting Python and importing torch, on one core)."""
-    proc = start_job(_script_command(script, args, log_dir, checkpoint_dir),
-                     {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = start_job(
+        _script_command(script, args, log_dir, checkpoint_dir),
+        {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     proc.script = script
     return proc
 
@@ -326,7 +402,7 @@ def assert_clean_error(proc, *words):
 # Written into a folder put first on PYTHONPATH: Python imports it at start-up in every process
 # (torchrun's workers too) and logs each os.replace/os.rename with the process id. Nothing in
 # scripts/ is changed.
-_RENAME_WATCH = '''import os, sys
+_RENAME_WATCH = """import os, sys
 _log = os.environ.get("TRAINUP_TEST_RENAMES")
 if _log:
     def _hook(event, args):
@@ -334,7 +410,7 @@ if _log:
             with open(_log, "a") as f:
                 f.write(f"{os.getpid()}\\t{os.fspath(args[0])}\\t{os.fspath(args[1])}\\n")
     sys.addaudithook(_hook)
-'''
+"""
 
 
 def rename_watch(folder):
@@ -348,7 +424,11 @@ def rename_watch(folder):
 
     def read():
         lines = log.read_text().splitlines() if log.exists() else []
-        return [(int(pid), Path(src), Path(dst)) for pid, src, dst in (line.split("\t") for line in lines)]
+        return [
+            (int(pid), Path(src), Path(dst))
+            for pid, src, dst in (line.split("\t") for line in lines)
+        ]
+
     return env, read
 
 
@@ -362,14 +442,20 @@ def local_slurm(tmp_path_factory):
     """A real SLURM for the module that asks (apt-get installs it the first time); every daemon stopped by
     pid. Where it cannot start: skipped, or failed under TRAINUP_REQUIRE_SLURM=1 (CI sets it)."""
     from lessons import slurm
+
     state = tmp_path_factory.mktemp("slurm")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINUP_SLURM_DIR", str(state))
-        started, why = slurm.start(owner=os.getpid())  # the owner: a watchdog stops it if this test run dies
+        started, why = slurm.start(
+            owner=os.getpid()
+        )  # the owner: a watchdog stops it if this test run dies
         if started == "cannot" and os.environ.get("TRAINUP_REQUIRE_SLURM") != "1":
             pytest.skip(f"the real-SLURM tests need root and Debian's slurm-wlm and munge: {why}")
         if started == "cannot":
-            pytest.fail(f"TRAINUP_REQUIRE_SLURM=1 (CI) and the local SLURM cannot start: {why}", pytrace=False)
+            pytest.fail(
+                f"TRAINUP_REQUIRE_SLURM=1 (CI) and the local SLURM cannot start: {why}",
+                pytrace=False,
+            )
         if started != "running":
             pytest.fail(f"the local SLURM did not start: {why}", pytrace=False)
         pids = {f.name: int(f.read_text()) for f in (state / "run").glob("*.pid")}
@@ -377,8 +463,12 @@ def local_slurm(tmp_path_factory):
             yield state
         finally:
             slurm.stop()
-            alive = [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()
-                     and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+            alive = [
+                name
+                for name, pid in pids.items()
+                if Path(f"/proc/{pid}").exists()
+                and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+            ]
             assert not alive, f"still running after stop: {alive}"
 
 
@@ -388,7 +478,7 @@ def local_slurm(tmp_path_factory):
 # run), on the first attempt only: a restarted worker (torchrun --max-restarts, a requeued SLURM
 # step) runs clean.
 FAULT_ENV = "TRAINUP_FAIL_AT"
-_FAULTS = '''import os
+_FAULTS = """import os
 _spec = os.environ.get("TRAINUP_FAIL_AT", "").split(":")
 _rank = next((os.environ[k] for k in ("RANK", "HOROVOD_RANK", "SLURM_PROCID") if k in os.environ), "0")
 _first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
@@ -406,12 +496,13 @@ if len(_spec) >= 2 and _spec[0] == _rank and _first:
                 time.sleep(3600)
             raise RuntimeError(f"injected fault (TRAINUP_FAIL_AT) at step {_at}")
     register_optimizer_step_pre_hook(_fault)
-'''
+"""
 
 
 def require_horovod():
     """Skip where Horovod is not built; fail where TRAINUP_REQUIRE_HOROVOD=1 says it must be."""
     from lessons import horovod
+
     ok, sentence = horovod.available()
     if not ok:
         if os.environ.get("TRAINUP_REQUIRE_HOROVOD") == "1":
@@ -428,19 +519,24 @@ def inject(tmp_path_factory):
     def env_with(spec, env=None):
         path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
         return {**(env or {}), FAULT_ENV: spec, "PYTHONPATH": path}
+
     return env_with
 
 
 def hold_lock(path):
     """Another live writer of a run: a process holding path's lock as trainup.runlock.Lock holds it (flock,
     its host and pid inside) until killed. Returned once it holds it."""
-    code = ("import fcntl, os, socket, sys, time\n"
-            "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "os.write(fd, f'{socket.gethostname()} {os.getpid()}'.encode())\n"
-            "print('held', flush=True)\n"
-            "time.sleep(300)\n")
+    code = (
+        "import fcntl, os, socket, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, f'{socket.gethostname()} {os.getpid()}'.encode())\n"
+        "print('held', flush=True)\n"
+        "time.sleep(300)\n"
+    )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held", "the holder did not take the lock"
     return proc

@@ -5,6 +5,7 @@ shared between the workers. A conftest.py under tests/ is
 not loaded when only notebooks are collected (`bash run_tests.sh notebooks/04_ddp.ipynb`): there
 the cells of one notebook were spread over the workers, each in a kernel of its own.
 """
+
 import time
 from pathlib import Path
 
@@ -54,8 +55,11 @@ def pytest_xdist_node_collection_finished(node, ids):
     """xdist's controller, as each worker has collected: the first time, the breakages selected."""
     config = node.config
     if getattr(config, "_trainup_breakages", None) is None:
-        names = [plain_id(i)[len(BREAKAGE_TEST):-1] for i in ids
-                 if plain_id(i).startswith(BREAKAGE_TEST)]
+        names = [
+            plain_id(i)[len(BREAKAGE_TEST) : -1]
+            for i in ids
+            if plain_id(i).startswith(BREAKAGE_TEST)
+        ]
         config._trainup_breakages = start_breakages(config, names) if names else False
 
 
@@ -64,15 +68,26 @@ def start_breakages(config, names):
     import os
     import subprocess
     import sys
+
     out = Path(config._trainup_outcomes.parent / "breakages.json")
     here = Path(__file__).resolve().parent
     # the run cache the workers share (conftest.run_cache): the session's base folder's runs/
-    env = {**os.environ, "TRAINUP_RUN_CACHE": os.environ.get(
-        "TRAINUP_RUN_CACHE", str(config._tmp_path_factory.getbasetemp() / "runs"))}
+    env = {
+        **os.environ,
+        "TRAINUP_RUN_CACHE": os.environ.get(
+            "TRAINUP_RUN_CACHE", str(config._tmp_path_factory.getbasetemp() / "runs")
+        ),
+    }
     with open(f"{out}.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(here / "test_breakages.py"), str(out),
-                                 *names], cwd=here.parent, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(here / "test_breakages.py"), str(out), *names],
+            cwd=here.parent,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     Path(f"{out}.pid").write_text(str(proc.pid))
     return proc
 
@@ -81,6 +96,7 @@ def pytest_unconfigure(config):
     """The controller: an early run of the breakages still going (the suite was stopped) ends."""
     import os
     import signal
+
     proc = getattr(config, "_trainup_breakages", None)
     if proc and proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -149,9 +165,13 @@ def wait_for_earlier_notebooks(item, poll_s=2.0):
     xdist = SHARED_OUTCOMES in getattr(config, "workerinput", {})
     if not xdist or not nodeid.startswith(READS_EARLIER + "::"):
         return set()
-    cells = {plain_id(i.nodeid) for i in item.session.items
-             if plain_id(i.nodeid).startswith("notebooks/") and plain_id(i.nodeid) < READS_EARLIER
-             and serial_group(i.nodeid) != serial_group(nodeid)}
+    cells = {
+        plain_id(i.nodeid)
+        for i in item.session.items
+        if plain_id(i.nodeid).startswith("notebooks/")
+        and plain_id(i.nodeid) < READS_EARLIER
+        and serial_group(i.nodeid) != serial_group(nodeid)
+    }
     deadline = time.monotonic() + NOTEBOOK_WAIT_S
     while True:
         missing = cells - {**shared_outcomes(config), **OUTCOMES}.keys()
@@ -169,6 +189,7 @@ def pytest_xdist_make_scheduler(config, log):
     class Units(LoadScopeScheduling):
         def _split_scope(self, nodeid):
             return serial_group(nodeid)
+
     return Units(config, log)
 
 
@@ -177,6 +198,7 @@ def pytest_collection_modifyitems(config, items):
     """The notebooks first: under xdist they are the longest work unit, so they start at once while
     the other workers take the test files. The check of the checks last, after the tests it breaks
     have run on the unbroken course. Within each, the order is kept (a stable sort)."""
+
     def rank(item):
         path = plain_id(item.nodeid)
         if path.startswith("notebooks/"):
@@ -186,6 +208,7 @@ def pytest_collection_modifyitems(config, items):
         # a file that reads a notebook's runs (notebook_passed) after the other files: by then the
         # notebooks' worker has long made them, and no worker waits
         return 2 if getattr(getattr(item, "module", None), "READS_NOTEBOOK", None) else 1
+
     items.sort(key=rank)
 
 

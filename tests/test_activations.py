@@ -32,22 +32,22 @@ def test_recomputation_keeps_less_and_its_formula_holds():
 def test_the_wrapper_wraps_every_layer_and_nothing_else():
     model = transformer.recompute(transformer.stack(3, 8, 2), "wrapped")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
     assert [type(m) for m in model] == [CheckpointWrapper] * 3
     assert all(type(m._checkpoint_wrapped_module) is transformer.Layer for m in model)
 
 
 def test_recomputation_leaves_the_gradients_as_they_were():
-    assert all(
-        d <= checks.FLOAT64_ATOL for d in activations.largest_gradient_difference().values()
-    )
+    assert all(d <= checks.FLOAT64_ATOL for d in activations.largest_gradient_difference().values())
 
 
 def test_a_layer_that_would_not_train_the_same_is_caught():
     """The proof can fail: a layer whose recomputed pass differs (another seed's weights) moves the
     gradients far above the tolerance."""
     shape = dict(activations.SHAPE)
-    a, b = transformer.stack(seed=0, dtype=torch.float64, **shape), transformer.stack(
-        seed=1, dtype=torch.float64, **shape
+    a, b = (
+        transformer.stack(seed=0, dtype=torch.float64, **shape),
+        transformer.stack(seed=1, dtype=torch.float64, **shape),
     )
     x = torch.randn(2, 8, shape["hidden"], dtype=torch.float64)
     ga = torch.autograd.grad(a(x).square().mean(), list(a.parameters()))
@@ -72,11 +72,22 @@ def test_fused_attention_keeps_no_scores():
 
 def test_the_recompute_sentence_says_the_flops_and_what_the_passes_decide():
     import pandas as pd
-    rows = [dict(recompute="none", held_kb=100.0, step_runs=[1.0, 1.1, 1.2], flops_extra=0.0),
-            dict(recompute="selective", held_kb=70.0, step_runs=[1.05, 1.15, 1.25],
-                 flops_extra=activations.extra_flops("selective", 64, 128)),
-            dict(recompute="full", held_kb=5.0, step_runs=[1.5, 1.6, 1.7],
-                 flops_extra=activations.extra_flops("full", 64, 128))]
+
+    rows = [
+        dict(recompute="none", held_kb=100.0, step_runs=[1.0, 1.1, 1.2], flops_extra=0.0),
+        dict(
+            recompute="selective",
+            held_kb=70.0,
+            step_runs=[1.05, 1.15, 1.25],
+            flops_extra=activations.extra_flops("selective", 64, 128),
+        ),
+        dict(
+            recompute="full",
+            held_kb=5.0,
+            step_runs=[1.5, 1.6, 1.7],
+            flops_extra=activations.extra_flops("full", 64, 128),
+        ),
+    ]
     said = activations.about_recompute(pd.DataFrame(rows))
     assert activations.extra_flops("full", 64, 128) == pytest.approx(1 / 3)
     assert "its FLOPs +8% a step; timed here, its passes and keeping everything's overlap" in said

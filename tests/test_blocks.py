@@ -1,5 +1,6 @@
 """_trainup_blocks.py, the parent of the block-stack lessons (06, 09): DDP on the block stack, two
 ranks against one process, and its bad input."""
+
 import importlib
 import os
 import sys
@@ -12,8 +13,21 @@ from lessons import checks, launch, report
 from trainup import models
 
 # 4 steps of 32 an epoch; float64 (checks.PROOF): sums in another order move about 1e-16
-TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--batch-size", "32",
-        "--blocks", "2", "--width", "32", "--no-progress", *checks.PROOF]
+TINY = [
+    "--quick",
+    "--train-size",
+    "128",
+    "--test-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--blocks",
+    "2",
+    "--width",
+    "32",
+    "--no-progress",
+    *checks.PROOF,
+]
 
 
 def blocks_main():
@@ -50,11 +64,14 @@ def runs(tmp_path_factory):
 
 
 def test_two_ranks_end_with_the_parameters_of_one_process(runs):
-    params = {n: torch.load(runs / "checkpoints" / f"{n}.pt", weights_only=True)["model"]
-              for n in ("one", "two")}
+    params = {
+        n: torch.load(runs / "checkpoints" / f"{n}.pt", weights_only=True)["model"]
+        for n in ("one", "two")
+    }
     for k in params["one"]:
-        torch.testing.assert_close(params["two"][k], params["one"][k], rtol=0,
-                                   atol=checks.FLOAT64_ATOL, msg=k)
+        torch.testing.assert_close(
+            params["two"][k], params["one"][k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k
+        )
     torch.manual_seed(1)
     init = models.BlockStack((1, 28, 28), 10, 2, 32).double().state_dict()
     moved = max((params["one"][k] - init[k]).abs().max().item() for k in init)
@@ -70,7 +87,8 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(capsys, log_dir):
     main = blocks_main()
     flags = [*TINY, "--log-dir", log_dir, "--checkpoint-dir", log_dir]
     synthetic = in_a_group_of_one(
-        lambda: in_process(main, [*flags, "--dataset", "synthetic"], capsys))
+        lambda: in_process(main, [*flags, "--dataset", "synthetic"], capsys)
+    )
     assert_clean_error(synthetic, "held in memory")
     assert not torch.distributed.is_initialized()
     resume = in_process(main, [*flags, "--resume"], capsys)

@@ -14,6 +14,7 @@ The notebook's cells run as Colab runs them: the set-up cell with COLAB_RELEASE_
 folder given by TRAINUP_COLAB_HOME, already there, so no network), then the lesson's own cells,
 read from the notebook, in quick mode.
 """
+
 import hashlib
 import json
 import os
@@ -80,14 +81,14 @@ sys.meta_path.insert(0, Witness)
 
 # Runs a notebook's cells, one after another in one namespace as a kernel does, each after a marker
 # line so that a cell's printed output can be read apart.
-DRIVER = '''
+DRIVER = """
 import json, sys
 namespace = {"__name__": "__main__"}
 for number, source in enumerate(json.load(open(sys.argv[1]))):
     print(f"<<cell {number}>>", flush=True)
     exec(compile(source, f"<cell {number}>", "exec"), namespace)
     sys.stdout.flush()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -115,12 +116,19 @@ def clone(tmp_path_factory):
 def colab_env(home, notes):
     """This process's environment as a Colab runtime's would be: none of the course's knobs or
     test switches (TRAINUP_*), no PYTHONPATH but the guard's; quick mode, as the tests run."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TRAINUP_") and k != "PYTHONPATH"}
-    return {**env, "COLAB_RELEASE_TAG": "release-colab-simulated", "TRAINUP_COLAB_HOME": str(home),
-            "TRAINUP_QUICK": "1", "PYTHONPATH": str(home.parent / "guard"),
-            "TRAINUP_CLONE_ROOT": str(home), "TRAINUP_CLONE_IMPORTS": str(notes),
-            "PYTHONUNBUFFERED": "1"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("TRAINUP_") and k != "PYTHONPATH"
+    }
+    return {
+        **env,
+        "COLAB_RELEASE_TAG": "release-colab-simulated",
+        "TRAINUP_COLAB_HOME": str(home),
+        "TRAINUP_QUICK": "1",
+        "PYTHONPATH": str(home.parent / "guard"),
+        "TRAINUP_CLONE_ROOT": str(home),
+        "TRAINUP_CLONE_IMPORTS": str(notes),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def imports(notes):
@@ -159,9 +167,14 @@ def run_notebook_cells(home, tmp_path, notebook, pieces, timeout=900):
     cells = tmp_path / "cells.json"
     cells.write_text(json.dumps([setup_cell(notebook), *pieces]))
     driver = home.parent / "guard" / "run_cells.py"
-    done = subprocess.run([sys.executable, str(driver), str(cells)], cwd=home.parent,
-                          env=colab_env(home, notes), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, str(driver), str(cells)],
+        cwd=home.parent,
+        env=colab_env(home, notes),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     said = {}
     for part in done.stdout.split("<<cell ")[1:]:
         number, _, text = part.partition(">>\n")
@@ -171,11 +184,15 @@ def run_notebook_cells(home, tmp_path, notebook, pieces, timeout=900):
 
 def assert_only_the_copy(home, done, found, pieces_ran_a_job=True):
     assert done.returncode == 0, (
-        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     assert found, "no process imported trainup or lessons: the witness did not run"
     assert not outside(home, found), f"imported from outside the copy: {outside(home, found)}"
-    notebook = {name: origin for _, name, origin, argv in found
-                if argv[:1] and argv[0].endswith("run_cells.py")}
+    notebook = {
+        name: origin
+        for _, name, origin, argv in found
+        if argv[:1] and argv[0].endswith("run_cells.py")
+    }
     assert notebook.get("lessons") == str(home / "scripts" / "lessons" / "__init__.py"), found
     if pieces_ran_a_job:
         jobs = [f for f in found if not (f[3][:1] and f[3][0].endswith("run_cells.py"))]
@@ -192,17 +209,21 @@ def test_a_naive_run_would_import_this_checkout_and_the_guard_stops_it(clone, tm
     if any(any(Path(folder).glob("__editable__*trainup*")) for folder in site.getsitepackages()):
         naive.append(bare)  # the .venv's editable install alone
     for naive_env in naive:
-        ran = subprocess.run([sys.executable, *probe], cwd=clone, capture_output=True, text=True,
-                             env=naive_env)
+        ran = subprocess.run(
+            [sys.executable, *probe], cwd=clone, capture_output=True, text=True, env=naive_env
+        )
         assert ran.returncode == 0 and not Path(ran.stdout.strip()).is_relative_to(clone), ran
-    guarded = subprocess.run([sys.executable, *probe], cwd=clone, capture_output=True, text=True,
-                             env=env)
+    guarded = subprocess.run(
+        [sys.executable, *probe], cwd=clone, capture_output=True, text=True, env=env
+    )
     # the copy's scripts/ is not on sys.path from its top folder
     assert "No module named 'trainup'" in guarded.stderr, guarded
-    guarded = subprocess.run([sys.executable, *probe], cwd=clone / "scripts", capture_output=True,
-                             text=True, env=env)
+    guarded = subprocess.run(
+        [sys.executable, *probe], cwd=clone / "scripts", capture_output=True, text=True, env=env
+    )
     assert guarded.returncode == 0 and guarded.stdout.strip() == str(
-        clone / "scripts" / "trainup" / "__init__.py"), guarded
+        clone / "scripts" / "trainup" / "__init__.py"
+    ), guarded
     assert [f[1] for f in imports(tmp_path / "imports.jsonl")] == ["trainup"]
 
 
@@ -241,53 +262,125 @@ def glue(code):
 # 04c: the spot drill above. Each runs after the notebook's set-up cell. The flag: the pieces start
 # a job that imports the course's packages.
 LESSONS = {
-    "00_environment": ([whole("from lessons import checks, machine, report"),
-                        whole("ghost = subprocess.Popen("),
-                        whole("found = machine.training_processes()"),
-                        whole("ended = machine.end_process(ghost.pid)")], False),
-    "01_cpu_baseline": ([whole("from lessons import checks, claims, launch, report"),
-                         glue("threads = 1"),
-                         call('report.run("_trainup_cpu.py", "--threads", threads, '
-                              'name=f"cpu_t{threads}")')], True),
-    "02_single_gpu": ([whole("from lessons import checks, claims, gpu, launch, report"),
-                       call('cpu_run = report.run("_trainup_gpu.py", "--device", "cpu", '
-                            'name="gpu_cpu")')], True),
-    "03_data_parallel": ([whole("from trainup import LOG_DIR, dataparallel"),
-                          call('cpu_run = report.run("_trainup_dp.py", name="dp_here_cpu", '
-                               'env={"CUDA_VISIBLE_DEVICES": ""})')], True),
-    "04_ddp": ([whole("from lessons import checks, claims, collectives, ddp, launch, report"),
-                glue("n = 2"),
-                call('launch.run("_trainup_ddp.py", "--device", "cpu", "--batch-size", 64, '
-                     'name=f"ddp_n{n}", nproc=n)')], True),
+    "00_environment": (
+        [
+            whole("from lessons import checks, machine, report"),
+            whole("ghost = subprocess.Popen("),
+            whole("found = machine.training_processes()"),
+            whole("ended = machine.end_process(ghost.pid)"),
+        ],
+        False,
+    ),
+    "01_cpu_baseline": (
+        [
+            whole("from lessons import checks, claims, launch, report"),
+            glue("threads = 1"),
+            call('report.run("_trainup_cpu.py", "--threads", threads, name=f"cpu_t{threads}")'),
+        ],
+        True,
+    ),
+    "02_single_gpu": (
+        [
+            whole("from lessons import checks, claims, gpu, launch, report"),
+            call('cpu_run = report.run("_trainup_gpu.py", "--device", "cpu", name="gpu_cpu")'),
+        ],
+        True,
+    ),
+    "03_data_parallel": (
+        [
+            whole("from trainup import LOG_DIR, dataparallel"),
+            call(
+                'cpu_run = report.run("_trainup_dp.py", name="dp_here_cpu", '
+                'env={"CUDA_VISIBLE_DEVICES": ""})'
+            ),
+        ],
+        True,
+    ),
+    "04_ddp": (
+        [
+            whole("from lessons import checks, claims, collectives, ddp, launch, report"),
+            glue("n = 2"),
+            call(
+                'launch.run("_trainup_ddp.py", "--device", "cpu", "--batch-size", 64, '
+                'name=f"ddp_n{n}", nproc=n)'
+            ),
+        ],
+        True,
+    ),
     # no SLURM in the copy, as on Colab: the cell asks tools/local_slurm.sh and says so
-    "04b_slurm": ([whole("from lessons import checks, report, slurm"),
-                   whole("slurm.for_notebook()")], False),
+    "04b_slurm": (
+        [whole("from lessons import checks, report, slurm"), whole("slurm.for_notebook()")],
+        False,
+    ),
     # Horovod's probe, a fresh interpreter importing horovod.torch: what Colab, without it, runs
     "05_horovod": ([whole("HOROVOD, about = horovod.available()")], False),
-    "06_pipeline_parallel": ([whole("from lessons import checks, launch, report, schedules"),
-                              call('schedules.run("_trainup_pipeline_manual.py", "--steps", 20, '
-                                   '*SIZE, name="pp_manual")')], True),
-    "07_lightning": ([whole("from lessons import checks, claims, launch, lightning, report"),
-                      call('launch.run("_trainup_fabric.py", "--accelerator", "cpu", *COMMON, '
-                           'name="l_fabric", nproc=2)')], True),
+    "06_pipeline_parallel": (
+        [
+            whole("from lessons import checks, launch, report, schedules"),
+            call(
+                'schedules.run("_trainup_pipeline_manual.py", "--steps", 20, '
+                '*SIZE, name="pp_manual")'
+            ),
+        ],
+        True,
+    ),
+    "07_lightning": (
+        [
+            whole("from lessons import checks, claims, launch, lightning, report"),
+            call(
+                'launch.run("_trainup_fabric.py", "--accelerator", "cpu", *COMMON, '
+                'name="l_fabric", nproc=2)'
+            ),
+        ],
+        True,
+    ),
     "08_monitoring_and_profiling": (
-        [whole("from lessons import checks, claims, launch, report, traces"),
-         call('report.run("_trainup_cpu.py", "--profile", STEPS, name="prof_cpu")')], True),
-    "09_sharding": ([whole("from lessons import checks, claims, launch, zero_stages as lesson"),
-                     call('lesson.run(2, "fsdp_save2", modes=("parameters",), epochs=1)')], True),
+        [
+            whole("from lessons import checks, claims, launch, report, traces"),
+            call('report.run("_trainup_cpu.py", "--profile", STEPS, name="prof_cpu")'),
+        ],
+        True,
+    ),
+    "09_sharding": (
+        [
+            whole("from lessons import checks, claims, launch, zero_stages as lesson"),
+            call('lesson.run(2, "fsdp_save2", modes=("parameters",), epochs=1)'),
+        ],
+        True,
+    ),
     # no job: the layer is measured in the notebook's own process
-    "09b_activations": ([whole("from lessons import activations, checks, claims"),
-                         whole("diffs = activations.largest_gradient_difference()")], False),
-    "09c_tensor_parallel": ([whole("from lessons import checks, claims, launch, report, tp_runs"),
-                             call('report.run("_trainup_tp.py", "--threads", 1, *TP_SIZE, '
-                                  'name="tp_one")')], True),
+    "09b_activations": (
+        [
+            whole("from lessons import activations, checks, claims"),
+            whole("diffs = activations.largest_gradient_difference()"),
+        ],
+        False,
+    ),
+    "09c_tensor_parallel": (
+        [
+            whole("from lessons import checks, claims, launch, report, tp_runs"),
+            call('report.run("_trainup_tp.py", "--threads", 1, *TP_SIZE, name="tp_one")'),
+        ],
+        True,
+    ),
     # the first of the five jobs sr.ensure_pair() starts
-    "10_scaling_report": ([whole("from lessons import scaling_report as sr"),
-                           glue("name, script, nproc, flags = sr.PAIR[0]\n"
-                                "report.run(script, *sr.PAIR_FLAGS, *flags, name=name)")], True),
-    "11_predict_the_cluster": ([whole("from lessons import checks, collectives, hardware"),
-                                call('collectives.run("bandwidth", name="predict_bandwidth")')],
-                               True),
+    "10_scaling_report": (
+        [
+            whole("from lessons import scaling_report as sr"),
+            glue(
+                "name, script, nproc, flags = sr.PAIR[0]\n"
+                "report.run(script, *sr.PAIR_FLAGS, *flags, name=name)"
+            ),
+        ],
+        True,
+    ),
+    "11_predict_the_cluster": (
+        [
+            whole("from lessons import checks, collectives, hardware"),
+            call('collectives.run("bandwidth", name="predict_bandwidth")'),
+        ],
+        True,
+    ),
 }
 
 

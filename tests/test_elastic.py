@@ -15,6 +15,7 @@ READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory, request):
     """The drill and the name of its one-process run: the notebook's where this session ran it."""
+
     def load():
         d = elastic.load("elastic", ROOT / "logs", ROOT / "checkpoints")
         return d and (d, "elastic_one")
@@ -25,8 +26,11 @@ def drill(tmp_path_factory, request):
 def own(tmp_path_factory):
     """The drill and its one-process run, made here."""
     return drill_beside_its_baseline(
-        tmp_path_factory.mktemp("elastic"), elastic.FLAGS, elastic.environment(),
-        lambda logs, ckpt: elastic.drill("elastic", logs, ckpt, show=lambda *_: None))
+        tmp_path_factory.mktemp("elastic"),
+        elastic.FLAGS,
+        elastic.environment(),
+        lambda logs, ckpt: elastic.drill("elastic", logs, ckpt, show=lambda *_: None),
+    )
 
 
 def test_the_job_loses_a_node_goes_on_alone_and_takes_it_back(drill):
@@ -61,9 +65,7 @@ def test_the_survivor_resumed_from_a_checkpoint_and_the_return_stopped_at_a_step
     )  # the node's return: the run saved where it was, at a step
     costs = elastic.costs(drill)
     assert (
-        costs["restart_after_loss_s"] > 0
-        and costs["rejoin_s"] > 0
-        and costs["training_lost_s"] > 0
+        costs["restart_after_loss_s"] > 0 and costs["rejoin_s"] > 0 and costs["training_lost_s"] > 0
     )
 
 

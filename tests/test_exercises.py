@@ -4,6 +4,7 @@ Two real runs (a one-device run and a 2-process torchrun job) plus three tiny CP
 lessons 07-10 check their solutions in their own test files, against the runs those files make;
 everything else is computed without training.
 """
+
 import importlib.util
 import math
 from pathlib import Path
@@ -24,14 +25,20 @@ def solution(name):
 
 def test_every_notebook_has_exercises_and_solutions():
     import json
+
     for nb in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
-        text = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
+        text = "".join(
+            "".join(c["source"])
+            for c in json.loads(nb.read_text())["cells"]
+            if c["cell_type"] == "markdown"
+        )
         assert "## Exercises" in text, nb.name
         assert (ROOT / "notebooks" / "solutions" / f"{nb.stem}.py").exists(), nb.name
 
 
 def test_00_backends_and_ghost():
     import torch
+
     s = solution("00_environment")
     b = s.usable_backends()
     assert b["gloo"][0]
@@ -43,11 +50,14 @@ def test_01_dropout_and_threads(tmp_path):
     s = solution("01_cpu_baseline")
     dropout, threads = s.run_all(tmp_path / "logs", quick=True)
     assert "reached the higher test accuracy" in dropout and "loss falls" in dropout
-    assert "Two threads took" in threads and ("faster" in threads or "slower" in threads or "as fast" in threads)
+    assert "Two threads took" in threads and (
+        "faster" in threads or "slower" in threads or "as fast" in threads
+    )
 
 
 def test_02_one_device_and_dashboard(tmp_path):
     import json
+
     s = solution("02_single_gpu")
     log = s.train("ex02", tmp_path, extra=["--train-size", 256, "--test-size", 256])
     fig = s.dashboard(log, tmp_path / "dashboard.png")
@@ -55,9 +65,22 @@ def test_02_one_device_and_dashboard(tmp_path):
     # the same dashboard with GPU samples, as a GPU run logs them (logs/README.md, 'gpu' records)
     gpu_log = tmp_path / "with_gpu.jsonl"
     lines = log.read_text().splitlines()
-    samples = [json.dumps(dict(type="gpu", run="ex02", time=1.0, gpu=0, utilization_pct=u, memory_used_mb=900.0,
-                               memory_total_mb=1000.0, sampled_at=1.0 + t, elapsed_s=t))
-               for t, u in enumerate((10, 80, 95))]
+    samples = [
+        json.dumps(
+            dict(
+                type="gpu",
+                run="ex02",
+                time=1.0,
+                gpu=0,
+                utilization_pct=u,
+                memory_used_mb=900.0,
+                memory_total_mb=1000.0,
+                sampled_at=1.0 + t,
+                elapsed_s=t,
+            )
+        )
+        for t, u in enumerate((10, 80, 95))
+    ]
     gpu_log.write_text("\n".join(lines[:-1] + samples + lines[-1:]) + "\n")
     fig = s.dashboard(gpu_log, tmp_path / "dashboard_gpu.png")
     assert len(fig.axes[2].lines) == 2  # utilisation and memory of GPU 0
@@ -65,6 +88,7 @@ def test_02_one_device_and_dashboard(tmp_path):
 
 def test_03_pieces_and_replica():
     import torch
+
     s = solution("03_data_parallel")
     for batch in (1, 7, 10, 64):
         for gpus in (1, 3, 4, 8):
@@ -78,21 +102,29 @@ def test_03_pieces_and_replica():
 def test_04_weak_scaling_and_shards():
     s = solution("04_ddp")
     rows = s.weak_scaling(per_process=32, samples=512)
-    assert [r["global_batch"] for r in rows] == [32, 64, 128] and [r["steps_per_epoch"] for r in rows] == [16, 8, 4]
+    assert [r["global_batch"] for r in rows] == [32, 64, 128] and [
+        r["steps_per_epoch"] for r in rows
+    ] == [16, 8, 4]
     assert s.check_shards()
 
 
 def test_04_several_devices(tmp_path):
     s = solution("04_ddp")
-    ddp = s.several_devices("ex04", tmp_path, nproc=2, extra=["--train-size", 256, "--test-size", 256])
+    ddp = s.several_devices(
+        "ex04", tmp_path, nproc=2, extra=["--train-size", 256, "--test-size", 256]
+    )
     assert ddp["world_size"] == 2
 
 
 def test_04b_template_and_amdahl(tmp_path):
     from lessons import slurm
+
     s = solution("04b_slurm")
     assert slurm.check_counts(s.two_by_two(tmp_path))[1] == []
-    assert any("one task per GPU" in p for p in slurm.check_counts(s.two_by_two(tmp_path, tasks_per_node=3))[1])
+    assert any(
+        "one task per GPU" in p
+        for p in slurm.check_counts(s.two_by_two(tmp_path, tasks_per_node=3))[1]
+    )
     a = s.amdahl(slurm.published_scaling())
     assert 0 < a["serial_share"] < 0.1 and a["gpus"] == 128  # the largest published run
     a, verdict = s.main()
@@ -101,26 +133,38 @@ def test_04b_template_and_amdahl(tmp_path):
 
 def test_05_learning_rate_ring_and_timeline(tmp_path):
     import json
+
     s = solution("05_horovod")
     assert s.scaled_lr(0.1, 4, 0) == 0.1 and abs(s.scaled_lr(0.1, 4, 5) - 0.4) < 1e-12
-    assert abs(s.scaled_lr(0.1, 4, 2.5) - 0.25) < 1e-12 and s.scaled_lr(0.1, 4, 0, warmup_epochs=0) == 0.4
+    assert (
+        abs(s.scaled_lr(0.1, 4, 2.5) - 0.25) < 1e-12
+        and s.scaled_lr(0.1, 4, 0, warmup_epochs=0) == 0.4
+    )
     assert s.ring_bytes(1000, 2) == 4000 and s.ring_bytes(1000, 4) == 6000
     assert s.ring_bytes(1000, 4, fp16_allreduce=True) == 3000
+
     # a timeline as Horovod writes it: an open JSON list, B/E pairs per row, nested in ALLREDUCE
     def span(name, start, end):
-        return [dict(ph="B", name=name, ts=start, pid=1, tid=0),
-                dict(ph="E", ts=end, pid=1, tid=0)]
-    events = [dict(ph="M", name="process_name", pid=1), *span("NEGOTIATE_ALLREDUCE", 0, 30),
-              dict(ph="B", name="ALLREDUCE", ts=30, pid=1, tid=0),
-              *span("MEMCPY_IN_FUSION_BUFFER", 30, 35),
-              *span("GLOO_ALLREDUCE", 35, 65), *span("MEMCPY_OUT_FUSION_BUFFER", 65, 70),
-              dict(ph="E", ts=70, pid=1, tid=0)]
+        return [dict(ph="B", name=name, ts=start, pid=1, tid=0), dict(ph="E", ts=end, pid=1, tid=0)]
+
+    events = [
+        dict(ph="M", name="process_name", pid=1),
+        *span("NEGOTIATE_ALLREDUCE", 0, 30),
+        dict(ph="B", name="ALLREDUCE", ts=30, pid=1, tid=0),
+        *span("MEMCPY_IN_FUSION_BUFFER", 30, 35),
+        *span("GLOO_ALLREDUCE", 35, 65),
+        *span("MEMCPY_OUT_FUSION_BUFFER", 65, 70),
+        dict(ph="E", ts=70, pid=1, tid=0),
+    ]
     path = tmp_path / "timeline.json"
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
     shares = s.allreduce_share(path)
     # by hand: the leaves inside the ALLREDUCE (40 us): 30, 5 and 5; the negotiation waits: out
-    assert shares == {"GLOO_ALLREDUCE": 0.75, "MEMCPY_IN_FUSION_BUFFER": 0.125,
-                      "MEMCPY_OUT_FUSION_BUFFER": 0.125}
+    assert shares == {
+        "GLOO_ALLREDUCE": 0.75,
+        "MEMCPY_IN_FUSION_BUFFER": 0.125,
+        "MEMCPY_OUT_FUSION_BUFFER": 0.125,
+    }
     # by hand: equal micro-batches weigh alike either way; a short last one (4 of 36 samples) gets
     # 1/3 when each loss is divided by K, 3 times its share of 1/9
     assert s.micro_weights([16] * 4, "divide_by_k") == s.micro_weights([16] * 4) == [0.25] * 4
@@ -134,13 +178,19 @@ def test_06_bubble_activations_and_memory():
         m = s.microbatches_for(p)
         assert s.bubble(p, m) <= 0.10 < s.bubble(p, m - 1)
     assert s.activations_held(4, 8, "gpipe") == [8, 8, 8, 8]
-    assert s.activations_held(4, 8, "1f1b") == [4, 3, 2, 1] and s.activations_held(4, 2, "1f1b") == [2, 2, 2, 1]
+    assert s.activations_held(4, 8, "1f1b") == [4, 3, 2, 1] and s.activations_held(
+        4, 2, "1f1b"
+    ) == [2, 2, 2, 1]
     mem = s.stage_memory_mb(blocks=4, width=10, stages=2)
-    assert abs(mem["parameters_mb"] - 2 * 110 * 4 / 1e6) < 1e-12 and mem["with_grads_and_adam_mb"] == 4 * mem["parameters_mb"]
+    assert (
+        abs(mem["parameters_mb"] - 2 * 110 * 4 / 1e6) < 1e-12
+        and mem["with_grads_and_adam_mb"] == 4 * mem["parameters_mb"]
+    )
     # exercise 4 against the stages' own activation meter: the last of 2 stages holds 2 blocks and
     # the head, which keeps its input (width values a sample) besides
     import torch
     from trainup import models, pipeline
+
     for recompute in (False, True):
         torch.manual_seed(0)
         stages = pipeline.cut(models.BlockStack((1, 28, 28), 10, 4, 32).double(), 2, recompute)
@@ -152,6 +202,7 @@ def test_06_bubble_activations_and_memory():
 
 def test_09b_longest_sequence_and_crossover():
     from trainup import transformer
+
     s = solution("09b_activations")
     plain, full = s.longest_sequence(40e9), s.longest_sequence(40e9, full=True)
     assert 32 * transformer.activation_bytes(plain, 1, 4096, 32, 2) <= 40e9
@@ -164,6 +215,7 @@ def test_09b_longest_sequence_and_crossover():
 
 def test_11_cluster_crossover_and_checkpoint_budget():
     from lessons import hardware, perfmodel as pm, predict
+
     s = solution("11_predict_the_cluster")
     row = s.my_cluster(64).iloc[0]
     assert row["gpus"] == 64 and 0 < row["efficiency"] < 1
@@ -171,15 +223,20 @@ def test_11_cluster_crossover_and_checkpoint_budget():
     for p in (8, 64):
         n = s.crossover(p, link)
         # equal there; the tree cheaper below, the ring above
-        assert math.isclose(pm.ring_all_reduce(n, p, link.alpha_s, link.beta),
-                            pm.tree_all_reduce(n, p, link.alpha_s, link.beta), rel_tol=1e-9)
-        assert pm.tree_all_reduce(n / 2, p, link.alpha_s, link.beta) < \
-            pm.ring_all_reduce(n / 2, p, link.alpha_s, link.beta)
+        assert math.isclose(
+            pm.ring_all_reduce(n, p, link.alpha_s, link.beta),
+            pm.tree_all_reduce(n, p, link.alpha_s, link.beta),
+            rel_tol=1e-9,
+        )
+        assert pm.tree_all_reduce(n / 2, p, link.alpha_s, link.beta) < pm.ring_all_reduce(
+            n / 2, p, link.alpha_s, link.beta
+        )
     c = s.checkpoint_budget(16_384, 120.0, 0.10)
     mtbf = pm.mtbf_hours(16_384, pm.failure_rate_per_gpu_hour(**predict.LLAMA3)) * 3600
     lost = pm.expected_overhead(pm.young_daly_interval(c, mtbf), c, mtbf, 120.0)
     assert 0 < c and math.isclose(lost, 0.10, rel_tol=1e-6)
     from lessons import planner
+
     node, model = hardware.NODES["juwels_booster"], planner.llama_shaped(5120)
     n, row = s.fewest_gpus(model, 128, node, 40)
     assert row["fits"] and row["total_gb"] <= 40
@@ -188,6 +245,7 @@ def test_11_cluster_crossover_and_checkpoint_budget():
 
 def test_04c_spot_break_even_and_the_padded_return():
     from lessons import elastic
+
     s = solution("04c_elastic")
     rate = s.break_even(4.0, 1.2, 0.25)
     below, above = (elastic.spot_cost(10, 4.0, 1.2, r, 0.25) for r in (rate * 0.9, rate * 1.05))

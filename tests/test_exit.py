@@ -8,6 +8,7 @@ jobs under torchrun (its agent's store, its workers), half as srun starts them (
 rank 0 opens the store). A rank runs the script through RANK_PROGRAM: the script's main(), then the
 check, then the interpreter's own shutdown, the path that aborted.
 """
+
 import os
 import subprocess
 import sys
@@ -18,8 +19,20 @@ from conftest import ROOT, SCRIPTS
 
 JOBS = 10
 # A short real run: data, model, DDP, the Stopper's check every step, test, checkpoint, summary.
-ARGS = ["--quick", "--train-size", "64", "--test-size", "64", "--epochs", "1", "--dropout", "0",
-        "--device", "cpu", "--no-progress"]
+ARGS = [
+    "--quick",
+    "--train-size",
+    "64",
+    "--test-size",
+    "64",
+    "--epochs",
+    "1",
+    "--dropout",
+    "0",
+    "--device",
+    "cpu",
+    "--no-progress",
+]
 
 RANK_PROGRAM = r'''
 import faulthandler, os, sys, threading, time
@@ -62,33 +75,63 @@ def start_job(tmp_path, number, script, args, env):
     """Job `number`: even ones under torchrun, odd ones as srun starts them. Popens of its ranks
     (torchrun: its agent), each writing to job<number>/rank<r>.err."""
     from trainup import distributed
+
     folder = tmp_path / f"job{number}"
     folder.mkdir()
     rank_cmd = ["-c", RANK_PROGRAM, str(SCRIPTS), script, str(folder), *args]
     port = distributed.free_port()
     if number % 2 == 0:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               "2", "--no-python", sys.executable, *rank_cmd]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--no-python",
+            sys.executable,
+            *rank_cmd,
+        ]
         err = open(folder / "rank0.err", "w")
-        return "torchrun", [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=err,
-                                             stderr=subprocess.STDOUT)]
+        return "torchrun", [
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=err, stderr=subprocess.STDOUT)
+        ]
     procs = []
     for rank in (0, 1):
         err = open(folder / f"rank{rank}.err", "w")
-        rank_env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                    "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
-                    "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": str(number),
-                    "SLURM_STEP_ID": "0"}
-        procs.append(subprocess.Popen([sys.executable, *rank_cmd], cwd=ROOT, env=rank_env,
-                                      stdout=err, stderr=subprocess.STDOUT))
+        rank_env = {
+            **env,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NNODES": "1",
+            "SLURM_NODEID": "0",
+            "SLURM_JOB_ID": str(number),
+            "SLURM_STEP_ID": "0",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *rank_cmd],
+                cwd=ROOT,
+                env=rank_env,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+            )
+        )
     return "srun", procs
 
 
 def run_jobs(tmp_path, script, jobs, args):
     """Run the jobs one after another; every rank (every process torchrun started: its exit is the
     agent's) must exit 0 with no C++ thread left."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     failed = []
@@ -103,19 +146,37 @@ def run_jobs(tmp_path, script, jobs, args):
             if code != 0:
                 failed.append((number, style, rank, code))
     seconds = time.perf_counter() - started
-    messages = [f"job {job} ({style}) rank {rank}: exit {code}\n"
-                + (tmp_path / f"job{job}" / f"rank{rank}.err").read_text()[-3000:]
-                for job, style, rank, code in failed]
-    assert not failed, (f"{len(failed)} of {jobs} jobs had a process fail ({seconds:.0f} s):\n"
-                        + "\n".join(messages[:3]))
+    messages = [
+        f"job {job} ({style}) rank {rank}: exit {code}\n"
+        + (tmp_path / f"job{job}" / f"rank{rank}.err").read_text()[-3000:]
+        for job, style, rank, code in failed
+    ]
+    assert not failed, (
+        f"{len(failed)} of {jobs} jobs had a process fail ({seconds:.0f} s):\n"
+        + "\n".join(messages[:3])
+    )
 
 
 def test_ten_short_jobs_in_a_row_every_rank_exits_0(tmp_path):
     run_jobs(tmp_path, "_trainup_ddp", JOBS, ARGS)
 
 
-SMALL = ["--quick", "--train-size", "64", "--test-size", "64", "--epochs", "1", "--batch-size", "32",
-         "--blocks", "2", "--width", "16", "--no-progress"]
+SMALL = [
+    "--quick",
+    "--train-size",
+    "64",
+    "--test-size",
+    "64",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--blocks",
+    "2",
+    "--width",
+    "16",
+    "--no-progress",
+]
 # Scripts that join extra groups (a DeviceMesh's, ZeRO's, FSDP2's, the pipeline's) leave them all too:
 # one job of each start.
 EXTRA_GROUPS = {

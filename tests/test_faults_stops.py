@@ -2,6 +2,7 @@
 (or a scheduler) starts them. The signals are sent from inside the job, by a sitecustomize.py put
 first on PYTHONPATH (as tests/test_preemption.py does), so a stop lands at a known step anywhere.
 """
+
 import os
 import sys
 from pathlib import Path
@@ -11,14 +12,24 @@ import torch
 from conftest import SCRIPTS, finish_job, start_job
 from trainup import preempt
 
-TINY = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-size", "32",
-        "--epochs", "2", "--no-progress"]
+TINY = [
+    "--quick",
+    "--train-size",
+    "256",
+    "--test-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "2",
+    "--no-progress",
+]
 
 # TRAINUP_TEST_SIGTERM_AT=STEP: after the optimizer's STEP-th step this process gets SIGTERM.
 # TRAINUP_TEST_TWICE=STEP: after the optimizer's STEP-th step this process gets SIGTERM, a second
 # one 0.1 s later, and a third as the interpreter shuts down (atexit): the moment the stop has
 # handed the caller's handlers back, where a second SIGTERM's default action ended the run -15.
-_SITE = '''import atexit, os, signal, subprocess, sys
+_SITE = """import atexit, os, signal, subprocess, sys
 _at = os.environ.get("TRAINUP_TEST_TWICE") or os.environ.get("TRAINUP_TEST_SIGTERM_AT")
 if _at:
     def _hook(event, args, done=[0]):
@@ -40,7 +51,7 @@ if _at:
                 atexit.register(again)
         register_optimizer_step_post_hook(count)
     sys.addaudithook(_hook)
-'''
+"""
 
 
 def site(folder, **env):
@@ -48,19 +59,42 @@ def site(folder, **env):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(_SITE)
     path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            **env}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
 
 
 def python(script, *flags, log_dir, env):
-    return start_job([sys.executable, str(SCRIPTS / script), *map(str, flags), "--log-dir",
-                      str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")], env)
+    return start_job(
+        [
+            sys.executable,
+            str(SCRIPTS / script),
+            *map(str, flags),
+            "--log-dir",
+            str(log_dir),
+            "--checkpoint-dir",
+            str(log_dir / "checkpoints"),
+        ],
+        env,
+    )
 
 
 def test_a_second_sigterm_during_the_stop_changes_nothing(tmp_path):
     log_dir = tmp_path / "logs"
-    done = finish_job(python("_trainup_cpu.py", *TINY, "--run-name", "twice", log_dir=log_dir,
-                             env=site(tmp_path / "site", TRAINUP_TEST_TWICE="3")))
+    done = finish_job(
+        python(
+            "_trainup_cpu.py",
+            *TINY,
+            "--run-name",
+            "twice",
+            log_dir=log_dir,
+            env=site(tmp_path / "site", TRAINUP_TEST_TWICE="3"),
+        )
+    )
     assert done.returncode == preempt.STOPPED_EXIT, (done.returncode, done.stderr[-3000:])
     assert "SIGTERM: stopped in epoch 1 after step" in done.stdout and not done.stderr
     saved = torch.load(log_dir / "checkpoints" / "twice.pt", weights_only=True)
@@ -73,26 +107,43 @@ def params(path):
 
 def epochs(log):
     import json
+
     records = map(json.loads, log.read_text().splitlines())
-    return [(r["epoch"], r["loss"], r["accuracy"], r["samples"]) for r in records
-            if r["type"] == "epoch"]
+    return [
+        (r["epoch"], r["loss"], r["accuracy"], r["samples"])
+        for r in records
+        if r["type"] == "epoch"
+    ]
 
 
 def test_lightning_stopped_inside_an_epoch_resumes_to_the_parameters_of_a_run_never_stopped(
-        tmp_path):
+    tmp_path,
+):
     """SIGTERM after step 11 (step 3 of epoch 2), dropout on: Lightning resumes inside the epoch
     from the step it stopped after, with the random states of the stop, and the course's log line
     of that epoch covers all of it."""
     log_dir, env = tmp_path / "logs", site(tmp_path / "site")
     flags = [*TINY, "--accelerator", "cpu"]
-    straight = python("_trainup_lightning.py", *flags, "--run-name", "straight", log_dir=log_dir,
-                      env=env)
-    stopped = finish_job(python("_trainup_lightning.py", *flags, "--run-name", "s",
-                                log_dir=log_dir, env={**env, "TRAINUP_TEST_SIGTERM_AT": "11"}))
+    straight = python(
+        "_trainup_lightning.py", *flags, "--run-name", "straight", log_dir=log_dir, env=env
+    )
+    stopped = finish_job(
+        python(
+            "_trainup_lightning.py",
+            *flags,
+            "--run-name",
+            "s",
+            log_dir=log_dir,
+            env={**env, "TRAINUP_TEST_SIGTERM_AT": "11"},
+        )
+    )
     assert stopped.returncode == preempt.STOPPED_EXIT, stopped.stderr[-3000:]
     assert "stopped by SIGTERM at epoch 2, step 11" in stopped.stderr
-    resumed = finish_job(python("_trainup_lightning.py", *flags, "--run-name", "s", "--resume",
-                                log_dir=log_dir, env=env))
+    resumed = finish_job(
+        python(
+            "_trainup_lightning.py", *flags, "--run-name", "s", "--resume", log_dir=log_dir, env=env
+        )
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert finish_job(straight).returncode == 0
     ckpts = log_dir / "checkpoints"
@@ -103,20 +154,33 @@ def test_lightning_stopped_inside_an_epoch_resumes_to_the_parameters_of_a_run_ne
 
 
 def test_ddp_tuned_stopped_during_warm_up_resumes_to_the_parameters_of_a_run_never_stopped(
-        tmp_path):
+    tmp_path,
+):
     """--warmup-steps 6, SIGTERM after step 3: the resumed run makes its warm-up afresh, which sets
     the warm-up's first rate on the optimizer; it must go on with the rate the stop saved."""
     log_dir, env = tmp_path / "logs", site(tmp_path / "site")
     flags = [*TINY, "--device", "cpu", "--optimizer", "sgd", "--lr", "0.08", "--warmup-steps", "6"]
-    straight = python("_trainup_ddp_tuned.py", *flags, "--run-name", "straight", log_dir=log_dir,
-                      env=env)
-    stopped = finish_job(python("_trainup_ddp_tuned.py", *flags, "--run-name", "s",
-                                log_dir=log_dir, env={**env, "TRAINUP_TEST_SIGTERM_AT": "3"}))
+    straight = python(
+        "_trainup_ddp_tuned.py", *flags, "--run-name", "straight", log_dir=log_dir, env=env
+    )
+    stopped = finish_job(
+        python(
+            "_trainup_ddp_tuned.py",
+            *flags,
+            "--run-name",
+            "s",
+            log_dir=log_dir,
+            env={**env, "TRAINUP_TEST_SIGTERM_AT": "3"},
+        )
+    )
     assert stopped.returncode == preempt.STOPPED_EXIT, stopped.stderr[-3000:]
     at_stop = torch.load(log_dir / "checkpoints" / "s.pt", weights_only=True)["position"]
     assert at_stop["step"] == 3 and at_stop["extra"]["warmup"]["last_epoch"] == 3  # in warm-up
-    resumed = finish_job(python("_trainup_ddp_tuned.py", *flags, "--run-name", "s", "--resume",
-                                log_dir=log_dir, env=env))
+    resumed = finish_job(
+        python(
+            "_trainup_ddp_tuned.py", *flags, "--run-name", "s", "--resume", log_dir=log_dir, env=env
+        )
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert finish_job(straight).returncode == 0
     ckpts = log_dir / "checkpoints"
@@ -131,16 +195,37 @@ def test_loader_workers_and_their_helpers_end_when_the_main_process_is_killed(tm
     all end."""
     import time
     from conftest import descendants, kill_tree
+
     log = tmp_path / "logs" / "k.jsonl"
-    job = python("_trainup_gpu.py", "--quick", "--train-size", "64", "--test-size", "64",
-                 "--batch-size", "16", "--epochs", "1000", "--device", "cpu", "--workers", "2",
-                 "--no-progress", "--run-name", "k", log_dir=tmp_path / "logs",
-                 env=site(tmp_path / "site"))
+    job = python(
+        "_trainup_gpu.py",
+        "--quick",
+        "--train-size",
+        "64",
+        "--test-size",
+        "64",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1000",
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--no-progress",
+        "--run-name",
+        "k",
+        log_dir=tmp_path / "logs",
+        env=site(tmp_path / "site"),
+    )
     tree = []
     try:
         deadline = time.time() + 240
-        while time.time() < deadline and job.poll() is None and '"type": "epoch"' not in (
-                log.read_text() if log.exists() else ""):
+        while (
+            time.time() < deadline
+            and job.poll() is None
+            and '"type": "epoch"' not in (log.read_text() if log.exists() else "")
+        ):
             time.sleep(0.2)
         tree = descendants(job.pid)
         assert len(tree) >= 4, tree  # the resource tracker, the fork server, 2 workers at least
@@ -166,7 +251,7 @@ def _alive(pid):
 
 # Rank 0, after its STEP-th optimizer step, sends SIGUSR1 to torchrun's whole process group, as
 # `scancel --signal=USR1` reaches every process of a job step.
-_GROUP_USR1 = '''import os, sys
+_GROUP_USR1 = """import os, sys
 _at = os.environ.get("TRAINUP_TEST_GROUP_USR1_AT")
 if _at and os.environ.get("RANK") == "0":
     def _hook(event, args, done=[0]):
@@ -182,7 +267,7 @@ if _at and os.environ.get("RANK") == "0":
                 subprocess.run(["kill", "-USR1", "--", f"-{os.getpgid(os.getppid())}"])
         register_optimizer_step_post_hook(count)
     sys.addaudithook(_hook)
-'''
+"""
 
 
 def test_sigusr1_to_torchruns_group_stops_every_rank_with_a_checkpoint(tmp_path):
@@ -191,15 +276,30 @@ def test_sigusr1_to_torchruns_group_stops_every_rank_with_a_checkpoint(tmp_path)
     stop together after one step with a checkpoint of the job."""
     import json
     from lessons import launch
+
     folder = tmp_path / "site"
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(_GROUP_USR1)
     log_dir = tmp_path / "logs"
-    cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2), str(SCRIPTS / "_trainup_ddp.py"),
-           *TINY, "--device", "cpu", "--run-name", "u", "--log-dir", str(log_dir),
-           "--checkpoint-dir", str(log_dir / "checkpoints")]
-    done = finish_job(start_job(cmd, launch.environment({"PYTHONPATH": str(folder),
-                                                         "TRAINUP_TEST_GROUP_USR1_AT": "3"})))
+    cmd = [
+        *launch.TORCHRUN,
+        *launch.torchrun_flags(nproc=2),
+        str(SCRIPTS / "_trainup_ddp.py"),
+        *TINY,
+        "--device",
+        "cpu",
+        "--run-name",
+        "u",
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-dir",
+        str(log_dir / "checkpoints"),
+    ]
+    done = finish_job(
+        start_job(
+            cmd, launch.environment({"PYTHONPATH": str(folder), "TRAINUP_TEST_GROUP_USR1_AT": "3"})
+        )
+    )
     assert done.returncode != -10, "torchrun died of SIGUSR1"
     assert "SIGUSR1: stopped in epoch 1 after step" in done.stdout, done.stderr[-3000:]
     assert "torchrun" not in "".join(l for l in done.stderr.splitlines() if l.startswith("error:"))

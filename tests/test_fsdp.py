@@ -5,6 +5,7 @@ it wrote resumed by 1 process and by 4, continuing as an uninterrupted run; the 
 within 10 % of the formulas; the collectives each stage adds; hybrid sharding (HSDP) on a
 2-D mesh of a model built on the meta device; bad input. The one-process runs are
 in-process (no new interpreter)."""
+
 import importlib
 import os
 import sys
@@ -19,8 +20,21 @@ from trainup.sharding import MODES, RESUMABLE, STAGES
 
 SCRIPT = str(SCRIPTS / "_trainup_fsdp.py")
 # a tiny model and data set: 4 steps an epoch; 4 processes on 2 cores stay quick
-TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--batch-size", "32", "--blocks", "2",
-        "--width", "32", "--no-progress", *checks.PROOF]
+TINY = [
+    "--quick",
+    "--train-size",
+    "128",
+    "--test-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--blocks",
+    "2",
+    "--width",
+    "32",
+    "--no-progress",
+    *checks.PROOF,
+]
 VALUE = 8  # bytes per value in these float64 runs
 ATOL = checks.FLOAT64_ATOL  # float64 (checks.PROOF): sums in another order move ~1e-16
 
@@ -33,21 +47,43 @@ def fsdp_main():
 def torchrun(log_dir, name, nproc, *args):
     """A job of nproc ranks, started as srun starts them (no launcher: this file is not about
     torchrun), each a fresh interpreter."""
-    cmd = [sys.executable, SCRIPT, *TINY, *map(str, args), "--run-name", name,
-           "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        *TINY,
+        *map(str, args),
+        "--run-name",
+        name,
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-dir",
+        str(log_dir / "checkpoints"),
+    ]
     return Ranks(cmd, launch.environment(), ntasks=nproc)
 
 
 def ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
 
 
 def one_process(log_dir, name, *args):
     """The script's main() in this interpreter, world size 1 (it joins and leaves a 1-process gloo group)."""
     saved = dict(os.environ)
     try:
-        fsdp_main()([*TINY, *map(str, args), "--run-name", name, "--log-dir", str(log_dir),
-                     "--checkpoint-dir", str(log_dir / "checkpoints")])
+        fsdp_main()(
+            [
+                *TINY,
+                *map(str, args),
+                "--run-name",
+                name,
+                "--log-dir",
+                str(log_dir),
+                "--checkpoint-dir",
+                str(log_dir / "checkpoints"),
+            ]
+        )
     finally:
         os.environ.clear()
         os.environ.update(saved)  # setup() sets MASTER_ADDR/PORT for its group
@@ -61,8 +97,21 @@ def runs(tmp_path_factory):
     two = torchrun(log_dir, "two", 2, "--shard", ",".join(MODES), "--epochs", 1)
     # HSDP, 2 replicas x 2 shards, every rank but 0 building the model on the meta device; with
     # FSDP2's other options on: each block prefetching the next's gather, shards offloaded
-    hybrid = torchrun(log_dir, "hybrid", 4, "--shard", "parameters", "--replicate", 2, "--meta-init",
-                      "--prefetch", 1, "--offload", "--epochs", 1)
+    hybrid = torchrun(
+        log_dir,
+        "hybrid",
+        4,
+        "--shard",
+        "parameters",
+        "--replicate",
+        2,
+        "--meta-init",
+        "--prefetch",
+        1,
+        "--offload",
+        "--epochs",
+        1,
+    )
     one_process(log_dir, "one_1", "--shard", "none", "--epochs", 1)  # while the jobs run
     ok(finish_job(two))
     ok(finish_job(hybrid))
@@ -95,6 +144,7 @@ def assert_same(a, b):
 def test_every_mode_ends_with_the_parameters_of_one_process(runs, mode):
     assert_same(params(runs, f"two_{mode}"), params(runs, "one_1"))
     from lessons import report
+
     one, two = (report.read_run(runs / f"{n}.jsonl") for n in ("one_1", f"two_{mode}"))
     assert two["problems"] == [] and two["summary"]["status"] == "finished"
     assert two["epochs"][0]["loss"] == pytest.approx(one["epochs"][0]["loss"], abs=ATOL)
@@ -107,6 +157,7 @@ def test_every_rank_evaluates_as_many_batches_and_every_test_sample_once(n, worl
     them waiting (2001 samples on 2 ranks: 1001 and 1000, 2 batches of 1000 against 1)."""
     from types import SimpleNamespace
     from trainup.sharding import test_batches
+
     ranks = [test_batches(n, SimpleNamespace(rank=r, world_size=world)) for r in range(world)]
     assert len({len(b) for b in ranks}) == 1 and max(len(x) for b in ranks for x in b) <= 1000
     assert sorted(i for b in ranks for x in b for i in x) == list(range(n))
@@ -126,7 +177,9 @@ def test_hybrid_sharding_built_on_the_meta_device_ends_like_one_process(runs):
     assert lesson.built("two_parameters", runs) == [whole, whole]
     memory = lesson._records("hybrid", "shard_memory", runs)[0]
     assert memory["param_bytes"] == [whole // 2] * 4 == [memory["expected_bytes"][0]] * 4
-    ops, two = (lesson._records(r, "shard_comm", runs)[0]["ops"] for r in ("hybrid", "two_parameters"))
+    ops, two = (
+        lesson._records(r, "shard_comm", runs)[0]["ops"] for r in ("hybrid", "two_parameters")
+    )
     assert {k: ops[k] for k in two} == two  # inside a replica: the 2-rank job's collectives
     assert ops.keys() - two.keys() == {"all_reduce"} and ops["all_reduce"]["bytes"] == whole // 2
 
@@ -141,17 +194,25 @@ def test_the_baseline_trained_far_beyond_the_tolerance(runs):
 @pytest.mark.parametrize("resumed", ["r1", "r4"])
 @pytest.mark.parametrize("mode", RESUMABLE)
 def test_a_checkpoint_saved_by_2_processes_resumes_in_another_number_and_continues_identically(
-        with_resumes, resumed, mode):
+    with_resumes, resumed, mode
+):
     runs = with_resumes
-    assert lesson.started_at(f"{resumed}_{mode}", log_dir=runs) == (2, [2])  # it loaded epoch 1, trained epoch 2
+    assert lesson.started_at(f"{resumed}_{mode}", log_dir=runs) == (
+        2,
+        [2],
+    )  # it loaded epoch 1, trained epoch 2
     assert_same(params(runs, f"{resumed}_{mode}"), params(runs, "one_2"))  # as if never stopped
     assert (runs / "checkpoints" / f"two_{mode}.dcp" / ".metadata").exists()
 
 
 def test_each_rank_holds_what_the_formulas_say_within_10_percent(with_resumes):
     runs = with_resumes
-    table = lesson.memory_table(["one_1", *(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)], log_dir=runs)
-    assert sorted(set(table["N"])) == [1, 2, 4] and len(table) == 3 * (1 + len(MODES) + len(RESUMABLE))
+    table = lesson.memory_table(
+        ["one_1", *(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)], log_dir=runs
+    )
+    assert sorted(set(table["N"])) == [1, 2, 4] and len(table) == 3 * (
+        1 + len(MODES) + len(RESUMABLE)
+    )
     lesson.check_memory(table)
     by = table.set_index(["shard", "N", "state"])
     psi = int(table["psi"].iloc[0])
@@ -161,7 +222,9 @@ def test_each_rank_holds_what_the_formulas_say_within_10_percent(with_resumes):
     assert by.loc[("gradients", 2, "param"), "max_bytes"] == v * psi
     assert by.loc[("gradients", 2, "grad"), "max_bytes"] == pytest.approx(v * psi / 2, rel=0.02)
     assert by.loc[("optimizer", 2, "grad"), "max_bytes"] == v * psi
-    assert by.loc[("optimizer", 2, "optim"), "mean_bytes"] == pytest.approx(2 * v * psi / 2, rel=0.02)
+    assert by.loc[("optimizer", 2, "optim"), "mean_bytes"] == pytest.approx(
+        2 * v * psi / 2, rel=0.02
+    )
     # FSDP2's ZeRO-2 between steps: its parameters sharded too, as ZeRO-3's
     z2f = by.loc[("gradients_fsdp", 2, "param"), "max_bytes"]
     assert z2f == pytest.approx(v * psi / 2, rel=0.02)
@@ -175,14 +238,18 @@ def test_each_rank_holds_what_the_formulas_say_within_10_percent(with_resumes):
 def test_the_planners_model_states_are_what_the_ranks_held(with_resumes):
     """lessons/planner's first term, against these real runs (float64: 8+8+16 bytes a parameter):
     within 10 % on every rank (ZeRO-1's optimizer state: the mean, whole tensors per rank)."""
-    table = lesson.memory_table([*(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)],
-                                log_dir=with_resumes)
+    table = lesson.memory_table(
+        [*(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)], log_dir=with_resumes
+    )
     for (run, shard, n), g in table.groupby(["run", "shard", "N"]):
-        planned = planner.states(g["psi"].iloc[0], planner.Layout(dp=n, stage=shard),
-                                 (VALUE, VALUE, 2 * VALUE))
+        planned = planner.states(
+            g["psi"].iloc[0], planner.Layout(dp=n, stage=shard), (VALUE, VALUE, 2 * VALUE)
+        )
         for state, want in zip(lesson.STATES, planned):
             row = g[g["state"] == state].iloc[0]
-            held = row["mean_bytes"] if (shard, state) == ("optimizer", "optim") else row["max_bytes"]
+            held = (
+                row["mean_bytes"] if (shard, state) == ("optimizer", "optim") else row["max_bytes"]
+            )
             assert held == pytest.approx(want, rel=0.10), (run, state, held, want)
 
 
@@ -205,9 +272,15 @@ def test_each_stage_runs_the_collectives_it_should(runs):
     # DDP: the whole gradient all-reduced once a step (one bucket: the model is small)
     assert ddp["all_reduce_x_model"] == pytest.approx(1) and ddp["all_gather_calls"] == 0
     # ZeRO-1: the same all-reduce, then each rank broadcasts the parameters it updated
-    assert z1["all_reduce_x_model"] == pytest.approx(1) and z1["broadcast_x_model"] == pytest.approx(1, rel=0.01)
+    assert z1["all_reduce_x_model"] == pytest.approx(1) and z1[
+        "broadcast_x_model"
+    ] == pytest.approx(1, rel=0.01)
     # ZeRO-2: gradients reduce-scattered, updated slices all-gathered: no all-reduce
-    assert (z2["all_reduce_calls"], z2["reduce_scatter_x_model"], z2["all_gather_x_model"]) == (0, 1, 1)
+    assert (z2["all_reduce_calls"], z2["reduce_scatter_x_model"], z2["all_gather_x_model"]) == (
+        0,
+        1,
+        1,
+    )
     # ZeRO-3: parameters all-gathered before forward and again before backward (the root group stays gathered)
     assert z3["reduce_scatter_x_model"] == pytest.approx(1) and 1 < z3["all_gather_x_model"] < 2
     assert z3["all_reduce_calls"] == 0
@@ -222,51 +295,93 @@ def test_each_stage_runs_the_collectives_it_should(runs):
 def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, capsys, monkeypatch):
     main = fsdp_main()
     out = ["--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
-    cases = [(["--shard", "parameters", "--model", "cnn"], ["--model cnn has no blocks"]),
-             (["--shard", "zero4"], ["--shard takes none, optimizer, gradients, parameters"]),
-             (["--shard", "gradients", "--resume"], ["--resume", "--shard none, optimizer, parameters only"]),
-             (["--shard", "none,parameters", "--meta-init"], ["--meta-init", "--shard parameters or "]),
-             (["--shard", "optimizer", "--replicate", "2"], ["--replicate", "--shard parameters or "]),
-             (["--shard", "none", "--prefetch", "1"], ["--prefetch is an option of FSDP2"]),
-             (["--shard", "gradients", "--offload"], ["--offload is an option of FSDP2"]),
-             (["--shard", "parameters", "--replicate", "2"], ["--replicate 2", "1 process(es)"])]
+    cases = [
+        (["--shard", "parameters", "--model", "cnn"], ["--model cnn has no blocks"]),
+        (["--shard", "zero4"], ["--shard takes none, optimizer, gradients, parameters"]),
+        (
+            ["--shard", "gradients", "--resume"],
+            ["--resume", "--shard none, optimizer, parameters only"],
+        ),
+        (["--shard", "none,parameters", "--meta-init"], ["--meta-init", "--shard parameters or "]),
+        (["--shard", "optimizer", "--replicate", "2"], ["--replicate", "--shard parameters or "]),
+        (["--shard", "none", "--prefetch", "1"], ["--prefetch is an option of FSDP2"]),
+        (["--shard", "gradients", "--offload"], ["--offload is an option of FSDP2"]),
+        (["--shard", "parameters", "--replicate", "2"], ["--replicate 2", "1 process(es)"]),
+    ]
     if not torch.cuda.is_available():
-        cases.append((["--precision", "bf16"], ["--precision bf16", "on the CPU every state stays fp32"]))
-    cases.append((["--precision", "bf16", "--shard", "none,parameters"], ["with --shard parameters alone"]))
+        cases.append(
+            (["--precision", "bf16"], ["--precision bf16", "on the CPU every state stays fp32"])
+        )
+    cases.append(
+        (["--precision", "bf16", "--shard", "none,parameters"], ["with --shard parameters alone"])
+    )
     for flags, words in cases:
         assert_clean_error(in_process(main, TINY + flags + out, capsys), *words)
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
-        monkeypatch.setenv(name, value)  # rank 0 of a 2-process job, told the mesh holds 4: stops before waiting
-    assert_clean_error(in_process(main, TINY + ["--mesh", "4"] + out, capsys), "--mesh 4", "2 process(es)")
+        monkeypatch.setenv(
+            name, value
+        )  # rank 0 of a 2-process job, told the mesh holds 4: stops before waiting
+    assert_clean_error(
+        in_process(main, TINY + ["--mesh", "4"] + out, capsys), "--mesh 4", "2 process(es)"
+    )
     assert not log_dir.exists() or not any(log_dir.rglob("*.jsonl"))  # nothing half-written
 
 
 def test_09_solutions_agree_with_the_lesson():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("solution_09", ROOT / "notebooks" / "solutions" / "09_sharding.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "solution_09", ROOT / "notebooks" / "solutions" / "09_sharding.py"
+    )
     s = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s)
     fits = s.largest_model(24, 8)
-    table = lesson.largest_model(memory_gb=24, ns=(8,), per_param=(2, 2, 12)).set_index("zero")["N=8"]
+    table = lesson.largest_model(memory_gb=24, ns=(8,), per_param=(2, 2, 12)).set_index("zero")[
+        "N=8"
+    ]
     assert [fits[m] / 1e9 for m in STAGES] == pytest.approx(
-        [table[lesson.LABELS[m]] for m in STAGES])
-    assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(8 * 24e9 / 16)
+        [table[lesson.LABELS[m]] for m in STAGES]
+    )
+    assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(
+        8 * 24e9 / 16
+    )
     assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)
-    assert s.ring_bytes("optimizer", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)  # + broadcasts
+    assert s.ring_bytes("optimizer", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(
+        1.5
+    )  # + broadcasts
 
 
 def test_the_traffic_is_counted_in_values_whatever_the_dtype_on_the_wire(tmp_path):
     """A bf16 run all-gathers 2-byte values and reduce-scatters 4-byte ones: counted in values,
     ZeRO-3's step sends what an fp32 run's does (never "less than DDP" for half the bytes)."""
     import json
+
     psi, n = 1000, 2
     for name, precision, gather in (("fp32", "32", 4), ("bf16", "bf16", 2)):
-        ops = {"all_gather": {"calls": 2, "bytes": 2 * gather * psi},
-               "reduce_scatter": {"calls": 1, "bytes": 4 * psi}}
-        records = [dict(type="config", run=name, time=0.0, schema_version=1,
-                        script="_trainup_fsdp.py", lesson="09", args={"precision": precision}),
-                   dict(type="shard_comm", run=name, time=0.0, shard="parameters", world_size=n,
-                        parameters=psi, ops=ops)]
+        ops = {
+            "all_gather": {"calls": 2, "bytes": 2 * gather * psi},
+            "reduce_scatter": {"calls": 1, "bytes": 4 * psi},
+        }
+        records = [
+            dict(
+                type="config",
+                run=name,
+                time=0.0,
+                schema_version=1,
+                script="_trainup_fsdp.py",
+                lesson="09",
+                args={"precision": precision},
+            ),
+            dict(
+                type="shard_comm",
+                run=name,
+                time=0.0,
+                shard="parameters",
+                world_size=n,
+                parameters=psi,
+                ops=ops,
+            ),
+        ]
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     table = lesson.comm_table(["fp32", "bf16"], tmp_path).set_index("run")
     assert table.loc["bf16", "sent_x_model"] == pytest.approx(table.loc["fp32", "sent_x_model"])
@@ -283,8 +398,17 @@ def test_the_prefetch_sentence_weighs_the_step_against_what_prefetching_hid():
         rows = []
         for run, step, hidden in (("p0", 36.0, 0.0), ("p1", step_with, 0.3)):
             for phase in pf.PASSES:
-                rows.append(dict(run=run, rank=0, phase=phase, hidden=hidden / 2,
-                                 gather_ms=2.0, hidden_ms=hidden, step_ms=step))
+                rows.append(
+                    dict(
+                        run=run,
+                        rank=0,
+                        phase=phase,
+                        hidden=hidden / 2,
+                        gather_ms=2.0,
+                        hidden_ms=hidden,
+                        step_ms=step,
+                    )
+                )
         return pd.DataFrame(rows)
 
     far = pf.about(table(28.6), "p0", "p1")[-1]

@@ -3,6 +3,7 @@
 No GPU is needed or touched: a fake source stands in for nvitop, so what is tested is the sampling and
 logging logic, and that a machine without a GPU gets nothing at all, quietly.
 """
+
 import json
 import threading
 import time
@@ -16,13 +17,21 @@ from trainup import gpumon, metrics
 
 class FakeGPUs:
     """Readings of two GPUs whose utilisation climbs by 10 % at each call."""
+
     def __init__(self):
         self.calls = 0
 
     def __call__(self):
         self.calls += 1
-        return [dict(gpu=i, utilization_pct=min(10.0 * self.calls, 100.0), memory_used_mb=100.0 * (i + 1),
-                     memory_total_mb=1000.0) for i in (0, 1)]
+        return [
+            dict(
+                gpu=i,
+                utilization_pct=min(10.0 * self.calls, 100.0),
+                memory_used_mb=100.0 * (i + 1),
+                memory_total_mb=1000.0,
+            )
+            for i in (0, 1)
+        ]
 
 
 def wait_for(condition, timeout=30):
@@ -34,7 +43,9 @@ def wait_for(condition, timeout=30):
 
 def test_the_thread_writes_every_sample_as_it_comes_until_stopped():
     written, source = [], FakeGPUs()
-    monitor = gpumon.start(lambda kind, **f: written.append((kind, f)), "cuda", source=source, interval=0.01)
+    monitor = gpumon.start(
+        lambda kind, **f: written.append((kind, f)), "cuda", source=source, interval=0.01
+    )
     wait_for(lambda: source.calls >= 3)
     assert len(written) >= 4  # written as read, not held until stop(): a crash keeps them
     samples = monitor.stop()
@@ -50,7 +61,9 @@ def test_the_thread_writes_every_sample_as_it_comes_until_stopped():
     assert util == sorted(util) and util[0] == 10.0
     elapsed = [f["elapsed_s"] for _, f in written if f["gpu"] == 1]
     assert elapsed == sorted(elapsed) and elapsed[0] >= 0
-    assert monitor.stop() == [] and len(written) == len(samples)  # a second stop writes nothing more
+    assert monitor.stop() == [] and len(written) == len(
+        samples
+    )  # a second stop writes nothing more
 
 
 def test_a_failing_reading_is_counted_and_skipped_not_raised():
@@ -61,6 +74,7 @@ def test_a_failing_reading_is_counted_and_skipped_not_raised():
         if len(calls) % 2:
             raise RuntimeError("NVML hiccup")
         return [dict(gpu=0, utilization_pct=50.0, memory_used_mb=1.0, memory_total_mb=2.0)]
+
     monitor = gpumon.start(lambda kind, **f: None, "cuda", source=flaky, interval=0.01)
     wait_for(lambda: len(calls) >= 4)
     samples = monitor.stop()
@@ -92,6 +106,7 @@ def fake_nvitop(monkeypatch, visible):
 
     class NVMLError(Exception):
         pass
+
     module = types.ModuleType("nvitop")
     module.libnvml = types.SimpleNamespace(NVMLError=NVMLError)
     module.Device = types.SimpleNamespace(from_cuda_visible_devices=lambda: visible(NVMLError))
@@ -113,17 +128,20 @@ class FakeDevice:
 def test_nvitop_source_means_no_gpu_only_for_nvml_errors_and_raises_the_rest(monkeypatch):
     def no_nvml(error):
         raise error("NVML Shared Library Not Found")
+
     fake_nvitop(monkeypatch, no_nvml)
     assert gpumon.nvitop_source([0]) is None
     fake_nvitop(monkeypatch, lambda error: [])
     assert gpumon.nvitop_source([0]) is None  # no visible GPU
     fake_nvitop(monkeypatch, lambda error: [FakeDevice()])
     assert gpumon.nvitop_source([1]) is None  # not that GPU
-    assert gpumon.nvitop_source([0])() == [dict(gpu=0, utilization_pct=42, memory_used_mb=1024.0,
-                                                memory_total_mb=2048.0)]
+    assert gpumon.nvitop_source([0])() == [
+        dict(gpu=0, utilization_pct=42, memory_used_mb=1024.0, memory_total_mb=2048.0)
+    ]
 
     def bug(error):
         raise TypeError("a bug in the sampling code")
+
     fake_nvitop(monkeypatch, bug)
     with pytest.raises(TypeError, match="a bug"):  # not hidden as "no GPU"
         gpumon.nvitop_source([0])
@@ -132,14 +150,20 @@ def test_nvitop_source_means_no_gpu_only_for_nvml_errors_and_raises_the_rest(mon
 def test_failed_readings_are_written_to_the_log(tmp_path):
     args = Namespace(run_name="flaky", log_dir=str(tmp_path), lesson="gpu", resume=False)
     log = metrics.RunLog(args, "_trainup_gpu.py", "cuda:0")
-    calls = iter([RuntimeError("NVML hiccup"), [dict(gpu=0, utilization_pct=5.0, memory_used_mb=1.0,
-                                                     memory_total_mb=2.0)], ValueError("odd reading")])
+    calls = iter(
+        [
+            RuntimeError("NVML hiccup"),
+            [dict(gpu=0, utilization_pct=5.0, memory_used_mb=1.0, memory_total_mb=2.0)],
+            ValueError("odd reading"),
+        ]
+    )
 
     def source():
         value = next(calls)
         if isinstance(value, Exception):
             raise value
         return value
+
     monitor = gpumon.Monitor(log.write, source)
     monitor.started = 0
     for _ in range(3):
@@ -161,8 +185,13 @@ def test_samples_in_a_run_log_line_up_with_the_sweep_that_ran(tmp_path, monkeypa
     log = metrics.RunLog(args, "_trainup_gpu.py", "cuda:0")
     clock = iter(range(100, 200)).__next__  # one Unix second per sample, from 100 on
     readings = iter([10.0, 20.0, 30.0, 80.0, 90.0, 100.0])
-    monitor = gpumon.Monitor(log.write, lambda: [dict(gpu=0, utilization_pct=next(readings), memory_used_mb=5.0,
-                                                      memory_total_mb=10.0)], clock=clock)
+    monitor = gpumon.Monitor(
+        log.write,
+        lambda: [
+            dict(gpu=0, utilization_pct=next(readings), memory_used_mb=5.0, memory_total_mb=10.0)
+        ],
+        clock=clock,
+    )
     monitor.started = 99
     for _ in range(6):
         monitor.sample()  # at 100, 101, ..., 105
@@ -195,12 +224,16 @@ def test_rank_0_watches_every_rank_gpu_of_its_node_that_it_sees(monkeypatch):
 
     import torch
     from trainup import distributed
+
     ctx = SimpleNamespace(device=torch.device("cuda", 0), local_world_size=4)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert distributed.node_gpus(ctx) == [0, 1, 2, 3]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert distributed.node_gpus(ctx) == [0]
-    assert distributed.node_gpus(SimpleNamespace(device=torch.device("cpu"), local_world_size=4)) is None
+    assert (
+        distributed.node_gpus(SimpleNamespace(device=torch.device("cpu"), local_world_size=4))
+        is None
+    )
 
 
 def test_the_first_process_of_every_node_watches_its_node_and_no_other_does(monkeypatch, tmp_path):
@@ -222,8 +255,15 @@ def test_the_first_process_of_every_node_watches_its_node_and_no_other_does(monk
             written.append(kind)
 
     def place(rank, local_rank, node_rank):
-        return distributed.Context(rank=rank, world_size=4, local_rank=local_rank,
-                                   local_world_size=2, node_rank=node_rank, nnodes=2, device=cuda0)
+        return distributed.Context(
+            rank=rank,
+            world_size=4,
+            local_rank=local_rank,
+            local_world_size=2,
+            node_rank=node_rank,
+            nnodes=2,
+            device=cuda0,
+        )
 
     for ctx in (place(0, 0, 0), place(2, 0, 1)):
         monitor = gpumon.start_on_node(ctx, Log(), args, source=FakeGPUs())

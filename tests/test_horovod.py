@@ -3,6 +3,7 @@
 Horovod is built from source by tools/build_horovod.sh (part of the set-up). Where it is not installed these
 tests skip and say why, except with TRAINUP_REQUIRE_HOROVOD=1 (CI), where a missing Horovod fails them.
 """
+
 import json
 import os
 import subprocess
@@ -12,8 +13,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, require_horovod,
-                      start_baseline, start_job, start_script, start_wanted)
+from conftest import (
+    ROOT,
+    SCRIPTS,
+    assert_clean_error,
+    finish_job,
+    require_horovod,
+    start_baseline,
+    start_job,
+    start_script,
+    start_wanted,
+)
 from lessons import checks, horovod, report, slurm
 from trainup import models
 
@@ -38,13 +48,29 @@ finish = finish_job
 
 def horovodrun(log_dir, name, *args, env=None, timeline=None):
     flags, _ = horovod.command(name=name, np=2, quick=False, timeline=timeline)
-    return start(horovod.HOROVODRUN + flags + [sys.executable, SCRIPT, *TINY, *map(str, args), "--run-name", name,
-                                               "--log-dir", str(log_dir), "--checkpoint-dir",
-                                               str(log_dir / "checkpoints")], env)
+    return start(
+        horovod.HOROVODRUN
+        + flags
+        + [
+            sys.executable,
+            SCRIPT,
+            *TINY,
+            *map(str, args),
+            "--run-name",
+            name,
+            "--log-dir",
+            str(log_dir),
+            "--checkpoint-dir",
+            str(log_dir / "checkpoints"),
+        ],
+        env,
+    )
 
 
 def ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
     return proc
 
 
@@ -87,23 +113,57 @@ def jobs(tmp_path_factory, request, inject):
     site = log_dir.parent / "apart"
     site.mkdir()
     (site / "sitecustomize.py").write_text(APART)
-    done = start_wanted(request, dict(
-        hvd2=lambda: horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF),
-        # 2 micro-batches of 16 a rank a step; Horovod's timeline shows each gradient's all-reduces
-        acc2=lambda: horovodrun(log_dir, "acc2", "--batch-size", 64, *checks.PROOF, *SHORT_LAST,
-                                "--accumulate", 2, timeline=log_dir.parent / "acc2_timeline.json"),
-        one_short=lambda: start_script("_trainup_gpu.py", *TINY, "--batch-size", 64, *checks.PROOF,
-                                       *SHORT_LAST, "--run-name", "one_short", log_dir=log_dir),
-        apart=lambda: horovodrun(log_dir, "apart", "--batch-size", 64, *checks.PROOF,
-                                 env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-                                      "TRAINUP_APART_MARK": str(site / "rank1_started_apart")}),
-        one=lambda: start_baseline(tmp_path_factory, log_dir),  # once a session (BASELINE)
-        # --precision 16: 2 epochs straight, and 1 (resumed to 2 by the test that reads them)
-        fp16_straight=lambda: horovodrun(log_dir, "fp16_straight", *FP16, "--epochs", 2),
-        fp16=lambda: horovodrun(log_dir, "fp16", *FP16, "--epochs", 1),
-        died=lambda: horovodrun(faults, "died", env=inject("1:3:exit")),  # os._exit(1) at step 3
-        raised=lambda: horovodrun(faults, "raised", env=inject("1:3"))))  # an exception at step 3
-    return SimpleNamespace(log_dir=log_dir, faults=faults, mark=site / "rank1_started_apart", **done)
+    done = start_wanted(
+        request,
+        dict(
+            hvd2=lambda: horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF),
+            # 2 micro-batches of 16 a rank a step; Horovod's timeline shows each gradient's all-reduces
+            acc2=lambda: horovodrun(
+                log_dir,
+                "acc2",
+                "--batch-size",
+                64,
+                *checks.PROOF,
+                *SHORT_LAST,
+                "--accumulate",
+                2,
+                timeline=log_dir.parent / "acc2_timeline.json",
+            ),
+            one_short=lambda: start_script(
+                "_trainup_gpu.py",
+                *TINY,
+                "--batch-size",
+                64,
+                *checks.PROOF,
+                *SHORT_LAST,
+                "--run-name",
+                "one_short",
+                log_dir=log_dir,
+            ),
+            apart=lambda: horovodrun(
+                log_dir,
+                "apart",
+                "--batch-size",
+                64,
+                *checks.PROOF,
+                env={
+                    "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+                    "TRAINUP_APART_MARK": str(site / "rank1_started_apart"),
+                },
+            ),
+            one=lambda: start_baseline(tmp_path_factory, log_dir),  # once a session (BASELINE)
+            # --precision 16: 2 epochs straight, and 1 (resumed to 2 by the test that reads them)
+            fp16_straight=lambda: horovodrun(log_dir, "fp16_straight", *FP16, "--epochs", 2),
+            fp16=lambda: horovodrun(log_dir, "fp16", *FP16, "--epochs", 1),
+            died=lambda: horovodrun(
+                faults, "died", env=inject("1:3:exit")
+            ),  # os._exit(1) at step 3
+            raised=lambda: horovodrun(faults, "raised", env=inject("1:3")),
+        ),
+    )  # an exception at step 3
+    return SimpleNamespace(
+        log_dir=log_dir, faults=faults, mark=site / "rank1_started_apart", **done
+    )
 
 
 @pytest.fixture(scope="module")
@@ -115,14 +175,22 @@ def runs(jobs):
 @pytest.mark.jobs("one", "hvd2")
 def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it(runs):
     one, two = params(runs, "one"), params(runs, "hvd2")
-    init = models.build(SimpleNamespace(model="cnn", seed=1, dropout=0.0),
-                        SimpleNamespace(shape=(1, 28, 28), num_classes=10)).state_dict()
+    init = models.build(
+        SimpleNamespace(model="cnn", seed=1, dropout=0.0),
+        SimpleNamespace(shape=(1, 28, 28), num_classes=10),
+    ).state_dict()
     for k in one:
-        torch.testing.assert_close(two[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)  # float64
-    assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-2  # they did train, far beyond atol
+        torch.testing.assert_close(
+            two[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k
+        )  # float64
+    assert (
+        max((one[k] - init[k]).abs().max().item() for k in one) > 1e-2
+    )  # they did train, far beyond atol
     run1, run2 = report.read_run(runs / "one.jsonl"), report.read_run(runs / "hvd2.jsonl")
     assert run2["problems"] == [] and run2["summary"]["status"] == "finished"
-    for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):  # metrics summed over both ranks
+    for e1, e2 in zip(
+        run1["epochs"], run2["epochs"], strict=True
+    ):  # metrics summed over both ranks
         assert e2["samples"] == e1["samples"] == 512
         assert e2["loss"] == pytest.approx(e1["loss"], abs=checks.FLOAT64_ATOL)
 
@@ -137,8 +205,10 @@ def test_a_resumed_fp16_run_restores_its_grad_scaler_and_ends_like_a_straight_on
     saved = torch.load(log_dir / "checkpoints" / "fp16.pt", weights_only=True)["scaler"]
     assert saved["scale"] > 0 and saved["_growth_tracker"] >= 0  # epoch 1's scaler, saved
     ok(finish(horovodrun(log_dir, "fp16", *FP16, "--epochs", 2, "--resume")))
-    straight, resumed = (torch.load(log_dir / "checkpoints" / f"{n}.pt", weights_only=True)
-                         for n in ("fp16_straight", "fp16"))
+    straight, resumed = (
+        torch.load(log_dir / "checkpoints" / f"{n}.pt", weights_only=True)
+        for n in ("fp16_straight", "fp16")
+    )
     assert resumed["scaler"] == straight["scaler"]
     for k in straight["model"]:
         torch.testing.assert_close(resumed["model"][k], straight["model"][k], rtol=0, atol=0, msg=k)
@@ -185,14 +255,20 @@ def test_ranks_that_start_apart_end_like_one_process_after_rank_0s_broadcast(job
 @pytest.mark.jobs("one", "hvd2")
 def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):
     job = records(runs, "hvd2", "ddp")[0]
-    assert job["launcher"] == "horovodrun" and job["world_size"] == 2 and job["per_rank_batch"] == 32
-    assert [r["rank"] for r in job["ranks"]] == [0, 1] and [r["local_rank"] for r in job["ranks"]] == [0, 1]
+    assert (
+        job["launcher"] == "horovodrun" and job["world_size"] == 2 and job["per_rank_batch"] == 32
+    )
+    assert [r["rank"] for r in job["ranks"]] == [0, 1] and [
+        r["local_rank"] for r in job["ranks"]
+    ] == [0, 1]
     assert len({r["pid"] for r in job["ranks"]}) == 2
     assert report.read_run(runs / "hvd2.jsonl")["env"]["backend"] == "horovod-gloo"
     per_epoch = records(runs, "hvd2", "ranks")
     assert [r["epoch"] for r in per_epoch] == [1, 2]
     for r in per_epoch:
-        assert r["samples"] == [256, 256] and not set(r["first_indices"][0]) & set(r["first_indices"][1])
+        assert r["samples"] == [256, 256] and not set(r["first_indices"][0]) & set(
+            r["first_indices"][1]
+        )
     assert (runs / "hvd2.stdout").read_text().count("epoch 1:") == 1  # rank 0 alone logs
     assert not list((runs / "checkpoints").glob(".*.tmp"))
 
@@ -202,8 +278,10 @@ def test_the_learning_rate_is_not_scaled_by_horovod(runs):
     """Horovod's DistributedOptimizer averages gradients and leaves the rate alone: after 2 epochs of StepLR
     (gamma 0.7) both jobs hold lr 1.0 * 0.7**2, not 2 x that."""
     for name in ("one", "hvd2"):
-        lr = torch.load(runs / "checkpoints" / f"{name}.pt", weights_only=True)["optimizer"]["param_groups"][0]["lr"]
-        assert lr == pytest.approx(1.0 * 0.7 ** 2), name
+        lr = torch.load(runs / "checkpoints" / f"{name}.pt", weights_only=True)["optimizer"][
+            "param_groups"
+        ][0]["lr"]
+        assert lr == pytest.approx(1.0 * 0.7**2), name
 
 
 @pytest.mark.jobs("died", "raised")
@@ -212,14 +290,31 @@ def test_a_rank_that_dies_ends_the_job_with_a_nonzero_exit(jobs):
     assert died.returncode != 0, died.stdout[-2000:] + died.stderr[-2000:]
     assert raised.returncode != 0 and "injected fault" in raised.stdout + raised.stderr
     for name in ("died", "raised"):
-        assert report.read_run(log_dir / f"{name}.jsonl")["summary"] is None  # it did not claim to finish
+        assert (
+            report.read_run(log_dir / f"{name}.jsonl")["summary"] is None
+        )  # it did not claim to finish
 
 
 def test_accumulate_that_does_not_divide_the_batch_is_one_sentence(tmp_path):
     require_horovod()
-    proc = subprocess.run([sys.executable, SCRIPT, *TINY, "--batch-size", "64",
-                           "--accumulate", "3", "--log-dir", str(tmp_path)], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, env=horovod.environment())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            *TINY,
+            "--batch-size",
+            "64",
+            "--accumulate",
+            "3",
+            "--log-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env=horovod.environment(),
+    )
     assert_clean_error(proc, "--accumulate 3 must divide each process's batch (64 samples)")
 
 
@@ -238,35 +333,51 @@ def test_uneven_shards_joined_end_without_a_hang():
 def test_the_timeline_summary_counts_each_nesting_level_once(tmp_path):
     """A hand-made timeline of two fused gradients: ALLREDUCE holds its inner phases, so a sum over
     every span would count the same microseconds twice. Counted by hand below."""
+
     def span(pid, name, start, end):  # ms in the table, us in the file
-        return [dict(ph="B", name=name, ts=start * 1000, pid=pid),
-                dict(ph="E", ts=end * 1000, pid=pid)]
-    events = [dict(name="process_name", ph="M", pid=1, args=dict(name="allreduce.fc.weight")),
-              dict(name="process_name", ph="M", pid=2, args=dict(name="allreduce.fc.bias")),
-              dict(ph="B", name="NEGOTIATE_ALLREDUCE", ts=0, pid=1),
-              dict(ph="X", name="0", ts=1000, pid=1, dur=0),
-              dict(ph="X", name="1", ts=9000, pid=1, dur=0),
-              dict(ph="E", ts=10000, pid=1), *span(2, "NEGOTIATE_ALLREDUCE", 5, 10),
-              dict(ph="i", name="CYCLE_START", ts=11000, s="g")]
+        return [
+            dict(ph="B", name=name, ts=start * 1000, pid=pid),
+            dict(ph="E", ts=end * 1000, pid=pid),
+        ]
+
+    events = [
+        dict(name="process_name", ph="M", pid=1, args=dict(name="allreduce.fc.weight")),
+        dict(name="process_name", ph="M", pid=2, args=dict(name="allreduce.fc.bias")),
+        dict(ph="B", name="NEGOTIATE_ALLREDUCE", ts=0, pid=1),
+        dict(ph="X", name="0", ts=1000, pid=1, dur=0),
+        dict(ph="X", name="1", ts=9000, pid=1, dur=0),
+        dict(ph="E", ts=10000, pid=1),
+        *span(2, "NEGOTIATE_ALLREDUCE", 5, 10),
+        dict(ph="i", name="CYCLE_START", ts=11000, s="g"),
+    ]
     for pid, waits in ((1, True), (2, False)):
-        events += [dict(ph="B", name="ALLREDUCE", ts=10000, pid=pid),
-                   *(span(pid, "WAIT_FOR_DATA", 10, 12) if waits else []),
-                   *span(pid, "MEMCPY_IN_FUSION_BUFFER", 12, 20),
-                   *span(pid, "GLOO_ALLREDUCE", 20, 45),
-                   *span(pid, "MEMCPY_OUT_FUSION_BUFFER", 45, 50), dict(ph="E", ts=50000, pid=pid)]
+        events += [
+            dict(ph="B", name="ALLREDUCE", ts=10000, pid=pid),
+            *(span(pid, "WAIT_FOR_DATA", 10, 12) if waits else []),
+            *span(pid, "MEMCPY_IN_FUSION_BUFFER", 12, 20),
+            *span(pid, "GLOO_ALLREDUCE", 20, 45),
+            *span(pid, "MEMCPY_OUT_FUSION_BUFFER", 45, 50),
+            dict(ph="E", ts=50000, pid=pid),
+        ]
     path = tmp_path / "timeline.json"
     # left open, as Horovod leaves it while it runs
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
     t = horovod.timeline_events(path)
-    got = {r.phase: (r.kind, r.count, r.tensor_ms, r.wall_ms)
-           for r in horovod.timeline_summary(t).itertuples()}
-    assert got == {"NEGOTIATE_ALLREDUCE": ("waiting", 2, 15, 10),
-                   "WAIT_FOR_DATA": ("waiting", 1, 2, 2),
-                   "MEMCPY_IN_FUSION_BUFFER": ("work", 2, 16, 8),
-                   "GLOO_ALLREDUCE": ("work", 2, 50, 25),
-                   "MEMCPY_OUT_FUSION_BUFFER": ("work", 2, 10, 5)}
-    top = {r.phase: (r.count, r.tensor_ms, r.wall_ms)
-           for r in horovod.timeline_summary(t, "top").itertuples()}
+    got = {
+        r.phase: (r.kind, r.count, r.tensor_ms, r.wall_ms)
+        for r in horovod.timeline_summary(t).itertuples()
+    }
+    assert got == {
+        "NEGOTIATE_ALLREDUCE": ("waiting", 2, 15, 10),
+        "WAIT_FOR_DATA": ("waiting", 1, 2, 2),
+        "MEMCPY_IN_FUSION_BUFFER": ("work", 2, 16, 8),
+        "GLOO_ALLREDUCE": ("work", 2, 50, 25),
+        "MEMCPY_OUT_FUSION_BUFFER": ("work", 2, 10, 5),
+    }
+    top = {
+        r.phase: (r.count, r.tensor_ms, r.wall_ms)
+        for r in horovod.timeline_summary(t, "top").itertuples()
+    }
     assert top == {"NEGOTIATE_ALLREDUCE": (2, 15, 10), "ALLREDUCE": (2, 80, 40)}
     # the leaves of a row add up to no more than its top-level spans: nothing counted twice
     leaves, tops = t[t.leaf & ~t.phase.str.isdigit()], t[(t.depth == 0) & ~t.phase.str.isdigit()]
@@ -280,9 +391,17 @@ def test_the_timeline_summary_counts_each_nesting_level_once(tmp_path):
 def test_without_horovod_one_sentence_says_how_to_install_it(tmp_path, log_dir):
     # a Python where `import horovod.torch` fails, as in an environment where the build was skipped
     (tmp_path / "horovod").mkdir()
-    (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError(\"No module named 'horovod'\")\n")
-    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--log-dir", str(log_dir)], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    (tmp_path / "horovod" / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'horovod'\")\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--log-dir", str(log_dir)],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert_clean_error(proc, "Horovod is not installed", "tools/build_horovod.sh")
     assert not log_dir.exists()  # nothing half-written
 
@@ -290,9 +409,15 @@ def test_without_horovod_one_sentence_says_how_to_install_it(tmp_path, log_dir):
 def test_cuda_under_a_horovod_built_without_nccl_is_one_sentence(monkeypatch, capsys):
     pytest.importorskip("horovod.torch")
     from trainup import UserError, hvd_group
+
     monkeypatch.setattr(hvd_group.hvd, "nccl_built", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, as Horovod would meet it
-    with pytest.raises(UserError, match="--device cuda needs a Horovod built with NCCL.*HOROVOD_GPU_OPERATIONS=NCCL"):
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: True
+    )  # a GPU machine, as Horovod would meet it
+    with pytest.raises(
+        UserError,
+        match="--device cuda needs a Horovod built with NCCL.*HOROVOD_GPU_OPERATIONS=NCCL",
+    ):
         hvd_group.gpu_ops("cuda")
     assert hvd_group.gpu_ops("auto") == "cpu" and "built without NCCL" in capsys.readouterr().err
     assert hvd_group.gpu_ops("cpu") == "cpu"
@@ -308,16 +433,26 @@ def test_cuda_under_a_horovod_built_without_nccl_is_one_sentence(monkeypatch, ca
 
 
 def test_the_build_can_be_skipped_and_names_what_it_needs():
-    skipped = subprocess.run(["bash", "tools/build_horovod.sh"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "TRAINUP_SKIP_HOROVOD": "1"})
+    skipped = subprocess.run(
+        ["bash", "tools/build_horovod.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TRAINUP_SKIP_HOROVOD": "1"},
+    )
     assert skipped.returncode == 0 and "skipped" in skipped.stdout
     patch = (ROOT / "tools" / "horovod" / "cxx17.patch").read_text()
     # the two C++ standard lines of horovod 0.28.1's CMake files, 14 -> 17, and nothing else
     changed = [l for l in patch.splitlines() if l[:1] in "+-" and l[:3] not in ("+++", "---")]
-    assert [l[1:].strip() for l in changed] == ["set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)"] * 2
+    assert [l[1:].strip() for l in changed] == [
+        "set(CMAKE_CXX_STANDARD 14)",
+        "set(CMAKE_CXX_STANDARD 17)",
+    ] * 2
 
 
 # --- SLURM: srun horovodrun in a one-task job, on a real local SLURM ------------------------------
+
 
 def test_the_slurm_template_is_well_formed():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
@@ -327,10 +462,23 @@ def test_the_slurm_template_is_well_formed():
 
 def test_the_slurm_template_trains_with_horovodrun_through_sbatch(local_slurm, tmp_path):
     require_horovod()
-    job = slurm.submit(SBATCH, "--quick", "--run-name", "hvd_slurm", "--log-dir", tmp_path,
-                       "--checkpoint-dir", tmp_path / "checkpoints", sbatch_args=[f"--output={tmp_path}/job.out"])
+    job = slurm.submit(
+        SBATCH,
+        "--quick",
+        "--run-name",
+        "hvd_slurm",
+        "--log-dir",
+        tmp_path,
+        "--checkpoint-dir",
+        tmp_path / "checkpoints",
+        sbatch_args=[f"--output={tmp_path}/job.out"],
+    )
     state = slurm.wait([job], timeout=600)[job]
-    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no output file)"
+    out = (
+        (tmp_path / "job.out").read_text()
+        if (tmp_path / "job.out").exists()
+        else "(no output file)"
+    )
     assert state == "COMPLETED", out
     run = report.read_run(tmp_path / "hvd_slurm.jsonl")
     assert run["problems"] == [] and run["summary"]["status"] == "finished", out
@@ -345,6 +493,7 @@ def test_accumulation_weighs_before_the_allreduce_so_fp16_carries_a_mean():
     sees (and --fp16-allreduce casts to float16) is a mean-sized gradient, not one multiplied by the
     samples; after average() every step holds the mean gradient over its own samples."""
     from trainup import hvd_group
+
     w = torch.nn.Parameter(torch.zeros(()))
     opt = SimpleNamespace(backward_passes_per_step=2, param_groups=[{"params": [w]}])
     step = hvd_group.Accumulation(opt, [16, 16, 4])  # two full micro-batches, then a short one
@@ -361,16 +510,29 @@ def test_accumulation_weighs_before_the_allreduce_so_fp16_carries_a_mean():
 
 def test_the_speed_sentences_give_a_direction_only_where_the_runs_decide_it():
     import pandas as pd
-    t = pd.DataFrame([dict(fusion_mb=f, cycle_ms=c, step_ms=v) for (f, c), vs in {
-        (64, 1): [58, 57, 59], (0, 1): [57, 58, 56], (64, 20): [67, 66, 68], (0, 20): [66]}.items()
-        for v in vs])
+
+    t = pd.DataFrame(
+        [
+            dict(fusion_mb=f, cycle_ms=c, step_ms=v)
+            for (f, c), vs in {
+                (64, 1): [58, 57, 59],
+                (0, 1): [57, 58, 56],
+                (64, 20): [67, 66, 68],
+                (0, 20): [66],
+            }.items()
+            for v in vs
+        ]
+    )
     said = horovod.fusion_sentence(t).splitlines()
     assert "within the runs' spread" in said[0] and "cannot tell" in said[1]  # 1 run of (0, 20)
     assert "cannot tell" in said[2] and "longer in every run" in said[3] and "9.5 ms" in said[3]
+
     def runs(horovod_runs, ddp_runs):
         pairs = (("horovod", horovod_runs), ("ddp", ddp_runs))
-        return pd.DataFrame([dict(engine=e, batch_size=64, samples_per_s=v)
-                             for e, vs in pairs for v in vs])
+        return pd.DataFrame(
+            [dict(engine=e, batch_size=64, samples_per_s=v) for e, vs in pairs for v in vs]
+        )
+
     b = runs([100, 101, 99], [120, 121, 122])
     assert "1.2× slower than ddp" in horovod.versus(b)
     assert "cannot tell" in horovod.versus(b.iloc[[0, 3]])  # one run each

@@ -1,4 +1,5 @@
 """The pinned environment: pip's and conda's lists agree, and the torch/torchvision pairing works."""
+
 import yaml
 
 from conftest import ROOT
@@ -29,6 +30,7 @@ def test_torchvision_and_lightning_work_beside_torch():
     import pytorch_lightning
     import torch
     import torchvision
+
     assert torch.__version__.startswith("2.13.0") and torchvision.__version__.startswith("0.28.0")
     boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 10, 10], [20, 20, 30, 30]], dtype=torch.float)
     keep = torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8, 0.7]), iou_threshold=0.5)

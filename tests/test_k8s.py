@@ -6,6 +6,7 @@ Kubeflow's training operator turns a PyTorchJob's elasticPolicy into torchrun's 
 PET_RDZV_BACKEND, PET_RDZV_ENDPOINT=<job>-worker-0:<the port named pytorchjob-port of the container
 named pytorch>, PET_MAX_RESTARTS. torchrun reads PET_<FLAG> for each flag not on its command line.
 """
+
 import os
 import re
 
@@ -35,12 +36,15 @@ def container(job):
 def operator_env(job):
     """What the training operator adds to each pod of an elastic PyTorchJob (elastic.go)."""
     policy = job["spec"]["elasticPolicy"]
-    port = next(p["containerPort"] for p in container(job)["ports"]
-                if p["name"] == "pytorchjob-port")
-    return {"PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
-            "PET_RDZV_BACKEND": policy["rdzvBackend"],
-            "PET_RDZV_ENDPOINT": f"{job['metadata']['name']}-worker-0:{port}",
-            "PET_MAX_RESTARTS": str(policy["maxRestarts"])}
+    port = next(
+        p["containerPort"] for p in container(job)["ports"] if p["name"] == "pytorchjob-port"
+    )
+    return {
+        "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
+        "PET_RDZV_BACKEND": policy["rdzvBackend"],
+        "PET_RDZV_ENDPOINT": f"{job['metadata']['name']}-worker-0:{port}",
+        "PET_MAX_RESTARTS": str(policy["maxRestarts"]),
+    }
 
 
 def test_an_elastic_pytorchjob_between_one_and_two_pods(job):
@@ -54,6 +58,7 @@ def test_an_elastic_pytorchjob_between_one_and_two_pods(job):
 
 def test_torchrun_reads_the_rendezvous_the_operator_sets(job, monkeypatch):
     from torch.distributed.run import get_args_parser
+
     c = container(job)
     assert c["command"] == ["torchrun"]
     for name, value in operator_env(job).items():
@@ -70,8 +75,9 @@ def test_torchrun_reads_the_rendezvous_the_operator_sets(job, monkeypatch):
 
 def test_the_script_accepts_its_flags_and_resumes_from_a_folder_every_pod_sees(job):
     import _trainup_ddp
+
     c = container(job)
-    script_args = c["args"][c["args"].index("scripts/_trainup_ddp.py") + 1:]
+    script_args = c["args"][c["args"].index("scripts/_trainup_ddp.py") + 1 :]
     args = _trainup_ddp.parse_args(script_args)
     assert args.resume  # a restarted or returning pod goes on from the last checkpoint
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -107,6 +113,7 @@ def pods(rayjob):
 
 def test_a_rayjob_with_the_courses_ray_and_image(rayjob, job):
     from trainup import ray_run
+
     assert (rayjob["apiVersion"], rayjob["kind"]) == ("ray.io/v1", "RayJob")
     assert rayjob["spec"]["shutdownAfterJobFinishes"] is True  # no idle cluster left to pay for
     pinned = ray_run.PIN.split("==")[1]
@@ -119,6 +126,7 @@ def test_a_rayjob_with_the_courses_ray_and_image(rayjob, job):
 def test_the_script_fits_the_cluster_and_checkpoints_where_every_pod_sees(rayjob):
     import shlex
     import _trainup_ray
+
     words = shlex.split(rayjob["spec"]["entrypoint"])
     assert words[:2] == ["python", "scripts/_trainup_ray.py"]
     args = _trainup_ray.parse_args(words[2:])
@@ -126,8 +134,11 @@ def test_the_script_fits_the_cluster_and_checkpoints_where_every_pod_sees(rayjob
     head, *workers = pods(rayjob)
     assert head["rayStartParams"]["num-cpus"] == "0"  # the head runs only the driver
     # ScalingConfig asks for 1 CPU per worker: the worker pods must hold them all
-    cpus = sum(int(g["replicas"]) * int(c["resources"]["limits"]["cpu"])
-               for g in workers for c in g["template"]["spec"]["containers"])
+    cpus = sum(
+        int(g["replicas"]) * int(c["resources"]["limits"]["cpu"])
+        for g in workers
+        for c in g["template"]["spec"]["containers"]
+    )
     assert cpus >= args.ray_workers
     # Ray's storage (<checkpoint-dir>/ray) must be one folder for the driver and every worker
     for group in pods(rayjob):
@@ -142,6 +153,7 @@ def test_the_script_fits_the_cluster_and_checkpoints_where_every_pod_sees(rayjob
 def test_a_ray_job_joins_the_running_cluster_and_a_run_alone_starts_its_own():
     from types import SimpleNamespace
     from trainup import ray_run
+
     args = SimpleNamespace(ray_workers=2)
     joined = ray_run.init_args(args, 0, "/tmp/r", address="10.0.0.5:6379")
     assert joined["address"] == "10.0.0.5:6379" and "num_cpus" not in joined  # the cluster's own

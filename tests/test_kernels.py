@@ -12,6 +12,7 @@ would prove nothing.
 Each choice's 4 processes (one process in float64 and in float32, the 2 ranks) are forks of one
 interpreter started under that choice's environment (FORKS): each runs the script's own main().
 """
+
 import itertools
 import json
 import sys
@@ -25,21 +26,37 @@ from trainup import distributed
 
 SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
 # Short runs: float64 noise does not grow with steps the way a defect does; 4 steps of 64 samples.
-SHORT = ["--train-size", "256", "--test-size", "64", "--epochs", "1", "--batch-size", "64", "--dropout", "0",
-         "--device", "cpu", "--no-progress"]
-_ONEDNN_OFF = '''import os
+SHORT = [
+    "--train-size",
+    "256",
+    "--test-size",
+    "64",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "64",
+    "--dropout",
+    "0",
+    "--device",
+    "cpu",
+    "--no-progress",
+]
+_ONEDNN_OFF = """import os
 if os.environ.get("TRAINUP_TEST_ONEDNN") == "0":
     import torch
     torch.backends.mkldnn.enabled = False
-'''
+"""
 
 
 def choices():
     """name -> (environment, flags): every kernel choice this processor offers."""
-    out = {"as is": ({}, ["--threads", "1"]), "2 threads": ({"OMP_NUM_THREADS": "2"}, ["--threads", "2"]),
-           "ATen default (no SIMD)": ({"ATEN_CPU_CAPABILITY": "default"}, []),
-           "oneDNN at SSE4.1": ({"ONEDNN_MAX_CPU_ISA": "SSE41"}, []),
-           "oneDNN off": ({"TRAINUP_TEST_ONEDNN": "0"}, [])}
+    out = {
+        "as is": ({}, ["--threads", "1"]),
+        "2 threads": ({"OMP_NUM_THREADS": "2"}, ["--threads", "2"]),
+        "ATen default (no SIMD)": ({"ATEN_CPU_CAPABILITY": "default"}, []),
+        "oneDNN at SSE4.1": ({"ONEDNN_MAX_CPU_ISA": "SSE41"}, []),
+        "oneDNN off": ({"TRAINUP_TEST_ONEDNN": "0"}, []),
+    }
     # ATen's vector widths narrower than this processor's own (its own is "as is" already)
     if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         out["ATen avx2"] = ({"ATEN_CPU_CAPABILITY": "avx2"}, [])
@@ -52,7 +69,7 @@ def choices():
 # fresh interpreters would repeat these imports in every one.
 # No parallel region may have run before the forks (OpenMP's threads do not survive a fork): the
 # interpreter checks that it has no thread but its own.
-FORKS = r'''
+FORKS = r"""
 import json, os, sys, traceback
 scripts, name, out, runs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 sys.path.insert(0, scripts)
@@ -79,14 +96,21 @@ for run, argv, env in runs:
     pids[pid] = run
 for pid, run in pids.items():
     print(run, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-'''
+"""
 
 
 def forked(runs, choice_env, out):
     """Start FORKS: runs, (name, flags, variables) each, forked from one interpreter under
     choice_env."""
-    cmd = [sys.executable, "-c", FORKS, str(SCRIPTS), "_trainup_ddp", str(out),
-           json.dumps([(name, [str(f) for f in flags], env) for name, flags, env in runs])]
+    cmd = [
+        sys.executable,
+        "-c",
+        FORKS,
+        str(SCRIPTS),
+        "_trainup_ddp",
+        str(out),
+        json.dumps([(name, [str(f) for f in flags], env) for name, flags, env in runs]),
+    ]
     return start_job(cmd, choice_env)
 
 
@@ -107,11 +131,28 @@ def runs(tmp_path_factory):
         run = [*SHORT, *flags, *out]
         port = distributed.free_port()
         # the ranks with srun's variables: no launcher, which no kernel choice reaches
-        ranks = [(f"ddp64_{i}_rank{r}", [*run, *checks.PROOF, "--run-name", f"ddp64_{i}"],
-                  {**threads, **srun_env(r, 2, port)}) for r in (0, 1)]
-        jobs.append((forked([(f"one64_{i}", [*run, *checks.PROOF, "--run-name", f"one64_{i}"], threads),
-                             *ranks, (f"one32_{i}", [*run, "--run-name", f"one32_{i}"], threads)],
-                            env, base), name))
+        ranks = [
+            (
+                f"ddp64_{i}_rank{r}",
+                [*run, *checks.PROOF, "--run-name", f"ddp64_{i}"],
+                {**threads, **srun_env(r, 2, port)},
+            )
+            for r in (0, 1)
+        ]
+        jobs.append(
+            (
+                forked(
+                    [
+                        (f"one64_{i}", [*run, *checks.PROOF, "--run-name", f"one64_{i}"], threads),
+                        *ranks,
+                        (f"one32_{i}", [*run, "--run-name", f"one32_{i}"], threads),
+                    ],
+                    env,
+                    base,
+                ),
+                name,
+            )
+        )
         if len(jobs) >= 2:  # two choices at a time: 2 cores
             [_ok(finish_job(p), n, base) for p, n in jobs]
             jobs = []
@@ -143,13 +184,18 @@ def test_across_kernel_choices_the_float64_runs_agree_as_two_machines_would(runs
     ckpt, names = runs
     every = [f"{kind}_{i}" for i in range(len(names)) for kind in ("one64", "ddp64")]
     for a, b in itertools.combinations(every, 2):
-        checks.same_parameters(a, b, checkpoint_dir=ckpt)  # fails with the two names and the difference
+        checks.same_parameters(
+            a, b, checkpoint_dir=ckpt
+        )  # fails with the two names and the difference
 
 
 def test_the_kernel_choices_really_change_the_float32_sums(runs):
     """The test above proves something only if the choices change the arithmetic: in float32 they do."""
     ckpt, names = runs
-    moved = {name: checks.difference(f"one32_{i}", "one32_0", checkpoint_dir=ckpt) for i, name in enumerate(names)}
+    moved = {
+        name: checks.difference(f"one32_{i}", "one32_0", checkpoint_dir=ckpt)
+        for i, name in enumerate(names)
+    }
     changed = [name for name, gap in moved.items() if gap > 0]
     assert len(changed) >= 2, f"only {changed} changed the float32 result: {moved}"
     assert moved["oneDNN off"] > 0, moved  # oneDNN's convolutions against ATen's own

@@ -4,6 +4,7 @@ Opening: right after the title ("# NN · ..."), a cell with what the learner wil
 lessons it builds on, the hardware it uses and how long it takes. Closing: "What to remember", then
 a last cell linking the next lesson (the last lesson links the course's front page).
 """
+
 import json
 import math
 import re
@@ -30,7 +31,8 @@ def problems(path, following):
         return [f"{path.name}: no title cell ('# NN · ...')"]
     opening = "".join(cells[title + 1]["source"]) if title + 1 < len(cells) else ""
     if cells[title + 1]["cell_type"] != "markdown" or not all(
-            re.search(r"^- " + re.escape(label), opening, re.M) for label in LABELS):
+        re.search(r"^- " + re.escape(label), opening, re.M) for label in LABELS
+    ):
         said.append(f"{path.name}: the cell after the title does not hold the bullets {LABELS}")
     if "quick" not in opening.split("**Time:**")[-1]:
         said.append(f"{path.name}: its time does not say how long quick mode takes")
@@ -49,15 +51,17 @@ def problems(path, following):
 @pytest.mark.parametrize("index", range(len(NOTEBOOKS)), ids=[p.stem for p in NOTEBOOKS])
 def test_every_lesson_opens_with_its_plan_and_ends_with_the_next(index):
     path = NOTEBOOKS[index]
-    following = (NOTEBOOKS[index + 1].name if index + 1 < len(NOTEBOOKS) else "../README.md")
+    following = NOTEBOOKS[index + 1].name if index + 1 < len(NOTEBOOKS) else "../README.md"
     assert not problems(path, following), "\n".join(problems(path, following))
 
 
 def test_the_shape_check_finds_a_lesson_without_its_plan(tmp_path):
-    cells = [{"cell_type": "markdown", "source": ["# 99 · A lesson"], "metadata": {}},
-             {"cell_type": "markdown", "source": ["Some text."], "metadata": {}},
-             {"cell_type": "markdown", "source": ["## What to remember\n", "- x"], "metadata": {}},
-             {"cell_type": "markdown", "source": ["**Next:** [00](00_x.ipynb)"], "metadata": {}}]
+    cells = [
+        {"cell_type": "markdown", "source": ["# 99 · A lesson"], "metadata": {}},
+        {"cell_type": "markdown", "source": ["Some text."], "metadata": {}},
+        {"cell_type": "markdown", "source": ["## What to remember\n", "- x"], "metadata": {}},
+        {"cell_type": "markdown", "source": ["**Next:** [00](00_x.ipynb)"], "metadata": {}},
+    ]
     path = tmp_path / "99_x.ipynb"
     path.write_text(json.dumps({"cells": cells}))
     said = problems(path, "00_x.ipynb")
@@ -97,8 +101,9 @@ USES_ONE_GPU = {
 def hardware_bullet(nb):
     """The opening's "**Hardware:**" bullet, its lines joined."""
     for c in nb["cells"]:
-        found = re.search(r"^- \*\*Hardware:\*\*(.*?)(?=^- \*\*|\Z)", "".join(c["source"]),
-                          re.M | re.S)
+        found = re.search(
+            r"^- \*\*Hardware:\*\*(.*?)(?=^- \*\*|\Z)", "".join(c["source"]), re.M | re.S
+        )
         if c["cell_type"] == "markdown" and found:
             return " ".join(found.group(1).split())
     return ""
@@ -130,16 +135,25 @@ def test_colab_opens_on_a_gpu_the_lessons_that_use_one(path):
 
 
 def test_the_gpu_check_finds_metadata_that_disagrees(tmp_path):
-    opening = {"cell_type": "markdown", "metadata": {},
-               "source": ["- **Hardware:** a laptop CPU; the GPU cells run\n", "  on a GPU.\n",
-                          "- **Time:** 1 min in quick mode"]}
+    opening = {
+        "cell_type": "markdown",
+        "metadata": {},
+        "source": [
+            "- **Hardware:** a laptop CPU; the GPU cells run\n",
+            "  on a GPU.\n",
+            "- **Time:** 1 min in quick mode",
+        ],
+    }
     path = tmp_path / "99_x.ipynb"
     path.write_text(json.dumps({"cells": [opening], "metadata": {}}))
     assert gpu_problems(path, False, "the GPU cells run on a GPU") == []
     assert "uses a GPU, but" in gpu_problems(path, True, "the GPU cells run on a GPU")[0]
     assert "no longer says" in gpu_problems(path, False, "no GPU is used")[0]
-    path.write_text(json.dumps({"cells": [opening],
-                                "metadata": {"accelerator": "GPU", "colab": {"gpuType": "T4"}}}))
+    path.write_text(
+        json.dumps(
+            {"cells": [opening], "metadata": {"accelerator": "GPU", "colab": {"gpuType": "T4"}}}
+        )
+    )
     assert gpu_problems(path, True, "the GPU cells run on a GPU") == []
     assert "uses no GPU, but" in gpu_problems(path, False, "the GPU cells run on a GPU")[0]
 
@@ -152,10 +166,21 @@ IMAGE = 24  # lines a plot takes (a figure about 480 pixels high, at 20 pixels a
 AUTO_SCROLL, SCROLL_BOX = 100, 20  # a cell's text output longer than this shows in a box of that
 MOST_SCREENS = 10
 # Lessons already longer than MOST_SCREENS, each held to its own length until it is split.
-LONGER = {"02_single_gpu": 14.7, "03_data_parallel": 10.8, "04_ddp": 25.3, "04b_slurm": 12.0,
-          "04c_elastic": 10.9, "05_horovod": 14.9, "06_pipeline_parallel": 19.4,
-          "07_lightning": 19.9, "08_monitoring_and_profiling": 17.5, "09_sharding": 18.2,
-          "09c_tensor_parallel": 15.7, "10_scaling_report": 14.8, "11_predict_the_cluster": 18.0}
+LONGER = {
+    "02_single_gpu": 14.7,
+    "03_data_parallel": 10.8,
+    "04_ddp": 25.3,
+    "04b_slurm": 12.0,
+    "04c_elastic": 10.9,
+    "05_horovod": 14.9,
+    "06_pipeline_parallel": 19.4,
+    "07_lightning": 19.9,
+    "08_monitoring_and_profiling": 17.5,
+    "09_sharding": 18.2,
+    "09c_tensor_parallel": 15.7,
+    "10_scaling_report": 14.8,
+    "11_predict_the_cluster": 18.0,
+}
 
 
 def markdown_lines(text):
@@ -212,20 +237,35 @@ def screens(path):
 def test_every_lesson_fits_in_ten_screens_or_does_not_grow(path):
     most = LONGER.get(path.stem, MOST_SCREENS)
     measured = screens(path)
-    assert measured <= most, (f"{path.name}: {measured:.1f} screens, more than {most}: "
-                              f"split it or shorten it")
+    assert measured <= most, (
+        f"{path.name}: {measured:.1f} screens, more than {most}: split it or shorten it"
+    )
     if path.stem in LONGER:
-        assert measured > MOST_SCREENS, (f"{path.name}: {measured:.1f} screens now: take it "
-                                         f"out of LONGER, so that {MOST_SCREENS} holds it")
+        assert measured > MOST_SCREENS, (
+            f"{path.name}: {measured:.1f} screens now: take it "
+            f"out of LONGER, so that {MOST_SCREENS} holds it"
+        )
 
 
 def test_the_screen_count_adds_what_a_reader_scrolls_past(tmp_path):
-    prose = {"cell_type": "markdown", "metadata": {},
-             "source": ["# A heading\n", "x" * 250 + "\n", "\n", "![plot](p.png)"]}
-    code = {"cell_type": "code", "metadata": {}, "source": ["a = 1\n", "print(a)"], "outputs": [
-        {"output_type": "stream", "name": "stdout", "text": ["1\n"] * 150},
-        {"output_type": "display_data", "data": {"image/png": "", "text/plain": ["<Figure>"]},
-         "metadata": {}}]}
+    prose = {
+        "cell_type": "markdown",
+        "metadata": {},
+        "source": ["# A heading\n", "x" * 250 + "\n", "\n", "![plot](p.png)"],
+    }
+    code = {
+        "cell_type": "code",
+        "metadata": {},
+        "source": ["a = 1\n", "print(a)"],
+        "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": ["1\n"] * 150},
+            {
+                "output_type": "display_data",
+                "data": {"image/png": "", "text/plain": ["<Figure>"]},
+                "metadata": {},
+            },
+        ],
+    }
     path = tmp_path / "99_x.ipynb"
     path.write_text(json.dumps({"cells": [prose, code]}))
     expected = (1 + 2 + 3 + 1 + IMAGE) + (2 + 1 + SCROLL_BOX + IMAGE)

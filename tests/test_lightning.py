@@ -1,12 +1,22 @@
 """_trainup_lightning.py run for real: Lightning DDP with 2 CPU processes (Lightning's own launcher, and torchrun),
 against the course's one-process baseline; TensorBoard's files, the checkpoints, the 1.x flags, and SLURM."""
+
 import sys
 
 import pytest
 import torch
 
-from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, notebook_or_own,
-                      run_script, start_baseline, start_job)
+from conftest import (
+    ROOT,
+    SCRIPTS,
+    assert_clean_error,
+    finish_job,
+    in_process,
+    notebook_or_own,
+    run_script,
+    start_baseline,
+    start_job,
+)
 from lessons import checks, launch, lightning, report, slurm
 
 SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
@@ -17,7 +27,9 @@ TINY = ["--quick", "--dropout", "0", "--no-progress", "--batch-size", "64", *che
 # SLURM is installed here (lesson 04b): Lightning warns that srun exists but was not used, in every run outside a job
 pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")
 READS_NOTEBOOK = "notebooks/07_lightning.ipynb"  # its SLURM job: the test's, where it ran
-TOLERANCE = checks.FLOAT64_ATOL  # float64 sums in another order: about 1e-16; a wrong sampler is above 1e-2
+TOLERANCE = (
+    checks.FLOAT64_ATOL
+)  # float64 sums in another order: about 1e-16; a wrong sampler is above 1e-2
 
 
 def _out(log_dir):
@@ -25,7 +37,9 @@ def _out(log_dir):
 
 
 def ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
     return proc
 
 
@@ -36,13 +50,43 @@ def runs(tmp_path_factory):
     step's batch in 2 accumulated halves (accumulate_grad_batches)."""
     log_dir = tmp_path_factory.mktemp("lightning") / "logs"
     one = start_baseline(tmp_path_factory, log_dir)  # made once a session (conftest.BASELINE)
-    ddp = start_job([sys.executable, SCRIPT, *TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
-                     "--monitor", "--run-name", "pl_ddp", *_out(log_dir)], launch.environment())
+    ddp = start_job(
+        [
+            sys.executable,
+            SCRIPT,
+            *TINY,
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "2",
+            "--strategy",
+            "ddp",
+            "--monitor",
+            "--run-name",
+            "pl_ddp",
+            *_out(log_dir),
+        ],
+        launch.environment(),
+    )
     # each step's batch in 2 accumulated halves: DDP's all-reduce on the second only, the same model
-    tr = start_job(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [SCRIPT, *TINY, "--no-sync-dist",
-                   "--accumulate-grad-batches", "2", "--run-name", "pl_torchrun", *_out(log_dir)],
-                   launch.environment())
-    procs = {name: ok(finish_job(p)) for name, p in (("one", one), ("pl_ddp", ddp), ("pl_torchrun", tr))}
+    tr = start_job(
+        launch.TORCHRUN
+        + launch.torchrun_flags(nproc=2)
+        + [
+            SCRIPT,
+            *TINY,
+            "--no-sync-dist",
+            "--accumulate-grad-batches",
+            "2",
+            "--run-name",
+            "pl_torchrun",
+            *_out(log_dir),
+        ],
+        launch.environment(),
+    )
+    procs = {
+        name: ok(finish_job(p)) for name, p in (("one", one), ("pl_ddp", ddp), ("pl_torchrun", tr))
+    }
     return log_dir, procs
 
 
@@ -52,9 +96,14 @@ def records(log_dir, name, kind):
 
 def test_lightning_ddp_on_two_processes_ends_like_one_process(runs):
     log_dir, _ = runs
-    for name in ("pl_ddp", "pl_torchrun"):  # with sync_dist or without: logging does not change training
+    for name in (
+        "pl_ddp",
+        "pl_torchrun",
+    ):  # with sync_dist or without: logging does not change training
         checks.learned(name, log_dir=log_dir)
-        worst = checks.same_parameters(name, "one", atol=TOLERANCE, checkpoint_dir=log_dir / "checkpoints")
+        worst = checks.same_parameters(
+            name, "one", atol=TOLERANCE, checkpoint_dir=log_dir / "checkpoints"
+        )
         assert worst <= TOLERANCE
     one = torch.load(log_dir / "checkpoints" / "one.pt", weights_only=True)
     assert one["epoch"] == 2 and one["scheduler"]["last_epoch"] == 2  # both decayed the rate twice
@@ -67,22 +116,38 @@ def test_lightning_ddp_on_two_processes_ends_like_one_process(runs):
 
 def test_lightning_put_in_the_distributed_sampler_and_each_rank_took_half(runs):
     log_dir, _ = runs
-    for name, launcher in (("pl_ddp", "LightningEnvironment"), ("pl_torchrun", "TorchElasticEnvironment")):
+    for name, launcher in (
+        ("pl_ddp", "LightningEnvironment"),
+        ("pl_torchrun", "TorchElasticEnvironment"),
+    ):
         setup = records(log_dir, name, "lightning")[0]
-        assert (setup["strategy"], setup["world_size"], setup["devices"], setup["num_nodes"]) == ("DDPStrategy", 2, 2, 1)
-        assert setup["launcher"] == launcher and report.read_run(log_dir / f"{name}.jsonl")["env"]["backend"] == "gloo"
+        assert (setup["strategy"], setup["world_size"], setup["devices"], setup["num_nodes"]) == (
+            "DDPStrategy",
+            2,
+            2,
+            1,
+        )
+        assert (
+            setup["launcher"] == launcher
+            and report.read_run(log_dir / f"{name}.jsonl")["env"]["backend"] == "gloo"
+        )
         for r in records(log_dir, name, "lightning_sync"):
             assert r["sampler"] == "DistributedSampler" and r["rank_samples"] == [256, 256]
 
 
 def test_with_sync_dist_the_log_is_the_jobs_and_without_it_rank_0s_own(runs):
     log_dir, _ = runs
-    synced, unsynced = records(log_dir, "pl_ddp", "lightning_sync"), records(log_dir, "pl_torchrun", "lightning_sync")
+    synced, unsynced = (
+        records(log_dir, "pl_ddp", "lightning_sync"),
+        records(log_dir, "pl_torchrun", "lightning_sync"),
+    )
     assert [r["sync_dist"] for r in synced + unsynced] == [True, True, False, False]
     for r in synced:
         assert r["logged_loss"] == pytest.approx(r["job_loss"], abs=TOLERANCE)
     for r in unsynced:
-        assert r["logged_loss"] == pytest.approx(r["rank_loss"][0], abs=TOLERANCE)  # rank 0's shard alone
+        assert r["logged_loss"] == pytest.approx(
+            r["rank_loss"][0], abs=TOLERANCE
+        )  # rank 0's shard alone
         assert abs(r["logged_loss"] - r["job_loss"]) > 1e-4  # the shards' losses differ by far more
     # the test accuracy is a torchmetrics Metric: its counts summed over the ranks, sync_dist or not
     for name in ("pl_ddp", "pl_torchrun"):
@@ -97,16 +162,27 @@ def test_only_rank_0_writes_and_once(runs):
         assert (log_dir / f"{name}.stdout").read_text().count("epoch 1:") == 1
         assert procs[name].stdout.count("epoch 1:") == 1
     names = sorted(p.name for p in (log_dir / "checkpoints").iterdir())
-    assert names == ["one.pt", "pl_ddp-lightning.ckpt", "pl_ddp.pt", "pl_torchrun-lightning.ckpt", "pl_torchrun.pt"]
+    assert names == [
+        "one.pt",
+        "pl_ddp-lightning.ckpt",
+        "pl_ddp.pt",
+        "pl_torchrun-lightning.ckpt",
+        "pl_torchrun.pt",
+    ]
     course = torch.load(log_dir / "checkpoints" / "pl_ddp.pt", weights_only=True)["model"]
-    lightning = torch.load(log_dir / "checkpoints" / "pl_ddp-lightning.ckpt", weights_only=False)["state_dict"]
-    assert sorted(lightning) == sorted(f"model.{k}" for k in course)  # the same weights, Lightning's names
+    lightning = torch.load(log_dir / "checkpoints" / "pl_ddp-lightning.ckpt", weights_only=False)[
+        "state_dict"
+    ]
+    assert sorted(lightning) == sorted(
+        f"model.{k}" for k in course
+    )  # the same weights, Lightning's names
     for k, v in course.items():
         torch.testing.assert_close(lightning[f"model.{k}"], v, rtol=0, atol=0)
 
 
 def test_tensorboard_event_files_hold_the_loss_and_the_device_statistics(runs):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     log_dir, _ = runs
     folder = log_dir / "tensorboard" / "pl_ddp"
     assert list(folder.glob("events.out.tfevents.*")), f"no event file in {folder}"
@@ -120,38 +196,56 @@ def test_tensorboard_event_files_hold_the_loss_and_the_device_statistics(runs):
     assert logged == pytest.approx(job, abs=1e-6)
     assert len(events.Scalars("train_loss_step")) == 2 * 512 // 64
     device = [t for t in tags if t.startswith("DeviceStatsMonitor")]
-    assert device and events.Scalars(device[0]), tags  # --monitor: CPU statistics in the same run as the loss
+    assert device and events.Scalars(device[0]), (
+        tags
+    )  # --monitor: CPU statistics in the same run as the loss
     monitor = records(log_dir, "pl_ddp", "monitor")[0]
     assert monitor["callbacks"] == ["DeviceStatsMonitor"] and "skipped" in monitor["skipped"]
 
 
 # --- Flags answered in one sentence, in this process (no training starts) -------------------------------
 
+
 @pytest.fixture(scope="module")
 def main():
     import _trainup_lightning
+
     return _trainup_lightning.main
 
 
-@pytest.mark.parametrize("flags,words", [
-    (["--gpus", "2"], ["Lightning 2 removed Trainer(gpus=N)", "--accelerator gpu --devices 2"]),
-    (["--strategy", "dp"], ["removed strategy 'dp'", "--strategy ddp"]),
-    (["--strategy", "horovod"], ["removed strategy 'horovod'", "lesson 05"]),
-    (["--num-processes", "2"], ["--accelerator cpu --devices 2"]),
-    (["--strategy", "nosuch"], ["no strategy 'nosuch'", "ddp_spawn", "fsdp"]),
-    # FSDPStrategy: refused before Lightning's own GPU check, on any machine (on a GPU rank 0's
-    # save would hold its shards alone); the sharded script is named
-    (["--strategy", "fsdp", "--accelerator", "cpu"], ["FSDPStrategy needs GPUs", "_trainup_lightning_fsdp.py"]),
-    (["--strategy", "fsdp_cpu_offload"], ["FSDPStrategy", "_trainup_lightning_fsdp.py"]),
-    (["--accelerator", "cpu", "--devices", "3", "--strategy", "ddp"], ["cannot be split evenly over 3 processes"]),
-    (["--early-stop", "-1"], ["--early-stop", "0 or more"]),
-    (["--keep-best", "0"], ["--keep-best", "greater than 0"]),
-    (["--accumulate-grad-batches", "3"], ["--accumulate-grad-batches 3 must divide --batch-size 64"]),
-    (["--gradient-clip-val", "0"], ["--gradient-clip-val 0.0", "positive"]),
-    (["--sync-batchnorm"], ["--sync-batchnorm changes nothing", "--model cnn_bn"]),
-    (["--sync-batchnorm", "--model", "cnn_bn", "--accelerator", "cpu"],
-     ["--sync-batchnorm needs GPUs", "SyncBatchNorm refuses tensors on the cpu"]),
-])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--gpus", "2"], ["Lightning 2 removed Trainer(gpus=N)", "--accelerator gpu --devices 2"]),
+        (["--strategy", "dp"], ["removed strategy 'dp'", "--strategy ddp"]),
+        (["--strategy", "horovod"], ["removed strategy 'horovod'", "lesson 05"]),
+        (["--num-processes", "2"], ["--accelerator cpu --devices 2"]),
+        (["--strategy", "nosuch"], ["no strategy 'nosuch'", "ddp_spawn", "fsdp"]),
+        # FSDPStrategy: refused before Lightning's own GPU check, on any machine (on a GPU rank 0's
+        # save would hold its shards alone); the sharded script is named
+        (
+            ["--strategy", "fsdp", "--accelerator", "cpu"],
+            ["FSDPStrategy needs GPUs", "_trainup_lightning_fsdp.py"],
+        ),
+        (["--strategy", "fsdp_cpu_offload"], ["FSDPStrategy", "_trainup_lightning_fsdp.py"]),
+        (
+            ["--accelerator", "cpu", "--devices", "3", "--strategy", "ddp"],
+            ["cannot be split evenly over 3 processes"],
+        ),
+        (["--early-stop", "-1"], ["--early-stop", "0 or more"]),
+        (["--keep-best", "0"], ["--keep-best", "greater than 0"]),
+        (
+            ["--accumulate-grad-batches", "3"],
+            ["--accumulate-grad-batches 3 must divide --batch-size 64"],
+        ),
+        (["--gradient-clip-val", "0"], ["--gradient-clip-val 0.0", "positive"]),
+        (["--sync-batchnorm"], ["--sync-batchnorm changes nothing", "--model cnn_bn"]),
+        (
+            ["--sync-batchnorm", "--model", "cnn_bn", "--accelerator", "cpu"],
+            ["--sync-batchnorm needs GPUs", "SyncBatchNorm refuses tensors on the cpu"],
+        ),
+    ],
+)
 def test_old_and_bad_flags_are_one_sentence_and_a_nonzero_exit(main, flags, words, capsys, log_dir):
     proc = in_process(main, [*TINY, *flags, "--run-name", "bad", *_out(log_dir)], capsys)
     assert_clean_error(proc, *words)
@@ -159,13 +253,29 @@ def test_old_and_bad_flags_are_one_sentence_and_a_nonzero_exit(main, flags, word
 
 
 def test_inside_a_notebook_ddp_is_refused_in_one_sentence_that_names_ddp_notebook(
-        main, capsys, log_dir, monkeypatch):
+    main, capsys, log_dir, monkeypatch
+):
     """A kernel has no script to run again for rank 1: Lightning refuses 'ddp' in an interactive
     session (as it finds a Jupyter kernel: sys.ps1). Notebook 07 runs ddp_notebook there."""
     from pytorch_lightning.trainer.connectors import accelerator_connector
+
     monkeypatch.setattr(accelerator_connector, "_IS_INTERACTIVE", True)
-    proc = in_process(main, [*TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
-                             "--run-name", "kernel", *_out(log_dir)], capsys)
+    proc = in_process(
+        main,
+        [
+            *TINY,
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "2",
+            "--strategy",
+            "ddp",
+            "--run-name",
+            "kernel",
+            *_out(log_dir),
+        ],
+        capsys,
+    )
     assert_clean_error(proc, "not compatible with an interactive environment", "ddp_notebook")
     assert not (log_dir / "kernel.lock").exists()  # the run's lock let go: the kernel lives on
 
@@ -181,26 +291,42 @@ def test_a_damaged_lightning_checkpoint_is_one_sentence(main, damage, capsys, lo
         torch.save({"model": {}}, ckpt)  # a course checkpoint, not Lightning's
     else:
         ckpt.write_bytes(b"PK\x03\x04 not a checkpoint" if damage == "bytes" else b"")
-    proc = in_process(main, [*TINY, "--accelerator", "cpu", "--resume", "--run-name", "dmg", *_out(log_dir)], capsys)
+    proc = in_process(
+        main,
+        [*TINY, "--accelerator", "cpu", "--resume", "--run-name", "dmg", *_out(log_dir)],
+        capsys,
+    )
     assert_clean_error(proc, "cannot be read", "damaged or not Lightning's", "without --resume")
 
 
 def test_the_sharded_script_takes_no_other_strategy_and_a_count_of_devices(capsys, log_dir):
     import _trainup_lightning_fsdp
-    for flags, words in ((["--strategy", "ddp"], ["ModelParallelStrategy", "_trainup_lightning.py"]),
-                         (["--devices", "auto"], ["--devices auto", "number of processes"])):
-        proc = in_process(_trainup_lightning_fsdp.main, [*TINY, "--accelerator", "cpu", *flags,
-                                                         "--run-name", "bad", *_out(log_dir)], capsys)
+
+    for flags, words in (
+        (["--strategy", "ddp"], ["ModelParallelStrategy", "_trainup_lightning.py"]),
+        (["--devices", "auto"], ["--devices auto", "number of processes"]),
+    ):
+        proc = in_process(
+            _trainup_lightning_fsdp.main,
+            [*TINY, "--accelerator", "cpu", *flags, "--run-name", "bad", *_out(log_dir)],
+            capsys,
+        )
         assert_clean_error(proc, *words)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the sentence for a machine without a GPU")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the sentence for a machine without a GPU"
+)
 def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, log_dir):
-    assert_clean_error(in_process(main, [*TINY, "--accelerator", "gpu", *_out(log_dir)], capsys),
-                       "needs an NVIDIA GPU", "--accelerator cpu")
+    assert_clean_error(
+        in_process(main, [*TINY, "--accelerator", "gpu", *_out(log_dir)], capsys),
+        "needs an NVIDIA GPU",
+        "--accelerator cpu",
+    )
 
 
 # --- FSDP2 under the Trainer: ModelParallelStrategy -----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sharded(request, runs, tmp_path_factory):
@@ -209,9 +335,24 @@ def sharded(request, runs, tmp_path_factory):
     log_dir, _ = runs
 
     def own():
-        ok(finish_job(start_job(launch.TORCHRUN + launch.torchrun_flags(nproc=2) + [
-            FSDP_SCRIPT, *TINY, "--accelerator", "cpu", "--run-name", "pl_fsdp", *_out(log_dir)],
-            launch.environment())))
+        ok(
+            finish_job(
+                start_job(
+                    launch.TORCHRUN
+                    + launch.torchrun_flags(nproc=2)
+                    + [
+                        FSDP_SCRIPT,
+                        *TINY,
+                        "--accelerator",
+                        "cpu",
+                        "--run-name",
+                        "pl_fsdp",
+                        *_out(log_dir),
+                    ],
+                    launch.environment(),
+                )
+            )
+        )
         return log_dir, "pl_fsdp", log_dir / "checkpoints", "one"
 
     def load():
@@ -237,18 +378,26 @@ def test_fsdp2_under_the_trainer_ends_like_one_process_and_saves_shards_and_a_wh
 
 # --- SLURM: srun, one task per process, nodes from SLURM's variables ------------------------------------
 
+
 def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(request, runs, tmp_path):
     """Notebook 07's job where this session ran the notebook (the same template, flags and proof),
     else this test's own on the local SLURM."""
+
     def load():
         found = (ROOT / "logs" / "l_slurm.jsonl").exists()
         return found and (ROOT / "logs", "l_slurm", ROOT / "checkpoints", "l_one")
 
-    folder, name, ckpts, one = notebook_or_own(request, READS_NOTEBOOK, load,
-                                               lambda: _slurm_job(request, runs, tmp_path))
+    folder, name, ckpts, one = notebook_or_own(
+        request, READS_NOTEBOOK, load, lambda: _slurm_job(request, runs, tmp_path)
+    )
     assert slurm.check_counts(ROOT / "slurm" / "lightning" / "cpu.sbatch")[1] == []
     setup = records(folder, name, "lightning")[0]
-    assert (setup["launcher"], setup["num_nodes"], setup["devices"], setup["world_size"]) == ("SLURMEnvironment", 2, 1, 2)
+    assert (setup["launcher"], setup["num_nodes"], setup["devices"], setup["world_size"]) == (
+        "SLURMEnvironment",
+        2,
+        1,
+        2,
+    )
     checks.learned(name, log_dir=folder)
     assert checks.same_parameters(name, one, atol=TOLERANCE, checkpoint_dir=ckpts) <= TOLERANCE
 
@@ -257,25 +406,41 @@ def _slurm_job(request, runs, tmp_path):
     request.getfixturevalue("local_slurm")
     log_dir, _ = runs
     # one task on each of 2 nodes: Lightning's num_nodes comes from SLURM_NNODES, its devices from SLURM's tasks
-    job = slurm.submit(ROOT / "slurm" / "lightning" / "cpu.sbatch", *TINY, "--run-name", "pl_slurm",
-                       *_out(tmp_path),
-                       sbatch_args=[f"--output={tmp_path}/job.out", "--nodes=2", "--ntasks-per-node=1"])
+    job = slurm.submit(
+        ROOT / "slurm" / "lightning" / "cpu.sbatch",
+        *TINY,
+        "--run-name",
+        "pl_slurm",
+        *_out(tmp_path),
+        sbatch_args=[f"--output={tmp_path}/job.out", "--nodes=2", "--ntasks-per-node=1"],
+    )
     state = slurm.wait([job], timeout=600)[job]
-    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no output file)"
+    out = (
+        (tmp_path / "job.out").read_text()
+        if (tmp_path / "job.out").exists()
+        else "(no output file)"
+    )
     assert state == "COMPLETED", out
-    (tmp_path / "checkpoints" / "one.pt").write_bytes((log_dir / "checkpoints" / "one.pt").read_bytes())
+    (tmp_path / "checkpoints" / "one.pt").write_bytes(
+        (log_dir / "checkpoints" / "one.pt").read_bytes()
+    )
     return tmp_path, "pl_slurm", tmp_path / "checkpoints", "one"
 
 
 # --- The exercises' solutions (no training: checked against the fixture's log) --------------------------
 
+
 def test_the_exercise_solutions_give_the_right_answers(runs):
     import importlib.util
-    spec = importlib.util.spec_from_file_location("solution_07", ROOT / "notebooks" / "solutions" / "07_lightning.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "solution_07", ROOT / "notebooks" / "solutions" / "07_lightning.py"
+    )
     s = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s)
     assert s.to_lightning2(dict(gpus=4, num_nodes=2, precision=16)) == dict(
-        devices=4, accelerator="gpu", num_nodes=2, precision="16-mixed")
+        devices=4, accelerator="gpu", num_nodes=2, precision="16-mixed"
+    )
     with pytest.raises(ValueError, match="dp"):
         s.to_lightning2(dict(strategy="dp"))
     assert s.steps_per_epoch(4000, 48, 6) == (667, 84) and s.steps_per_epoch(512, 64, 2) == (256, 8)
@@ -283,11 +448,16 @@ def test_the_exercise_solutions_give_the_right_answers(runs):
     assert s.mean_of_means(means) == 1.5 and s.job_mean(means, counts) == pytest.approx(1.8)
     assert s.lightning_synced(means, counts) == pytest.approx(1.8)
     log_dir, _ = runs
-    assert s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < TOLERANCE  # float64 runs
+    assert (
+        s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < TOLERANCE
+    )  # float64 runs
     from torch.utils.data import DistributedSampler
+
     for n, world in ((257, 2), (257, 4), (256, 4), (3, 4)):
-        real = [list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))
-                for r in range(world)]
+        real = [
+            list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))
+            for r in range(world)
+        ]
         assert s.padded_shares(n, world) == real
         assert s.overcount(n, world) == sum(map(len, real)) - n
 
@@ -297,14 +467,36 @@ def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it
     trainup/lightning_gpustats.py stands in); here with readings as nvitop gives them, one value missing (NA)."""
     from types import SimpleNamespace
     from trainup.lightning_gpustats import NvitopGpuStats
+
     logged = []
     logger = SimpleNamespace(log_metrics=lambda m, step: logged.append((m, step)))
-    readings = [dict(gpu=0, utilization_pct=87.0, memory_used_mb=512.0, memory_total_mb=81559.0),
-                dict(gpu=1, utilization_pct=None, memory_used_mb=3.0, memory_total_mb=81559.0)]
+    readings = [
+        dict(gpu=0, utilization_pct=87.0, memory_used_mb=512.0, memory_total_mb=81559.0),
+        dict(gpu=1, utilization_pct=None, memory_used_mb=3.0, memory_total_mb=81559.0),
+    ]
     callback = NvitopGpuStats(every=2, source=lambda: readings)
-    for step, zero in ((3, True), (4, True), (4, False)):  # step 3: not every 2nd; rank 1: never writes
-        callback.on_train_batch_end(SimpleNamespace(is_global_zero=zero, global_step=step, logger=logger), None, None, None, 0)
-    assert logged == [({"gpu0/utilization_pct": 87.0, "gpu0/memory_used_mb": 512.0, "gpu1/memory_used_mb": 3.0}, 4)]
+    for step, zero in (
+        (3, True),
+        (4, True),
+        (4, False),
+    ):  # step 3: not every 2nd; rank 1: never writes
+        callback.on_train_batch_end(
+            SimpleNamespace(is_global_zero=zero, global_step=step, logger=logger),
+            None,
+            None,
+            None,
+            0,
+        )
+    assert logged == [
+        (
+            {
+                "gpu0/utilization_pct": 87.0,
+                "gpu0/memory_used_mb": 512.0,
+                "gpu1/memory_used_mb": 3.0,
+            },
+            4,
+        )
+    ]
 
 
 def test_the_course_callback_keeps_its_log_when_lightning_sets_callback_log(tmp_path):
@@ -312,10 +504,12 @@ def test_the_course_callback_keeps_its_log_when_lightning_sets_callback_log(tmp_
     so on_exception still closes the run as failed (and the one-sentence refusal is not hidden)."""
     from types import SimpleNamespace
     from trainup import lightning_log
+
     callback = lightning_log.CourseLog.__new__(lightning_log.CourseLog)
     written = []
-    callback.run_log = SimpleNamespace(enabled=True, _file=SimpleNamespace(closed=False),
-                                       summary=lambda **kw: written.append(kw))
+    callback.run_log = SimpleNamespace(
+        enabled=True, _file=SimpleNamespace(closed=False), summary=lambda **kw: written.append(kw)
+    )
     callback.log = lambda *a, **kw: None  # what Lightning does
     callback.on_exception(None, None, RuntimeError("x"))
     assert written == [dict(checkpoint=None, status="failed")]
@@ -327,16 +521,32 @@ def test_a_run_refused_for_a_live_writer_leaves_the_live_runs_tensorboard_alone(
     import subprocess
     import sys
     from conftest import hold_lock
+
     log_dir = tmp_path / "logs"
     board = log_dir / "tensorboard" / "live"
     board.mkdir(parents=True)
     (board / "events.out").write_text("the live run's")
     holder = hold_lock(log_dir / "live.lock")
     try:
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "_trainup_lightning.py"), "--quick",
-                               "--accelerator", "cpu", "--run-name", "live", "--log-dir", str(log_dir),
-                               "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress"],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "_trainup_lightning.py"),
+                "--quick",
+                "--accelerator",
+                "cpu",
+                "--run-name",
+                "live",
+                "--log-dir",
+                str(log_dir),
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -344,8 +554,9 @@ def test_a_run_refused_for_a_live_writer_leaves_the_live_runs_tensorboard_alone(
     assert (board / "events.out").read_text() == "the live run's"
 
 
-@pytest.mark.parametrize("script, sent", [(SCRIPT, "SIGTERM"), (FSDP_SCRIPT, "SIGTERM"),
-                                          (SCRIPT, "SIGUSR1")])  # --stop-signal's default
+@pytest.mark.parametrize(
+    "script, sent", [(SCRIPT, "SIGTERM"), (FSDP_SCRIPT, "SIGTERM"), (SCRIPT, "SIGUSR1")]
+)  # --stop-signal's default
 def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path, script, sent):
     """A SIGTERM (a time limit, scancel) mid-run: Lightning stops after the step, the course saves its
     checkpoint whole and exits 75 (Lightning alone exits 0, unsaved); --resume then finishes the run.
@@ -353,15 +564,34 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path, scrip
     import signal
     import subprocess
     import time
+
     log_dir, ckpt_dir = tmp_path / "logs", tmp_path / "ckpt"
-    cmd = [sys.executable, script, *TINY, "--accelerator", "cpu", "--epochs", 3,
-           "--run-name", "stop", "--log-dir", log_dir, "--checkpoint-dir", ckpt_dir]
+    cmd = [
+        sys.executable,
+        script,
+        *TINY,
+        "--accelerator",
+        "cpu",
+        "--epochs",
+        3,
+        "--run-name",
+        "stop",
+        "--log-dir",
+        log_dir,
+        "--checkpoint-dir",
+        ckpt_dir,
+    ]
     cmd = [str(c) for c in cmd]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     log = log_dir / "stop.jsonl"
     deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None and '"type": "epoch"' not in (
-            log.read_text() if log.exists() else ""):
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and '"type": "epoch"' not in (log.read_text() if log.exists() else "")
+    ):
         time.sleep(0.05)
     proc.send_signal(getattr(signal, sent))
     out, err = proc.communicate(timeout=240)
@@ -369,8 +599,12 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_the_run_resumes(tmp_path, scrip
     assert f"stopped by {sent}" in err and "Traceback" not in err, err[-3000:]
     assert (ckpt_dir / "stop-lightning.ckpt").exists() and not list(ckpt_dir.glob(".*.tmp"))
     assert not list(ckpt_dir.glob(".*.old"))  # a folder of shards: the one it replaced, removed
-    assert report.read_run(log)["summary"]["status"] == "stopped"  # as every course script logs a stop
-    again = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (
+        report.read_run(log)["summary"]["status"] == "stopped"
+    )  # as every course script logs a stop
+    again = subprocess.run(
+        cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     run = report.read_run(log)
     assert run["summary"]["status"] == "finished" and [e["epoch"] for e in run["epochs"]][-1] == 3
@@ -382,10 +616,24 @@ def test_early_stopping_top_k_checkpoints_and_the_learning_rate_in_tensorboard(t
     two, named by their test loss; LearningRateMonitor writes Adadelta's rate, decayed each
     epoch."""
     from lessons import lightning
+
     logs = tmp_path / "logs"
-    run_script("_trainup_lightning.py", *TINY, "--epochs", 4, "--keep-best", 2, "--early-stop", 1,
-               "--early-stop-delta", 100, "--run-name", "cb", log_dir=logs,
-               checkpoint_dir=logs / "checkpoints")
+    run_script(
+        "_trainup_lightning.py",
+        *TINY,
+        "--epochs",
+        4,
+        "--keep-best",
+        2,
+        "--early-stop",
+        1,
+        "--early-stop-delta",
+        100,
+        "--run-name",
+        "cb",
+        log_dir=logs,
+        checkpoint_dir=logs / "checkpoints",
+    )
     run = report.read_run(logs / "cb.jsonl")
     assert run["problems"] == [] and run["summary"]["status"] == "finished"
     cb = lightning.callbacks("cb", logs, logs / "checkpoints")
@@ -393,7 +641,7 @@ def test_early_stopping_top_k_checkpoints_and_the_learning_rate_in_tensorboard(t
     assert list(cb["kept"]) == [1, 2]  # both epochs, each named by its test loss (4 decimals)
     assert list(cb["kept"].values()) == pytest.approx(cb["losses"], abs=1e-4)
     kept = sorted((logs / "checkpoints" / "cb-best").glob("*.ckpt"))
-    newest = max(kept, key=lambda p: int(p.stem.split("-")[0][len("epoch"):]))  # saved last
+    newest = max(kept, key=lambda p: int(p.stem.split("-")[0][len("epoch") :]))  # saved last
     state = torch.load(newest, weights_only=False)["callbacks"]
     best = next(v for k, v in state.items() if k.startswith("ModelCheckpoint") and "test_loss" in k)
     assert float(best["best_model_score"]) == pytest.approx(min(cb["losses"]), rel=1e-6)

@@ -1,4 +1,5 @@
 """The manifest (lessons/manifest.py) names every script once, and what reads it agrees with it."""
+
 import importlib.util
 import json
 
@@ -30,8 +31,9 @@ def test_every_step_climbs_from_the_baseline_within_a_budget():
             seen.append(parent)
         assert seen[-1] == "_trainup_cpu.py" or entry.parent is None, seen
         assert (entry.parent is None) == (entry.budget is None), name
-    assert set(launch.LADDER) == {(s.parent, s.name, s.budget)
-                                  for s in manifest.SCRIPTS.values() if s.parent}
+    assert set(launch.LADDER) == {
+        (s.parent, s.name, s.budget) for s in manifest.SCRIPTS.values() if s.parent
+    }
 
 
 def script(name):
@@ -53,8 +55,11 @@ def test_a_script_placed_on_a_device_takes_the_flag_that_places_it_with_its_defa
         args = script(name).parse_args([])
         assert getattr(args, flag[2:]) == entry.device_default, (name, flag)
         assert placement.FLAG[name] == entry.device_flag
-    assert placement.DEFAULT == {"_trainup_blocks.py": "cpu", "_trainup_pipeline.py": "cpu",
-                                 "_trainup_tp.py": "cpu"}
+    assert placement.DEFAULT == {
+        "_trainup_blocks.py": "cpu",
+        "_trainup_pipeline.py": "cpu",
+        "_trainup_tp.py": "cpu",
+    }
 
 
 def test_the_check_finds_a_script_the_manifest_lacks(monkeypatch):

@@ -1,4 +1,5 @@
 """The run log's schema, its reader, and the plots drawn from it."""
+
 import json
 import re
 import sys
@@ -13,7 +14,9 @@ from trainup import checkpoint, metrics, models
 
 
 def fake_args(tmp_path, **kw):
-    return SimpleNamespace(run_name="unit", log_dir=str(tmp_path), lesson="test", resume=False, **kw)
+    return SimpleNamespace(
+        run_name="unit", log_dir=str(tmp_path), lesson="test", resume=False, **kw
+    )
 
 
 def write_run(tmp_path, losses=(2.0, 1.0), **kw):
@@ -33,10 +36,15 @@ def test_every_record_follows_the_schema(tmp_path):
     assert [r["type"] for r in records] == ["config", "env", "epoch", "epoch", "summary"]
     assert all(metrics.check_record(r) == [] for r in records)
     epoch = records[2]
-    assert epoch["accuracy"] == 1.0 and epoch["test_accuracy"] == 0.5 and epoch["samples_per_s"] == 8.0
+    assert (
+        epoch["accuracy"] == 1.0 and epoch["test_accuracy"] == 0.5 and epoch["samples_per_s"] == 8.0
+    )
     assert records[1]["world_size"] == 1 and records[1]["torch"] == torch.__version__
     lines = (tmp_path / "unit.stdout").read_text().splitlines()
-    assert [line.split(":")[0] for line in lines[:2]] == ["epoch 1", "epoch 2"] and "finished" in lines[2]
+    assert [line.split(":")[0] for line in lines[:2]] == [
+        "epoch 1",
+        "epoch 2",
+    ] and "finished" in lines[2]
     assert not hasattr(sys.stdout, "streams")  # the tee is undone when the run ends
 
 
@@ -64,6 +72,7 @@ def test_the_log_names_the_gpus_without_starting_cuda(monkeypatch):
 
     def no_cuda(*a):
         raise RuntimeError("Cannot re-initialize CUDA in forked subprocess")
+
     fake = SimpleNamespace(name=lambda: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -81,25 +90,55 @@ def test_the_log_names_the_gpus_without_starting_cuda(monkeypatch):
 
 def test_schema_check_names_what_is_missing():
     assert metrics.check_record({"type": "epoch", "run": "x", "time": 0, "epoch": 1}) != []
-    assert any("'loss'" in p for p in metrics.check_record({"type": "epoch", "run": "x", "time": 0}))
+    assert any(
+        "'loss'" in p for p in metrics.check_record({"type": "epoch", "run": "x", "time": 0})
+    )
 
 
 def test_schema_check_catches_wrong_types_and_unknown_records(tmp_path):
     good = [json.loads(line) for line in write_run(tmp_path).read_text().splitlines()]
     epoch = good[2]
-    for field, bad in [("loss", "0.5"), ("epoch", "1"), ("epoch", 1.0), ("samples", True), ("test_accuracy", None),
-                       ("run", 3), ("time", "now")]:
+    for field, bad in [
+        ("loss", "0.5"),
+        ("epoch", "1"),
+        ("epoch", 1.0),
+        ("samples", True),
+        ("test_accuracy", None),
+        ("run", 3),
+        ("time", "now"),
+    ]:
         problems = metrics.check_record({**epoch, field: bad})
         assert len(problems) == 1 and f"'{field}'" in problems[0], (field, bad, problems)
     assert metrics.check_record({**good[1], "world_size": "2"}) != []
     assert metrics.check_record({**good[0], "args": ["--quick"]}) != []
     assert metrics.check_record({"type": "epoc", "run": "x", "time": 0}) == [
-        "unknown record type 'epoc' (logs/README.md lists the types)"]
+        "unknown record type 'epoc' (logs/README.md lists the types)"
+    ]
     # what may be null is null-able: a sweep's summary has no epochs, a GPU may not report a value
-    assert metrics.check_record({**good[-1], "loss": None, "accuracy": None, "test_accuracy": None,
-                                 "samples_per_s": None, "epochs": 0}) == []
-    ranks = dict(type="ranks", run="x", time=0.0, epoch=1, rank=[0, 1], loss=[0.5, 0.6], accuracy=[0.1, 0.2],
-                 samples=[4, 4], first_indices=[[1], [2]])
+    assert (
+        metrics.check_record(
+            {
+                **good[-1],
+                "loss": None,
+                "accuracy": None,
+                "test_accuracy": None,
+                "samples_per_s": None,
+                "epochs": 0,
+            }
+        )
+        == []
+    )
+    ranks = dict(
+        type="ranks",
+        run="x",
+        time=0.0,
+        epoch=1,
+        rank=[0, 1],
+        loss=[0.5, 0.6],
+        accuracy=[0.1, 0.2],
+        samples=[4, 4],
+        first_indices=[[1], [2]],
+    )
     assert metrics.check_record(ranks) == [] and metrics.check_record({**ranks, "loss": 0.5}) != []
 
 
@@ -129,18 +168,28 @@ def test_logs_readme_names_exactly_the_schemas_records_and_fields():
 def test_reader_tables_and_sentence(tmp_path):
     write_run(tmp_path)
     runs = report.load_runs(["unit"], log_dir=tmp_path)
-    assert runs.loc[0, "status"] == "finished" and runs.loc[0, "epochs"] == 2 and runs.loc[0, "problems"] == ""
+    assert (
+        runs.loc[0, "status"] == "finished"
+        and runs.loc[0, "epochs"] == 2
+        and runs.loc[0, "problems"] == ""
+    )
     epochs = report.load_epochs("unit*", log_dir=tmp_path)
     assert list(epochs["loss"]) == [2.0, 1.0]
-    assert report.check("unit", log_dir=tmp_path) == \
-        "unit: finished, 2 epochs, the training loss fell, the log follows the schema."
+    assert (
+        report.check("unit", log_dir=tmp_path)
+        == "unit: finished, 2 epochs, the training loss fell, the log follows the schema."
+    )
 
 
 def test_reader_reports_a_run_that_did_not_finish_or_learn(tmp_path):
     path = write_run(tmp_path, losses=(1.0, 2.0))
     path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")  # drop the summary
     sentence = report.check("unit", log_dir=tmp_path)
-    assert "DID NOT FINISH" in sentence and "DID NOT FALL" in sentence and "no 'summary' record" in sentence
+    assert (
+        "DID NOT FINISH" in sentence
+        and "DID NOT FALL" in sentence
+        and "no 'summary' record" in sentence
+    )
 
 
 def test_a_resumed_run_keeps_one_record_per_epoch(tmp_path):
@@ -157,7 +206,9 @@ def test_plot_is_saved_under_images(tmp_path, monkeypatch):
     assert (tmp_path / "images" / "unit_loss.png").stat().st_size > 1000
 
 
-def test_a_checkpoint_being_written_never_replaces_the_last_good_one_until_it_is_whole(tmp_path, monkeypatch):
+def test_a_checkpoint_being_written_never_replaces_the_last_good_one_until_it_is_whole(
+    tmp_path, monkeypatch
+):
     """While save() writes, the checkpoint on disk is still the previous one, whole; the new one appears at
     once (os.replace). A plain torch.save(path) would leave a half-written file if the job died meanwhile."""
     args = SimpleNamespace(model="cnn", seed=0, dropout=0.0)
@@ -169,7 +220,10 @@ def test_a_checkpoint_being_written_never_replaces_the_last_good_one_until_it_is
 
     def save_and_look(obj, f, *a, **kw):
         real_save(obj, f, *a, **kw)
-        seen.append((Path(f), torch.load(path, weights_only=True)["epoch"]))  # the last good one, meanwhile
+        seen.append(
+            (Path(f), torch.load(path, weights_only=True)["epoch"])
+        )  # the last good one, meanwhile
+
     monkeypatch.setattr(checkpoint.torch, "save", save_and_look)
     checkpoint.save(path, model, opt, sched, epoch=2, args=args)
     assert len(seen) == 1
@@ -202,7 +256,9 @@ def test_checkpoint_is_atomic_and_resumes(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
     other = models.build(SimpleNamespace(model="cnn", seed=1, dropout=0.0), shape)
     assert checkpoint.load(path, other, opt, sched) == 4
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values())
+    )
     assert checkpoint.load(tmp_path / "none.pt", other, opt, sched) == 1
 
 
@@ -214,4 +270,7 @@ def test_cnn_takes_mnist_and_cifar_shapes():
 
 def test_reference_logs_say_where_they_were_measured(tmp_path):
     assert report.measured_on(tmp_path / "cpu_t1.jsonl") == "here"
-    assert report.measured_on(tmp_path / "reference" / f"H100_{DAY}" / "gpu_sweep.jsonl") == f"H100_{DAY}"
+    assert (
+        report.measured_on(tmp_path / "reference" / f"H100_{DAY}" / "gpu_sweep.jsonl")
+        == f"H100_{DAY}"
+    )

@@ -34,8 +34,11 @@ def test_a_step_of_collectives_costs_each_calls_latency_and_all_its_bytes():
     assert pm.tree_broadcast(n, 1, A, B) == 0
     # 2 ranks: 4 all-reduce calls of 1 GB in all (2 latencies each, the bytes once), then 10
     # broadcasts of 1 KB in all (a latency each, every byte)
-    ops = {"all_reduce": {"calls": 4, "bytes": n}, "broadcast": {"calls": 10, "bytes": 1000},
-           "all_gather": {"calls": 0, "bytes": 0}}
+    ops = {
+        "all_reduce": {"calls": 4, "bytes": n},
+        "broadcast": {"calls": 10, "bytes": 1000},
+        "all_gather": {"calls": 0, "bytes": 0},
+    }
     by_hand = 4 * 2 * A + n / B + 10 * A + 1000 / B
     assert pm.collectives(ops, 2, A, B) == pytest.approx(by_hand)
     assert pm.collectives(ops, 1, A, B) == 0  # one rank sends nothing
@@ -174,8 +177,14 @@ def test_the_jsc_fit_solves_the_costs_it_names_by_hand():
         fit = dict.fromkeys(predict.JSC_COSTS, 0.0)
         fit.update(per_sample_s=per_image, epoch_start=start)
         comm = predict.jsc_comm(gpus, 1e6) if gpus > 1 else 0.0
-        rows.append(dict(nodes=1, gpus=gpus, per_gpu_batch=batch,
-                         minutes=predict.jsc_minutes(fit, gpus, batch, comm, 4)))
+        rows.append(
+            dict(
+                nodes=1,
+                gpus=gpus,
+                per_gpu_batch=batch,
+                minutes=predict.jsc_minutes(fit, gpus, batch, comm, 4),
+            )
+        )
     got = predict.jsc_fit(pd.DataFrame(rows), 1e6, 4)
     assert got["per_sample_s"] == pytest.approx(per_image)
     assert got["epoch_start"] == pytest.approx(start)
@@ -190,8 +199,13 @@ def test_alpha_and_beta_come_back_from_a_sweep_the_model_made():
     import pandas as pd
 
     sizes = [2**k for k in range(10, 23, 2)]
-    sweep = pd.DataFrame(dict(size_bytes=sizes, world_size=2,
-                              time_s=[pm.ring_all_reduce(s, 2, 3e-5, 2e9) for s in sizes]))
+    sweep = pd.DataFrame(
+        dict(
+            size_bytes=sizes,
+            world_size=2,
+            time_s=[pm.ring_all_reduce(s, 2, 3e-5, 2e9) for s in sizes],
+        )
+    )
     alpha, beta, table = predict.fit_alpha_beta(sweep)
     assert alpha == pytest.approx(3e-5) and beta == pytest.approx(2e9)
     assert table["error"].abs().max() < 1e-9
@@ -209,7 +223,7 @@ def test_a_sweep_tilted_below_the_origin_gets_no_negative_latency():
     sweep = pd.DataFrame(dict(size_bytes=sizes, world_size=2, time_s=times))
     alpha, beta, _ = predict.fit_alpha_beta(sweep)
     x = np.array(sizes) / np.array(times)  # the weighted rows' size column
-    assert alpha == 0 and beta == pytest.approx(2 * (2 - 1) / 2 / (x.sum() / (x ** 2).sum()))
+    assert alpha == 0 and beta == pytest.approx(2 * (2 - 1) / 2 / (x.sum() / (x**2).sum()))
 
 
 def test_a_sweep_tilted_down_gets_a_flat_line_not_a_negative_bandwidth():
@@ -223,7 +237,7 @@ def test_a_sweep_tilted_down_gets_a_flat_line_not_a_negative_bandwidth():
     sweep = pd.DataFrame(dict(size_bytes=sizes, world_size=2, time_s=times))
     alpha, beta, table = predict.fit_alpha_beta(sweep)
     inv = 1 / np.array(times)
-    assert beta == float("inf") and alpha == pytest.approx(inv.sum() / (inv ** 2).sum() / 2)
+    assert beta == float("inf") and alpha == pytest.approx(inv.sum() / (inv**2).sum() / 2)
     assert (table["predicted_s"] == 2 * alpha).all()  # ring on 2 ranks: 2 alpha, no bytes term
 
 

@@ -1,21 +1,47 @@
 """_trainup_pipeline.py run for real: 2 stages (ranks as srun starts them, gloo) with every schedule (one job runs them
 in turn), 2 pipelines x 2 stages, the manual send/recv picture, and bad input. Every pipeline must end with
 the parameters of one process that trains the whole model on the whole batch."""
+
 import os
 import sys
 
 import pytest
 import torch
 
-from conftest import SCRIPTS, Ranks, assert_clean_error, finish_job, in_process, start_job, start_wanted
+from conftest import (
+    SCRIPTS,
+    Ranks,
+    assert_clean_error,
+    finish_job,
+    in_process,
+    start_job,
+    start_wanted,
+)
 from lessons import checks, launch, recompute, report, schedules as lesson, zero_bubble
 from trainup import pipeline
 
 SCRIPT = str(SCRIPTS / "_trainup_pipeline.py")
 MANUAL = str(SCRIPTS / "_trainup_pipeline_manual.py")
 # a tiny model and data set: each job is mostly start-up; 4 micro-batches of 8
-TINY = ["--quick", "--train-size", "128", "--test-size", "64", "--epochs", "1", "--batch-size", "32",
-        "--blocks", "4", "--width", "32", "--microbatches", "4", "--no-progress", *checks.PROOF]
+TINY = [
+    "--quick",
+    "--train-size",
+    "128",
+    "--test-size",
+    "64",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--blocks",
+    "4",
+    "--width",
+    "32",
+    "--microbatches",
+    "4",
+    "--no-progress",
+    *checks.PROOF,
+]
 SCHEDULES = tuple(pipeline.SCHEDULES)
 ATOL = checks.FLOAT64_ATOL  # float64 (checks.PROOF): sums in another order move ~1e-16
 
@@ -28,15 +54,29 @@ finish = finish_job
 
 
 def ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
     return proc
 
 
 def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
     """nproc ranks started as srun starts them (no launcher, each a fresh interpreter); nproc 0:
     plain python."""
-    keeps = [] if script == MANUAL else ["--checkpoint-dir", str(log_dir / "checkpoints")]  # it keeps none
-    cmd = [sys.executable, script, *tiny, *map(str, args), "--run-name", name, "--log-dir", str(log_dir), *keeps]
+    keeps = (
+        [] if script == MANUAL else ["--checkpoint-dir", str(log_dir / "checkpoints")]
+    )  # it keeps none
+    cmd = [
+        sys.executable,
+        script,
+        *tiny,
+        *map(str, args),
+        "--run-name",
+        name,
+        "--log-dir",
+        str(log_dir),
+        *keeps,
+    ]
     return Ranks(cmd, launch.environment(), ntasks=nproc) if nproc else start(cmd)
 
 
@@ -46,17 +86,44 @@ def runs(tmp_path_factory, request):
     s_<schedule>: one start-up instead of eight), one of 2 pipelines x 2 stages, and the manual halves;
     those the selected tests read (their jobs marks) only."""
     log_dir = tmp_path_factory.mktemp("pipeline") / "logs"
-    done = start_wanted(request, dict(
-        one=lambda: job(log_dir, "one", "--stages", 1, nproc=0),
-        s=lambda: job(log_dir, "s", "--schedule", ",".join(SCHEDULES)),
-        # 2 pipelines x 2 stages, each block's activations recomputed in its backward
-        pp2xdp2=lambda: job(log_dir, "pp2xdp2", "--schedule", "1f1b", "--data-parallel", 2,
-                            "--recompute", nproc=4),
-        # the tracer's cut (pipeline() and SplitPoint), under a schedule of 2 stages a rank
-        traced=lambda: job(log_dir, "traced", "--schedule", "zbv", "--split", "traced"),
-        manual=lambda: job(log_dir, "manual", "--steps", 4, script=MANUAL,
-                           tiny=["--quick", "--batch-size", "32", "--blocks", "4", "--width", "32", "--no-progress",
-                                 *checks.PROOF])))
+    done = start_wanted(
+        request,
+        dict(
+            one=lambda: job(log_dir, "one", "--stages", 1, nproc=0),
+            s=lambda: job(log_dir, "s", "--schedule", ",".join(SCHEDULES)),
+            # 2 pipelines x 2 stages, each block's activations recomputed in its backward
+            pp2xdp2=lambda: job(
+                log_dir,
+                "pp2xdp2",
+                "--schedule",
+                "1f1b",
+                "--data-parallel",
+                2,
+                "--recompute",
+                nproc=4,
+            ),
+            # the tracer's cut (pipeline() and SplitPoint), under a schedule of 2 stages a rank
+            traced=lambda: job(log_dir, "traced", "--schedule", "zbv", "--split", "traced"),
+            manual=lambda: job(
+                log_dir,
+                "manual",
+                "--steps",
+                4,
+                script=MANUAL,
+                tiny=[
+                    "--quick",
+                    "--batch-size",
+                    "32",
+                    "--blocks",
+                    "4",
+                    "--width",
+                    "32",
+                    "--no-progress",
+                    *checks.PROOF,
+                ],
+            ),
+        ),
+    )
     for proc in done.values():
         if proc is not None:
             ok(proc)
@@ -89,6 +156,7 @@ def test_every_schedule_ends_with_the_parameters_of_one_process(runs, schedule):
 @pytest.mark.jobs("one", "traced")
 def test_the_tracer_cuts_the_stages_that_the_hand_cut_does_and_ends_like_one_process(runs):
     from trainup import models
+
     torch.manual_seed(1)
     model = models.BlockStack((1, 28, 28), 10, 4, 32)
     by_hand = pipeline.cut(model, 4)
@@ -106,6 +174,7 @@ def test_the_tracer_cuts_the_stages_that_the_hand_cut_does_and_ends_like_one_pro
 
 def test_the_baseline_trained_far_beyond_the_tolerance(runs):
     from trainup import models
+
     torch.manual_seed(1)
     init = models.BlockStack((1, 28, 28), 10, 4, 32).state_dict()
     one = params(runs, "one")
@@ -148,7 +217,12 @@ def test_recomputing_keeps_each_blocks_input_only_as_counted_by_hand(runs):
 def test_pipelines_side_by_side_split_the_batch_and_place_ranks(runs):
     rec = lesson.layout("pp2xdp2", log_dir=runs)
     assert rec["data_parallel"] == 2 and rec["pipeline_ranks"] == 2 and rec["microbatch_size"] == 4
-    assert [(p["pipeline"], p["position"]) for p in rec["placement"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(p["pipeline"], p["position"]) for p in rec["placement"]] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
 
 
 @pytest.mark.jobs("manual")
@@ -173,10 +247,14 @@ def test_the_manual_halves_learn_step_by_step_what_the_whole_model_learns_in_one
     got no gradient back moves the losses from step 2 on by about 1e-4 (its head alone learns)."""
     import argparse
     from trainup import data, models
+
     run = report.read_run(runs / "manual.jsonl")
     args = argparse.Namespace(**run["config"]["args"])
-    logged = [r.loss for r in lesson.steps("manual", log_dir=runs, first=True).sort_values("step")
-              .itertuples() if r.rank == 1]
+    logged = [
+        r.loss
+        for r in lesson.steps("manual", log_dir=runs, first=True).sort_values("step").itertuples()
+        if r.rank == 1
+    ]
     dtype = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # as --precision 64 does in the script
     try:
@@ -187,7 +265,7 @@ def test_the_manual_halves_learn_step_by_step_what_the_whole_model_learns_in_one
         order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(args.seed))
         whole = []
         for n in range(args.steps):
-            x, y = train_set[order[n * args.batch_size:(n + 1) * args.batch_size]]
+            x, y = train_set[order[n * args.batch_size : (n + 1) * args.batch_size]]
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
@@ -197,7 +275,9 @@ def test_the_manual_halves_learn_step_by_step_what_the_whole_model_learns_in_one
         torch.set_default_dtype(dtype)
     assert len(logged) == args.steps == 4
     assert logged == pytest.approx(whole, rel=0, abs=ATOL)
-    assert abs(whole[-1] - whole[0]) > 1e3 * ATOL  # the steps did move the model, far beyond the tolerance
+    assert (
+        abs(whole[-1] - whole[0]) > 1e3 * ATOL
+    )  # the steps did move the model, far beyond the tolerance
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -212,7 +292,9 @@ def test_the_ideal_schedule_has_the_theorys_bubble(schedule, p, m):
     busy = sum(b - a for _, events in ranks.values() for *_, a, b in events)
     assert 1 - busy / (p * lesson.span(ranks)) == pytest.approx(lesson.theory(p, m), abs=1e-12)
     for r, (_, events) in ranks.items():
-        assert sorted((k, mb) for _, k, mb, _, _ in events) == sorted((k, i) for k in "BF" for i in range(m))
+        assert sorted((k, mb) for _, k, mb, _, _ in events) == sorted(
+            (k, i) for k in "BF" for i in range(m)
+        )
         alive = held = 0
         for _, kind, *_ in events:
             alive += 1 if kind == "F" else -1
@@ -237,62 +319,86 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, monkeypatch, caps
     """Checked in this interpreter (main() stops before it starts a process group): seconds, not a new
     interpreter per case."""
     import _trainup_pipeline
-    for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "HOROVOD_"))
-              or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")]:
+
+    for k in [
+        k
+        for k in os.environ
+        if k.startswith(("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "HOROVOD_"))
+        or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    ]:
         monkeypatch.delenv(k)
-    cases = [([], ["--microbatches", "5"], ["--microbatches 5", "does not divide"]),
-             ([], ["--blocks", "3", "--schedule", "zbv"], ["4 stages", "more than its --blocks 3"]),
-             # a list is checked schedule by schedule before anyone waits: gpipe fits, zbv does not
-             (["RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0"], ["--blocks", "3", "--schedule", "gpipe,zbv"],
-              ["--schedule zbv", "4 stages", "more than its --blocks 3"]),
-             ([], ["--schedule", "gpipe,fast"], ["--schedule", "unknown schedule 'fast'"]),
-             ([], ["--schedule", "gpipe,1f1b", "--stages", "1"], ["several schedules", "--stages 1"]),
-             ([], ["--recompute", "--split", "traced"], ["--recompute", "--split manual"]),
-             ([], ["--recompute", "--stages", "1"], ["--recompute", "--stages 2 or more"]),
-             ([], [], ["needs 2 processes", "has 1"]),
-             (["RANK=0", "WORLD_SIZE=3", "LOCAL_RANK=0"], [], ["needs 2 processes", "has 3"])]
+    cases = [
+        ([], ["--microbatches", "5"], ["--microbatches 5", "does not divide"]),
+        ([], ["--blocks", "3", "--schedule", "zbv"], ["4 stages", "more than its --blocks 3"]),
+        # a list is checked schedule by schedule before anyone waits: gpipe fits, zbv does not
+        (
+            ["RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0"],
+            ["--blocks", "3", "--schedule", "gpipe,zbv"],
+            ["--schedule zbv", "4 stages", "more than its --blocks 3"],
+        ),
+        ([], ["--schedule", "gpipe,fast"], ["--schedule", "unknown schedule 'fast'"]),
+        ([], ["--schedule", "gpipe,1f1b", "--stages", "1"], ["several schedules", "--stages 1"]),
+        ([], ["--recompute", "--split", "traced"], ["--recompute", "--split manual"]),
+        ([], ["--recompute", "--stages", "1"], ["--recompute", "--stages 2 or more"]),
+        ([], [], ["needs 2 processes", "has 1"]),
+        (["RANK=0", "WORLD_SIZE=3", "LOCAL_RANK=0"], [], ["needs 2 processes", "has 3"]),
+    ]
     for env, flags, words in cases:
         with monkeypatch.context() as m:
             for k, v in (e.split("=") for e in env):
                 m.setenv(k, v)
-            done = in_process(_trainup_pipeline.main, ["--quick", *flags, "--log-dir", log_dir], capsys)
+            done = in_process(
+                _trainup_pipeline.main, ["--quick", *flags, "--log-dir", log_dir], capsys
+            )
         assert done.returncode == 2, flags
         assert_clean_error(done, *words)
     assert not log_dir.exists() or not list(log_dir.iterdir())  # nothing half-written
 
 
-@pytest.mark.parametrize("flags,words", [
-    (["--resume"], ["--resume does not apply", "keeps no checkpoint"]),
-    (["--checkpoint-dir", "x"], ["--checkpoint-dir does not apply"]),
-    (["--epochs", "3"], ["--epochs does not apply", "counts --steps"]),
-    (["--dataset", "synthetic"], ["--dataset synthetic", "held in memory"])])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--resume"], ["--resume does not apply", "keeps no checkpoint"]),
+        (["--checkpoint-dir", "x"], ["--checkpoint-dir does not apply"]),
+        (["--epochs", "3"], ["--epochs does not apply", "counts --steps"]),
+        (["--dataset", "synthetic"], ["--dataset synthetic", "held in memory"]),
+    ],
+)
 def test_the_manual_halves_refuse_flags_they_would_ignore(flags, words, log_dir, capsys):
     import _trainup_pipeline_manual
-    done = in_process(_trainup_pipeline_manual.main, ["--quick", *flags, "--log-dir", log_dir], capsys)
+
+    done = in_process(
+        _trainup_pipeline_manual.main, ["--quick", *flags, "--log-dir", log_dir], capsys
+    )
     assert done.returncode == 2
     assert_clean_error(done, *words)
 
 
 def test_zero_bubble_splits_backward_and_defers_w_and_looped_bfs_goes_breadth_first(runs):
-    split = {s: zero_bubble.backward_split(name(s), log_dir=runs)
-             for s in ("1f1b", "interleaved_zb", "zbv", "dualpipev")}
+    split = {
+        s: zero_bubble.backward_split(name(s), log_dir=runs)
+        for s in ("1f1b", "interleaved_zb", "zbv", "dualpipev")
+    }
     assert (split["1f1b"].split_I_W == 0).all() and (split["dualpipev"].split_I_W > 0).any()
     for s in ("interleaved_zb", "zbv"):  # every backward split, some W moved into a later gap
         assert (split[s].whole_B == 0).all() and split[s].W_deferred.sum() > 0, split[s]
     assert zero_bubble.breadth_first(name("looped_bfs"), log_dir=runs)
     assert not zero_bubble.breadth_first(name("interleaved1f1b"), log_dir=runs)
     # the same two stages a rank: W deferred keeps activations longer, breadth first keeps them all
-    mem = zero_bubble.memory([name(s) for s in ("interleaved1f1b", "interleaved_zb", "looped_bfs")],
-                             log_dir=runs)
+    mem = zero_bubble.memory(
+        [name(s) for s in ("interleaved1f1b", "interleaved_zb", "looped_bfs")], log_dir=runs
+    )
     one, zero, bfs = mem.activation_mb
     assert one < zero < bfs, mem
 
 
 def test_a_w_before_its_i_or_a_missing_backward_is_caught(monkeypatch):
     monkeypatch.setattr(zero_bubble, "layout", lambda name, log_dir=None: {"schedule": "x"})
-    orders = {"fine": [("F", 0, 0), ("I", 0, 0), ("F", 0, 1), ("W", 0, 0), ("B", 0, 1)],
-              "w_first": [("F", 0, 0), ("W", 0, 0), ("I", 0, 0)],
-              "no_backward": [("F", 0, 0), ("F", 0, 1), ("B", 0, 1)]}
+    orders = {
+        "fine": [("F", 0, 0), ("I", 0, 0), ("F", 0, 1), ("W", 0, 0), ("B", 0, 1)],
+        "w_first": [("F", 0, 0), ("W", 0, 0), ("I", 0, 0)],
+        "no_backward": [("F", 0, 0), ("F", 0, 1), ("B", 0, 1)],
+    }
     monkeypatch.setattr(zero_bubble, "order", lambda name, log_dir=None: {0: orders[name]})
     row = zero_bubble.backward_split("fine").iloc[0]
     assert (row.whole_B, row.split_I_W, row.W_deferred) == (1, 1, 1)
@@ -307,6 +413,7 @@ def test_the_activation_meter_skips_the_weights_after_the_stage_moves():
     output, its mean and 1/std, and ReLU's output, whatever the dtype."""
     import torch
     from trainup import models, pipeline as pl
+
     torch.manual_seed(0)
     model = models.BlockStack((1, 28, 28), 10, 2, 16)
     part = pl.cut(model, 1)[0]
@@ -334,14 +441,31 @@ def test_the_theory_of_too_few_micro_batches():
 def test_the_bubble_sentences_give_a_side_only_where_every_step_lies_on_it():
     """Noisy steps: a side of the formula only when 3 steps or more all lie on it; never a cause."""
     import pandas as pd
-    rows = [("gpipe", 4, [0.25, 0.27, 0.29], 0.2),  # above
-            ("gpipe", 8, [0.08, 0.13, 0.20], 0.111),  # spans
-            ("gpipe", 16, [0.30, 0.31], 0.059),  # 2 steps only
-            ("1f1b", 4, [0.10, 0.12, 0.15], 0.2)]  # below
-    t = pd.DataFrame([dict(schedule=s, microbatches=m, bubbles=b, theory=th,
-                           measured=sorted(b)[len(b) // 2], lowest=min(b), highest=max(b),
-                           steps=len(b), imbalance=0.1, unexplained=0.05, samples_per_s=1.0)
-                      for s, m, b, th in rows])
+
+    rows = [
+        ("gpipe", 4, [0.25, 0.27, 0.29], 0.2),  # above
+        ("gpipe", 8, [0.08, 0.13, 0.20], 0.111),  # spans
+        ("gpipe", 16, [0.30, 0.31], 0.059),  # 2 steps only
+        ("1f1b", 4, [0.10, 0.12, 0.15], 0.2),
+    ]  # below
+    t = pd.DataFrame(
+        [
+            dict(
+                schedule=s,
+                microbatches=m,
+                bubbles=b,
+                theory=th,
+                measured=sorted(b)[len(b) // 2],
+                lowest=min(b),
+                highest=max(b),
+                steps=len(b),
+                imbalance=0.1,
+                unexplained=0.05,
+                samples_per_s=1.0,
+            )
+            for s, m, b, th in rows
+        ]
+    )
     said = lesson.about_bubble(t)
     assert "above it in every step" in said[0] and "do not put it above or below" in said[1]
     assert "do not put it above or below" in said[2] and "below it in every step" in said[3]

@@ -36,18 +36,22 @@ def test_memory_by_hand():
     owned = psi / 4
     paper = planner.memory(m, lay, global_batch=64, precision="16")
     assert (paper["param"], paper["grad"], paper["optim"]) == pytest.approx(
-        (2 * owned, 2 * owned, 12 * owned / 4))
+        (2 * owned, 2 * owned, 12 * owned / 4)
+    )
     # bf16 as FSDP2's MixedPrecisionPolicy keeps it: fp32 weights and gradients, Adam's 8 split
     mem = planner.memory(m, lay, global_batch=64, precision="bf16")
-    assert (mem["param"], mem["grad"], mem["optim"]) == pytest.approx((4 * owned, 4 * owned,
-                                                                      8 * owned / 4))
+    assert (mem["param"], mem["grad"], mem["optim"]) == pytest.approx(
+        (4 * owned, 4 * owned, 8 * owned / 4)
+    )
     assert mem["activations"] == paper["activations"]  # both compute in 16 bits
     # 1F1B: 8 micro-batches of 2, 2 in flight on the first stage, 4 layers each, split over tp 2
     one_layer = 2 * (16 * 512 * 2 * 1024 + 8 * 512 * 512 * 2)
     assert mem["activations"] == pytest.approx(4 * 2 * one_layer / 2)
     # ZeRO-1 runs over DDP: its buckets, a second copy of the gradients (fp32 reductions; the
     # fp16 recipe's in 2 bytes), unless .grad is a view of them
-    assert mem["buckets"] == pytest.approx(4 * owned) and paper["buckets"] == pytest.approx(2 * owned)
+    assert mem["buckets"] == pytest.approx(4 * owned) and paper["buckets"] == pytest.approx(
+        2 * owned
+    )
     assert planner.memory(m, lay, 64, "bf16", bucket_view=True)["buckets"] == 0
     assert mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k != "total"))
 
@@ -64,15 +68,24 @@ def test_the_step_by_hand():
     # the gradients reduced in fp32 (FSDP2's reduce_dtype, DDP's fp32 gradients under autocast)
     assert t["dp"] == pytest.approx(pm.ring_all_reduce(m.params() / 4 * 4, 2, *NODE.intra_link()))
     assert t["bubble"] == pytest.approx(1 / 9)  # (p-1)/(m+p-1)
-    assert t["total"] == pytest.approx(pm.step_time(t["compute"] + t["tp"], t["dp"], buckets=8,
-                                                    bubble=1 / 9))
+    assert t["total"] == pytest.approx(
+        pm.step_time(t["compute"] + t["tp"], t["dp"], buckets=8, bubble=1 / 9)
+    )
 
 
 def test_recomputation_costs_time_and_saves_memory():
     m = planner.llama_shaped(2048, seq=2048)
-    by = {r: (planner.memory(m, planner.Layout(8, recompute=r, attention="unfused"), 64)["activations"],
-              planner.step(m, planner.Layout(8, recompute=r, attention="unfused"), 64, NODE)["compute"])
-          for r in planner.RECOMPUTE}
+    by = {
+        r: (
+            planner.memory(m, planner.Layout(8, recompute=r, attention="unfused"), 64)[
+                "activations"
+            ],
+            planner.step(m, planner.Layout(8, recompute=r, attention="unfused"), 64, NODE)[
+                "compute"
+            ],
+        )
+        for r in planner.RECOMPUTE
+    }
     assert by["none"][0] > by["selective"][0] > by["full"][0]
     assert by["none"][1] < by["selective"][1] < by["full"][1]
     # full recomputation runs the forward again: about 4/3 of the step's FLOPs
@@ -156,7 +169,8 @@ def test_a_llama_shaped_layout_counted_by_hand():
     mem = planner.memory(m, lay, batch)
     owned = psi / 2
     assert (mem["param"], mem["grad"], mem["optim"], mem["buckets"]) == pytest.approx(
-        (4 * owned, 4 * owned, 8 * owned, 4 * owned))
+        (4 * owned, 4 * owned, 8 * owned, 4 * owned)
+    )
     assert mem["activations"] == pytest.approx(L * layer / 2)  # tp 2 with sequence parallelism
     t = planner.step(m, lay, batch, NODE)
     assert t["dp"] == pytest.approx(ring(4 * owned, 4))  # once a step: no_sync in between
@@ -167,6 +181,8 @@ def test_a_llama_shaped_layout_counted_by_hand():
     # unfused attention, as an option: the a s^2 scores in bf16 are kept too
     lay = planner.Layout(dp=8, stage="parameters", attention="unfused")
     assert planner.memory(m, lay, batch)["activations"] == pytest.approx(
-        L * 2 * (16 * s * h + a * s * s))
+        L * 2 * (16 * s * h + a * s * s)
+    )
     assert planner.step(m, lay, batch, NODE)["compute"] == pytest.approx(
-        batch * s * (6 * psi + 12 * L * h * s) / (8 * peak * mfu))
+        batch * s * (6 * psi + 12 * L * h * s) / (8 * peak * mfu)
+    )

@@ -6,6 +6,7 @@ rename_watch does): an optimizer step hook that sends SIGTERM to its own process
 one rank only. So the stop lands at a known step on any machine, fast or slow, and nothing in scripts/
 carries a switch for tests. The real-SLURM requeue test is in tests/test_slurm.py's style, below.
 """
+
 import json
 import os
 import signal
@@ -18,18 +19,37 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import (ROOT, SCRIPTS, assert_clean_error, finish_job, hold_lock, in_process,
-                      start_job, wanted_jobs)
+from conftest import (
+    ROOT,
+    SCRIPTS,
+    assert_clean_error,
+    finish_job,
+    hold_lock,
+    in_process,
+    start_job,
+    wanted_jobs,
+)
 from lessons import launch, report
 from trainup import distributed, metrics, preempt
 
 # 256 samples in batches of 32: 8 steps an epoch; the stop comes after step 3 of epoch 1 (of 2).
-TINY = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-size", "32", "--epochs", "2", "--no-progress"]
+TINY = [
+    "--quick",
+    "--train-size",
+    "256",
+    "--test-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "2",
+    "--no-progress",
+]
 STOP_AT = 3
 
 # Imported by every Python process of the job: after each optimizer step, count; at step N send this process
 # SIGTERM (on the rank named). Also freezes time.strftime, so that two runs surely start "in the same second".
-_SITE = '''import os, sys, time
+_SITE = """import os, sys, time
 _at = os.environ.get("TRAINUP_TEST_SIGTERM_AT")
 _frozen = os.environ.get("TRAINUP_TEST_FROZEN_TIME")
 if _frozen:
@@ -72,20 +92,36 @@ if os.environ.get("TRAINUP_TEST_SIGTERM_IN_EVAL"):  # SIGTERM as the first evalu
             return evaluate(self)
         torch.nn.Module.eval = signalled
     sys.addaudithook(_eval_hook)
-'''
+"""
 
 
 def site(folder, **env):
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(_SITE)
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p),
-            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+    return {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p
+        ),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
 
 
 def python(script, *flags, log_dir, env):
-    return start_job([sys.executable, str(SCRIPTS / script), *map(str, flags), "--log-dir", str(log_dir),
-                      "--checkpoint-dir", str(log_dir / "checkpoints")], {**os.environ, **env})
+    return start_job(
+        [
+            sys.executable,
+            str(SCRIPTS / script),
+            *map(str, flags),
+            "--log-dir",
+            str(log_dir),
+            "--checkpoint-dir",
+            str(log_dir / "checkpoints"),
+        ],
+        {**os.environ, **env},
+    )
 
 
 def params(log_dir, name):
@@ -97,7 +133,9 @@ def lines(log_dir, name):
 
 
 def ok(proc, code=0):
-    assert proc.returncode == code, f"exit {proc.returncode}, not {code}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == code, (
+        f"exit {proc.returncode}, not {code}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -117,20 +155,32 @@ def plain(tmp_path_factory, request):
 
     def wanted(name):
         return want is None or name in want
+
     tmp = tmp_path_factory.mktemp("pre")
     log_dir = tmp / "logs"
     env = site(tmp / "site")
 
     def cpu(name, *flags, **extra):
-        return python("_trainup_cpu.py", *TINY, "--run-name", name, *flags, log_dir=log_dir,
-                      env={**env, **extra})
+        return python(
+            "_trainup_cpu.py",
+            *TINY,
+            "--run-name",
+            name,
+            *flags,
+            log_dir=log_dir,
+            env={**env, **extra},
+        )
+
     dead_lock(log_dir / "stopped.lock")
-    starts = {"straight": lambda: cpu("straight"),
-              "stopped": lambda: cpu("stopped", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}"),
-              "in_eval": lambda: cpu("in_eval", TRAINUP_TEST_SIGTERM_IN_EVAL="1")}
+    starts = {
+        "straight": lambda: cpu("straight"),
+        "stopped": lambda: cpu("stopped", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}"),
+        "in_eval": lambda: cpu("in_eval", TRAINUP_TEST_SIGTERM_IN_EVAL="1"),
+    }
     jobs = {k: start() for k, start in starts.items() if wanted(k)}
-    out = SimpleNamespace(log_dir=log_dir, twins_dir=tmp / "twins",
-                          **{k: finish_job(p) for k, p in jobs.items()})
+    out = SimpleNamespace(
+        log_dir=log_dir, twins_dir=tmp / "twins", **{k: finish_job(p) for k, p in jobs.items()}
+    )
     if wanted("stopped"):  # the checkpoint at the stop, before --resume replaces it
         out.at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
         out.resumed = finish_job(cpu("stopped", "--resume"))
@@ -138,9 +188,24 @@ def plain(tmp_path_factory, request):
         out.in_eval_resumed = finish_job(cpu("in_eval", "--resume"))
     if wanted("twins"):
         frozen = {**env, "TRAINUP_TEST_FROZEN_TIME": str(time.time())}
-        twins = [python("_trainup_cpu.py", "--quick", "--train-size", "64", "--test-size", "32",
-                        "--epochs", "1", "--seed", seed, "--no-progress", log_dir=out.twins_dir,
-                        env=frozen) for seed in (1, 2)]
+        twins = [
+            python(
+                "_trainup_cpu.py",
+                "--quick",
+                "--train-size",
+                "64",
+                "--test-size",
+                "32",
+                "--epochs",
+                "1",
+                "--seed",
+                seed,
+                "--no-progress",
+                log_dir=out.twins_dir,
+                env=frozen,
+            )
+            for seed in (1, 2)
+        ]
         out.twins = [finish_job(p) for p in twins]
     return out
 
@@ -152,7 +217,11 @@ def test_sigterm_stops_after_the_step_in_progress_saves_and_exits_75(plain):
     run = report.read_run(plain.log_dir / "stopped.jsonl")
     assert run["problems"] == []
     saved = plain.at_stop
-    assert saved["epoch"] == 0 and saved["position"]["epoch"] == 1 and saved["position"]["step"] == STOP_AT
+    assert (
+        saved["epoch"] == 0
+        and saved["position"]["epoch"] == 1
+        and saved["position"]["step"] == STOP_AT
+    )
 
 
 @pytest.mark.jobs("straight", "stopped")
@@ -164,7 +233,10 @@ def test_resume_goes_on_from_the_step_and_ends_like_a_run_never_stopped(plain):
         assert torch.equal(resumed[k], straight[k]), k
     logged = lines(plain.log_dir, "stopped")
     assert [r["status"] for r in logged if r["type"] == "summary"] == ["stopped", "finished"]
-    assert [r["epoch"] for r in logged if r["type"] == "epoch"] == [1, 2]  # epoch 1 logged once, whole
+    assert [r["epoch"] for r in logged if r["type"] == "epoch"] == [
+        1,
+        2,
+    ]  # epoch 1 logged once, whole
     ref = [r for r in lines(plain.log_dir, "straight") if r["type"] == "epoch"]
     mine = [r for r in logged if r["type"] == "epoch"]
     for a, b in zip(mine, ref):  # the resumed epoch's sums include the steps taken before the stop
@@ -184,13 +256,16 @@ def test_a_stop_during_evaluation_keeps_the_random_states_and_resumes_exactly(pl
 
 @pytest.mark.jobs("stopped")
 def test_a_dead_writers_lock_is_taken_over_and_locks_are_released(plain):
-    assert not list(plain.log_dir.glob("*.lock")) and not list((plain.log_dir / "checkpoints").glob(".*.lock"))
+    assert not list(plain.log_dir.glob("*.lock")) and not list(
+        (plain.log_dir / "checkpoints").glob(".*.lock")
+    )
 
 
 def test_a_process_forked_by_the_writer_writes_as_it_and_leaves_it_the_lock(tmp_path):
     """ddp_notebook forks a notebook's kernel, which took the run's lock (lightning_run.Run): its
     rank 0 writes the run as that writer, and the lock stays the kernel's until it lets go."""
     from trainup import runlock
+
     path = tmp_path / "r.lock"
     lock = runlock.Lock(path, "run 'r'")
     pid = os.fork()
@@ -223,6 +298,7 @@ def test_two_runs_started_in_the_same_second_get_different_names_and_both_logs_s
 
 def _main():
     import _trainup_cpu
+
     return _trainup_cpu.main
 
 
@@ -239,35 +315,81 @@ def test_a_second_live_writer_is_refused_in_one_sentence(tmp_path, capsys, keep_
     """A lock held by a live process (a sleeping child here) on the same run name: refused, nothing written."""
     holder = hold_lock(tmp_path / "logs" / "busy.lock")
     try:
-        proc = in_process(_main(), ["--quick", "--train-size", "64", "--epochs", "1", "--run-name", "busy",
-                                    "--log-dir", tmp_path / "logs", "--checkpoint-dir", tmp_path / "ck",
-                                    "--no-progress"], capsys)
+        proc = in_process(
+            _main(),
+            [
+                "--quick",
+                "--train-size",
+                "64",
+                "--epochs",
+                "1",
+                "--run-name",
+                "busy",
+                "--log-dir",
+                tmp_path / "logs",
+                "--checkpoint-dir",
+                tmp_path / "ck",
+                "--no-progress",
+            ],
+            capsys,
+        )
     finally:
         holder.kill()
         holder.wait()
-    assert_clean_error(proc, "'busy'", "being written by another run", str(holder.pid), "--run-name")
+    assert_clean_error(
+        proc, "'busy'", "being written by another run", str(holder.pid), "--run-name"
+    )
     assert not (tmp_path / "logs" / "busy.jsonl").exists()
 
 
 def test_reusing_a_run_name_on_purpose_says_what_it_replaces(tmp_path, capsys):
-    args = SimpleNamespace(run_name="again", log_dir=str(tmp_path), checkpoint_dir=str(tmp_path), lesson="cpu", resume=False)
+    args = SimpleNamespace(
+        run_name="again",
+        log_dir=str(tmp_path),
+        checkpoint_dir=str(tmp_path),
+        lesson="cpu",
+        resume=False,
+    )
     (tmp_path / "again.jsonl").write_text("")
     (tmp_path / "again.pt").write_text("")
     metrics.RunLog(args, "x.py", "cpu").close()
     out = capsys.readouterr().out
-    assert out.splitlines() == ["run name 'again' was used before: this run replaces its again.jsonl and again.pt "
-                                "(--resume would continue it)"]
+    assert out.splitlines() == [
+        "run name 'again' was used before: this run replaces its again.jsonl and again.pt "
+        "(--resume would continue it)"
+    ]
     assert not list(tmp_path.glob("*.lock"))
 
 
 # --- 2 DDP processes, started as srun starts them (SLURM signals every task) -------------------------------
 
+
 def _ddp_pair(log_dir, name, env, *extra):
     port = distributed.free_port()
-    return [python("_trainup_ddp.py", *TINY, "--device", "cpu", "--run-name", name, *extra, log_dir=log_dir,
-                   env={**launch.environment(env), "SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
-                        "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0",
-                        "MASTER_PORT": str(port)}) for r in (0, 1)]
+    return [
+        python(
+            "_trainup_ddp.py",
+            *TINY,
+            "--device",
+            "cpu",
+            "--run-name",
+            name,
+            *extra,
+            log_dir=log_dir,
+            env={
+                **launch.environment(env),
+                "SLURM_PROCID": str(r),
+                "SLURM_NTASKS": "2",
+                "SLURM_LOCALID": str(r),
+                "SLURM_NNODES": "1",
+                "SLURM_NODEID": "0",
+                "SLURM_JOB_ID": "1",
+                "SLURM_STEP_ID": "0",
+                "MASTER_PORT": str(port),
+            },
+        )
+        for r in (0, 1)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -278,21 +400,36 @@ def ddp(tmp_path_factory):
     straight = _ddp_pair(log_dir, "straight", env)
     stopped = _ddp_pair(log_dir, "stopped", {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"})
     straight, stopped = [finish_job(p) for p in straight], [finish_job(p) for p in stopped]
-    at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)  # before --resume replaces it
+    at_stop = torch.load(
+        log_dir / "checkpoints" / "stopped.pt", weights_only=True
+    )  # before --resume replaces it
     resumed = [finish_job(p) for p in _ddp_pair(log_dir, "stopped", env, "--resume")]
-    return SimpleNamespace(log_dir=log_dir, straight=straight, stopped=stopped, resumed=resumed, at_stop=at_stop)
+    return SimpleNamespace(
+        log_dir=log_dir, straight=straight, stopped=stopped, resumed=resumed, at_stop=at_stop
+    )
 
 
-def test_ddp_ranks_all_stop_after_the_step_one_of_them_posted_and_resume_to_the_same_parameters(ddp):
+def test_ddp_ranks_all_stop_after_the_step_one_of_them_posted_and_resume_to_the_same_parameters(
+    ddp,
+):
     for p in ddp.straight + ddp.resumed:
         ok(p)
-    for p in ddp.stopped:  # rank 0 got no signal, yet stopped at the same step, through the posted step
+    for (
+        p
+    ) in ddp.stopped:  # rank 0 got no signal, yet stopped at the same step, through the posted step
         ok(p, preempt.STOPPED_EXIT)
     # rank 1, signalled in step 3, posts "stop after step 4": the other rank may already be inside step 4
     after = STOP_AT + preempt.STOP_CHECK["cpu"][1]
-    assert f"a signal on another rank: stopped in epoch 1 after step {after}" in ddp.stopped[0].stdout
+    assert (
+        f"a signal on another rank: stopped in epoch 1 after step {after}" in ddp.stopped[0].stdout
+    )
     position = ddp.at_stop["position"]
-    assert (position["epoch"], position["step"], position["world_size"], len(position["ranks"])) == (1, after, 2, 2)
+    assert (
+        position["epoch"],
+        position["step"],
+        position["world_size"],
+        len(position["ranks"]),
+    ) == (1, after, 2, 2)
     resumed, straight = params(ddp.log_dir, "stopped"), params(ddp.log_dir, "straight")
     for k in straight:
         assert torch.equal(resumed[k], straight[k]), k
@@ -302,8 +439,17 @@ def test_ddp_ranks_all_stop_after_the_step_one_of_them_posted_and_resume_to_the_
 
 def _torchrun(script, log_dir, name, env, *extra):
     flags = [*TINY, "--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
-    command = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPTS / script,
-               *flags, "--run-name", name, *extra]
+    command = [
+        *launch.TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        SCRIPTS / script,
+        *flags,
+        "--run-name",
+        name,
+        *extra,
+    ]
     return start_job([str(a) for a in command], {**os.environ, **launch.environment(env)})
 
 
@@ -313,9 +459,15 @@ def fabric(tmp_path_factory):
     gets SIGTERM after step 3, then --resume."""
     tmp = tmp_path_factory.mktemp("prefabric")
     log_dir, env = tmp / "logs", site(tmp / "site")
-    jobs = {"straight": _torchrun("_trainup_fabric.py", log_dir, "straight", env),
-            "stopped": _torchrun("_trainup_fabric.py", log_dir, "stopped",
-                                 {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"})}
+    jobs = {
+        "straight": _torchrun("_trainup_fabric.py", log_dir, "straight", env),
+        "stopped": _torchrun(
+            "_trainup_fabric.py",
+            log_dir,
+            "stopped",
+            {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"},
+        ),
+    }
     done = {k: finish_job(p) for k, p in jobs.items()}
     at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
     resumed = finish_job(_torchrun("_trainup_fabric.py", log_dir, "stopped", env, "--resume"))
@@ -343,16 +495,21 @@ def fsdp(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prefsdp")
     log_dir, env = tmp / "logs", site(tmp / "site")
     flags = ["--shard", "parameters", "--blocks", "2", "--width", "32", "--dropout", "0.2"]
-    jobs = {"straight": _torchrun("_trainup_fsdp.py", log_dir, "straight", env, *flags),
-            "stopped": _torchrun("_trainup_fsdp.py", log_dir, "stopped",
-                                 {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"}, *flags)}
+    jobs = {
+        "straight": _torchrun("_trainup_fsdp.py", log_dir, "straight", env, *flags),
+        "stopped": _torchrun(
+            "_trainup_fsdp.py",
+            log_dir,
+            "stopped",
+            {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"},
+            *flags,
+        ),
+    }
     done = {k: finish_job(p) for k, p in jobs.items()}
     folder = log_dir / "checkpoints" / "stopped.dcp"
     at_stop = torch.load(folder / "trainup_position.pt", weights_only=True)
-    resumed = finish_job(_torchrun("_trainup_fsdp.py", log_dir, "stopped", env, *flags,
-                                   "--resume"))
-    return SimpleNamespace(log_dir=log_dir, at_stop=at_stop, folder=folder, resumed=resumed,
-                           **done)
+    resumed = finish_job(_torchrun("_trainup_fsdp.py", log_dir, "stopped", env, *flags, "--resume"))
+    return SimpleNamespace(log_dir=log_dir, at_stop=at_stop, folder=folder, resumed=resumed, **done)
 
 
 def test_fsdp_ranks_save_their_shards_at_a_stop_and_resume_to_a_run_never_stopped(fsdp):
@@ -377,16 +534,34 @@ def test_lightning_ranks_it_started_stop_at_one_step_and_resume_exactly(tmp_path
     the parameters of a run never stopped."""
     log_dir, env = tmp_path / "logs", site(tmp_path / "site")
     flags = [*TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp"]
-    hit = ({"TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
-           if signalled == "group" else {"TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"})
-    straight = python("_trainup_lightning.py", *flags, "--run-name", "straight",
-                      log_dir=log_dir, env=env)
-    stopped = finish_job(python("_trainup_lightning.py", *flags, "--run-name", "s",
-                                log_dir=log_dir, env={**env, **hit}))
+    hit = (
+        {"TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
+        if signalled == "group"
+        else {"TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"}
+    )
+    straight = python(
+        "_trainup_lightning.py", *flags, "--run-name", "straight", log_dir=log_dir, env=env
+    )
+    stopped = finish_job(
+        python(
+            "_trainup_lightning.py", *flags, "--run-name", "s", log_dir=log_dir, env={**env, **hit}
+        )
+    )
     ok(stopped, preempt.STOPPED_EXIT)
     assert "at epoch 1, step" in stopped.stderr and "Traceback" not in stopped.stderr
-    ok(finish_job(python("_trainup_lightning.py", *flags, "--run-name", "s", "--resume",
-                         log_dir=log_dir, env=env)))
+    ok(
+        finish_job(
+            python(
+                "_trainup_lightning.py",
+                *flags,
+                "--run-name",
+                "s",
+                "--resume",
+                log_dir=log_dir,
+                env=env,
+            )
+        )
+    )
     ok(finish_job(straight))
     resumed, never = params(log_dir, "s"), params(log_dir, "straight")
     for k in never:
@@ -401,19 +576,69 @@ def group(tmp_path_factory):
     log_dir, env = tmp / "logs", site(tmp / "site")
     workers = [*TINY, "--device", "cpu", "--workers", "2"]
     hit = {**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
-    jobs = {"straight": python("_trainup_gpu.py", *workers, "--run-name", "straight", log_dir=log_dir, env=env),
-            "stopped": python("_trainup_gpu.py", *workers, "--run-name", "stopped", log_dir=log_dir, env=hit),
-            "hogwild": python("_trainup_hogwild.py", *TINY, "--num-processes", 2, "--threads", 1, "--run-name", "hogwild",
-                              log_dir=log_dir, env={**hit, "TRAINUP_TEST_SIGTERM_AT": "0:2"})}
+    jobs = {
+        "straight": python(
+            "_trainup_gpu.py", *workers, "--run-name", "straight", log_dir=log_dir, env=env
+        ),
+        "stopped": python(
+            "_trainup_gpu.py", *workers, "--run-name", "stopped", log_dir=log_dir, env=hit
+        ),
+        "hogwild": python(
+            "_trainup_hogwild.py",
+            *TINY,
+            "--num-processes",
+            2,
+            "--threads",
+            1,
+            "--run-name",
+            "hogwild",
+            log_dir=log_dir,
+            env={**hit, "TRAINUP_TEST_SIGTERM_AT": "0:2"},
+        ),
+    }
     done = {k: finish_job(p) for k, p in jobs.items()}
     done["at_stop"] = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
-    done["resumed"] = finish_job(python("_trainup_gpu.py", *workers, "--run-name", "stopped", "--resume",
-                                        log_dir=log_dir, env=env))
-    ddp = [*TINY, "--device", "cpu", "--workers", "2", "--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
-    torchrun = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPTS / "_trainup_ddp.py", *ddp]
-    for name, extra, how in (("t_straight", [], env), ("t_stopped", [], hit), ("t_stopped", ["--resume"], env)):
-        done[name + "".join(extra)] = finish_job(start_job([str(a) for a in torchrun + ["--run-name", name] + extra],
-                                                           {**os.environ, **launch.environment(how)}))
+    done["resumed"] = finish_job(
+        python(
+            "_trainup_gpu.py",
+            *workers,
+            "--run-name",
+            "stopped",
+            "--resume",
+            log_dir=log_dir,
+            env=env,
+        )
+    )
+    ddp = [
+        *TINY,
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--log-dir",
+        log_dir,
+        "--checkpoint-dir",
+        log_dir / "checkpoints",
+    ]
+    torchrun = [
+        *launch.TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        SCRIPTS / "_trainup_ddp.py",
+        *ddp,
+    ]
+    for name, extra, how in (
+        ("t_straight", [], env),
+        ("t_stopped", [], hit),
+        ("t_stopped", ["--resume"], env),
+    ):
+        done[name + "".join(extra)] = finish_job(
+            start_job(
+                [str(a) for a in torchrun + ["--run-name", name] + extra],
+                {**os.environ, **launch.environment(how)},
+            )
+        )
     return SimpleNamespace(log_dir=log_dir, **done)
 
 
@@ -427,7 +652,9 @@ def test_a_signal_to_the_whole_group_stops_a_run_with_loader_workers_and_resumes
         assert torch.equal(resumed[k], straight[k]), k
 
 
-def test_a_signal_to_torchruns_whole_group_stops_every_rank_with_a_checkpoint_that_resumes_exactly(group):
+def test_a_signal_to_torchruns_whole_group_stops_every_rank_with_a_checkpoint_that_resumes_exactly(
+    group,
+):
     """torchrun, its 2 workers and their 2 DataLoader workers each get SIGTERM: every rank exits 75 after the
     same step (torchrun reports the stop as a failure of its own), and --resume ends as if never stopped."""
     stopped = group.t_stopped
@@ -435,7 +662,9 @@ def test_a_signal_to_torchruns_whole_group_stops_every_rank_with_a_checkpoint_th
     ok(group.t_straight), ok(getattr(group, "t_stopped--resume"))
     summaries = [r["status"] for r in lines(group.log_dir, "t_stopped") if r["type"] == "summary"]
     assert summaries == ["stopped", "finished"]
-    assert "SIGTERM: stopped in epoch 1 after step" in stopped.stdout  # rank 0's sentence, through torchrun
+    assert (
+        "SIGTERM: stopped in epoch 1 after step" in stopped.stdout
+    )  # rank 0's sentence, through torchrun
     resumed, straight = params(group.log_dir, "t_stopped"), params(group.log_dir, "t_straight")
     for k in straight:
         assert torch.equal(resumed[k], straight[k]), k
@@ -452,21 +681,34 @@ def test_a_signal_to_the_whole_group_stops_hogwild_after_the_epoch(group):
 
 def _stopped_by_two(tmp_path, world_size=2):
     from trainup import checkpoint
+
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     args = SimpleNamespace(run_name="w", run_name_default=False, stop_signal="USR1", resume=True)
     ckpt = tmp_path / "w.pt"
-    ranks = [dict(rng=preempt.rng_state(), meter=[1.0, 2.0, 3.0]),
-             dict(rng=None, meter=[4.0, 5.0, 6.0])]
-    checkpoint.save(ckpt, model, optimizer, scheduler, 0, args,
-                    position=dict(epoch=1, step=2, world_size=world_size, ranks=ranks, extra={}))
-    assert checkpoint.load(ckpt, model, optimizer, scheduler) == 1  # the stopped epoch, not the next
+    ranks = [
+        dict(rng=preempt.rng_state(), meter=[1.0, 2.0, 3.0]),
+        dict(rng=None, meter=[4.0, 5.0, 6.0]),
+    ]
+    checkpoint.save(
+        ckpt,
+        model,
+        optimizer,
+        scheduler,
+        0,
+        args,
+        position=dict(epoch=1, step=2, world_size=world_size, ranks=ranks, extra={}),
+    )
+    assert (
+        checkpoint.load(ckpt, model, optimizer, scheduler) == 1
+    )  # the stopped epoch, not the next
     return preempt.Stopper(args).watch(ckpt, None, model, optimizer, scheduler)
 
 
-def test_resuming_inside_an_epoch_with_another_world_size_goes_on_from_the_step(tmp_path,
-                                                                                keep_signals):
+def test_resuming_inside_an_epoch_with_another_world_size_goes_on_from_the_step(
+    tmp_path, keep_signals
+):
     """Elastic torchrun: a job of 2 stopped at step 2 goes on at step 3 in a job of 1, with the
     job's sums so far; the batches it skips are the ones the 2 ranks took together (same global
     batch)."""
@@ -479,12 +721,17 @@ def test_resuming_inside_an_epoch_with_another_world_size_goes_on_from_the_step(
 
 
 def test_resuming_inside_an_epoch_with_another_world_size_and_padded_shares_is_one_sentence(
-        tmp_path, keep_signals):
+    tmp_path, keep_signals
+):
     from trainup import UserError
+
     stopper = _stopped_by_two(tmp_path)
     data = torch.utils.data.TensorDataset(torch.arange(7.0))  # 7 samples: 2 ranks would get 4 each
-    with pytest.raises(UserError, match=r"stopped inside an epoch by a job of 2 process\(es\), and "
-                                        r"this one has 1: 7 samples do not split evenly"):
+    with pytest.raises(
+        UserError,
+        match=r"stopped inside an epoch by a job of 2 process\(es\), and "
+        r"this one has 1: 7 samples do not split evenly",
+    ):
         stopper.batches(torch.utils.data.DataLoader(data, batch_size=2), 1)
 
 
@@ -495,6 +742,7 @@ REQUEUE = ROOT / "slurm" / "requeue" / "cpu.sbatch"
 
 def test_the_requeue_template_is_well_formed():
     from lessons import slurm
+
     assert subprocess.run(["bash", "-n", str(REQUEUE)]).returncode == 0
     sentence, problems = slurm.check_counts(REQUEUE)
     assert problems == [], sentence
@@ -508,12 +756,31 @@ def test_the_requeue_template_is_well_formed():
 def requeued(local_slurm, tmp_path_factory):
     """The same job twice, side by side: one never stopped; one given its notice once it trains (requeued)."""
     from lessons import slurm
+
     tmp = tmp_path_factory.mktemp("requeue")
-    flags = ["--quick", "--train-size", "256", "--test-size", "64", "--batch-size", "16", "--epochs", "3",
-             "--log-dir", tmp, "--checkpoint-dir", tmp / "checkpoints"]
-    ids = {name: slurm.submit("slurm/requeue/cpu.sbatch", *flags, sbatch_args=[f"--output={tmp}/{name}.out",
-                                                                                 f"--job-name={name}"])
-           for name in ("straight", "stopped")}
+    flags = [
+        "--quick",
+        "--train-size",
+        "256",
+        "--test-size",
+        "64",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "3",
+        "--log-dir",
+        tmp,
+        "--checkpoint-dir",
+        tmp / "checkpoints",
+    ]
+    ids = {
+        name: slurm.submit(
+            "slurm/requeue/cpu.sbatch",
+            *flags,
+            sbatch_args=[f"--output={tmp}/{name}.out", f"--job-name={name}"],
+        )
+        for name in ("straight", "stopped")
+    }
     seen = slurm.stop_midway(ids["stopped"], tmp / f"stopped_{ids['stopped']}.jsonl")
     states = slurm.wait([ids["straight"]], timeout=600)
     return SimpleNamespace(tmp=tmp, ids=ids, seen=seen, straight_state=states[ids["straight"]])
@@ -524,7 +791,9 @@ def test_a_requeued_slurm_job_comes_back_and_ends_like_the_job_never_stopped(req
     out = (tmp / "stopped.out").read_text()
     assert requeued.straight_state == "COMPLETED", (tmp / "straight.out").read_text()
     assert requeued.seen[-1] == "COMPLETED" and "PENDING" in requeued.seen[1:], (requeued.seen, out)
-    assert "stopped with a checkpoint" in out and out.count(f"job {ids['stopped']} starts") == 2, out
+    assert "stopped with a checkpoint" in out and out.count(f"job {ids['stopped']} starts") == 2, (
+        out
+    )
     stopped, straight = f"stopped_{ids['stopped']}", f"straight_{ids['straight']}"
     logged = lines(tmp, stopped)
     assert [r["status"] for r in logged if r["type"] == "summary"] == ["stopped", "finished"], out
@@ -533,23 +802,48 @@ def test_a_requeued_slurm_job_comes_back_and_ends_like_the_job_never_stopped(req
         assert torch.equal(resumed[k], never[k]), k
 
 
-@pytest.mark.parametrize("key,saved,mine", [("batch_size", 32, 16), ("train_size", 256, 128), ("model", "cnn", "mlp"),
-                                           ("precision", "32", "64"), ("lesson", "fsdp", "ddp")])
+@pytest.mark.parametrize(
+    "key,saved,mine",
+    [
+        ("batch_size", 32, 16),
+        ("train_size", 256, 128),
+        ("model", "cnn", "mlp"),
+        ("precision", "32", "64"),
+        ("lesson", "fsdp", "ddp"),
+    ],
+)
 def test_a_resume_with_changed_flags_is_refused_in_one_sentence(tmp_path, key, saved, mine):
     """Stopped at --batch-size 32, resumed with 16: 672 samples of epoch 1 would be trained twice."""
     from trainup import UserError, checkpoint
-    args = SimpleNamespace(checkpoint_dir=str(tmp_path), run_name="r", lesson="ddp", model="cnn", dataset="digits",
-                           train_size=256, batch_size=32, precision="32")
+
+    args = SimpleNamespace(
+        checkpoint_dir=str(tmp_path),
+        run_name="r",
+        lesson="ddp",
+        model="cnn",
+        dataset="digits",
+        train_size=256,
+        batch_size=32,
+        precision="32",
+    )
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     path = checkpoint.path_for(SimpleNamespace(**{**vars(args), key: saved}))
     checkpoint.save(path, model, opt, sched, 1, SimpleNamespace(**{**vars(args), key: saved}))
-    assert checkpoint.load(checkpoint.path_for(SimpleNamespace(**{**vars(args), key: saved})), model, opt, sched) == 2
+    assert (
+        checkpoint.load(
+            checkpoint.path_for(SimpleNamespace(**{**vars(args), key: saved})), model, opt, sched
+        )
+        == 2
+    )
     checkpoint.path_for(SimpleNamespace(**{**vars(args), key: mine}))
     flag = "the script" if key == "lesson" else "--" + key.replace("_", "-")
-    said = (f"holds a {saved} whose weights do not fit this run's model \\({mine}\\)" if key == "model" else
-            f"saved by a run with {flag} {saved}, and this run has {mine}")
+    said = (
+        f"holds a {saved} whose weights do not fit this run's model \\({mine}\\)"
+        if key == "model"
+        else f"saved by a run with {flag} {saved}, and this run has {mine}"
+    )
     with pytest.raises(UserError, match=said):
         checkpoint.load(path, model, opt, sched)
 
@@ -557,12 +851,31 @@ def test_a_resume_with_changed_flags_is_refused_in_one_sentence(tmp_path, key, s
 def test_workers_whose_torchrun_was_killed_end_with_one_sentence_each(tmp_path):
     """SIGKILL to torchrun's agent after step 3: its workers notice (the store it served stops answering, or
     their parent changed, or a peer left a collective) and end, each with one sentence, no orphan training on."""
-    env = site(tmp_path / "site", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}", TRAINUP_TEST_KILL_AGENT="1")
-    cmd = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPTS / "_trainup_ddp.py", *TINY, "--device",
-           "cpu", "--epochs", "3", "--run-name", "orphan", "--log-dir", tmp_path / "logs", "--checkpoint-dir",
-           tmp_path / "logs" / "checkpoints"]
+    env = site(
+        tmp_path / "site", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}", TRAINUP_TEST_KILL_AGENT="1"
+    )
+    cmd = [
+        *launch.TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        SCRIPTS / "_trainup_ddp.py",
+        *TINY,
+        "--device",
+        "cpu",
+        "--epochs",
+        "3",
+        "--run-name",
+        "orphan",
+        "--log-dir",
+        tmp_path / "logs",
+        "--checkpoint-dir",
+        tmp_path / "logs" / "checkpoints",
+    ]
     done = finish_job(start_job([str(c) for c in cmd], {**os.environ, **launch.environment(env)}))
-    assert done.returncode == -signal.SIGKILL  # the agent; its workers' pipes closed when they ended
+    assert (
+        done.returncode == -signal.SIGKILL
+    )  # the agent; its workers' pipes closed when they ended
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 2 and all("this rank ends here" in e for e in errors), done.stderr[-3000:]
     assert "Traceback" not in done.stderr

@@ -1,6 +1,7 @@
 """--profile for real: a trace of the single-process baseline and of a 2-process DDP job (gloo), read back;
 the computation/communication split checked on the real traces and, to the microsecond, on a hand-made one;
 the course's logs written as TensorBoard scalars and read back; bad input."""
+
 import importlib.util
 import json
 import sys
@@ -12,7 +13,18 @@ from lessons import launch, report, traces
 from trainup import profiling
 
 # 320 samples: 5 steps an epoch (batch 64, or 32 a rank); the first 2 are not recorded, the next 2 are
-TINY = ["--quick", "--train-size", "320", "--test-size", "64", "--epochs", "1", "--profile", "2", "--no-progress"]
+TINY = [
+    "--quick",
+    "--train-size",
+    "320",
+    "--test-size",
+    "64",
+    "--epochs",
+    "1",
+    "--profile",
+    "2",
+    "--no-progress",
+]
 STEPS = 2
 
 
@@ -21,10 +33,16 @@ def runs(tmp_path_factory):
     """One single-process run and one 2-process DDP job, started side by side."""
     log_dir = tmp_path_factory.mktemp("profiling") / "logs"
     out = ["--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
-    jobs = [start_job([sys.executable, str(SCRIPTS / "_trainup_cpu.py"), *TINY, "--run-name", "cpu", *out],
-                      launch.environment()),
-            Ranks([sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *TINY, "--run-name", "ddp", *out],
-                  launch.environment())]  # as srun starts them: no launcher's interpreter
+    jobs = [
+        start_job(
+            [sys.executable, str(SCRIPTS / "_trainup_cpu.py"), *TINY, "--run-name", "cpu", *out],
+            launch.environment(),
+        ),
+        Ranks(
+            [sys.executable, str(SCRIPTS / "_trainup_ddp.py"), *TINY, "--run-name", "ddp", *out],
+            launch.environment(),
+        ),
+    ]  # as srun starts them: no launcher's interpreter
     for done in map(finish_job, jobs):
         assert done.returncode == 0, f"{done.args}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         assert "traced in" in done.stdout
@@ -36,7 +54,9 @@ def test_a_readable_trace_per_rank_with_the_recorded_steps(runs, run, ranks):
     found = traces.traces(run, runs)
     assert sorted(found) == ranks
     for path in found.values():
-        trace = json.loads(path.read_text())  # chrome-trace JSON, as Perfetto and TensorBoard read it
+        trace = json.loads(
+            path.read_text()
+        )  # chrome-trace JSON, as Perfetto and TensorBoard read it
         assert len(traces.steps(trace)) == STEPS
         assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])
 
@@ -69,12 +89,22 @@ def test_a_ddp_step_runs_ddp_s_collectives_alone(runs):
 
 
 def test_top_operators_are_the_model_s_own(runs):
-    cpu, ddp = traces.top_operators("cpu", log_dir=runs), traces.top_operators("ddp", rank=1, log_dir=runs)
-    assert "aten::convolution_backward" in set(cpu["operator"]) and "gloo:all_reduce" in set(ddp["operator"])
+    cpu, ddp = (
+        traces.top_operators("cpu", log_dir=runs),
+        traces.top_operators("ddp", rank=1, log_dir=runs),
+    )
+    assert "aten::convolution_backward" in set(cpu["operator"]) and "gloo:all_reduce" in set(
+        ddp["operator"]
+    )
     for t in (cpu, ddp):
-        assert t["self_ms_per_step"].is_monotonic_decreasing and (t["self_ms_per_step"] <= t["total_ms_per_step"]).all()
+        assert (
+            t["self_ms_per_step"].is_monotonic_decreasing
+            and (t["self_ms_per_step"] <= t["total_ms_per_step"]).all()
+        )
         assert ((0 < t["self_share"]) & (t["self_share"] <= 1 + 1e-9)).all()
-    assert cpu["self_share"].sum() <= 1 + 1e-9  # one thread: its operators' self times fit in the steps
+    assert (
+        cpu["self_share"].sum() <= 1 + 1e-9
+    )  # one thread: its operators' self times fit in the steps
 
 
 @pytest.mark.parametrize("run, rank", [("cpu", 0), ("ddp", 1)])
@@ -118,9 +148,14 @@ def test_the_hooks_are_gone_after_the_run(tmp_path):
     import torch
     from torch.nn.modules import module
     from torch.optim import optimizer
+
     def state():
-        return (torch.Tensor.backward, len(module._global_forward_hooks),
-                len(optimizer._global_optimizer_pre_hooks))
+        return (
+            torch.Tensor.backward,
+            len(module._global_forward_hooks),
+            len(optimizer._global_optimizer_pre_hooks),
+        )
+
     before = state()
     args = argparse.Namespace(profile=1, log_dir=tmp_path, run_name="hooks")
     on = profiling.start(args)
@@ -141,12 +176,21 @@ def X(name, ts, dur, tid=1, cat="cpu_op"):
 
 # Two steps of 100 us on thread 1. Step 1: forward 0-40, backward 40-80 with DDP's hand-off (c10d) at
 # 60-62, the collective 60-90 on a gloo thread. Step 2: computes 100-150 and 170-200, collective 140-180.
-HAND_MADE = {"traceEvents": [
-    X("ProfilerStep#2", 0, 100, cat="user_annotation"), X("aten::conv2d", 0, 40),
-    X("autograd::engine::evaluate_function: ConvolutionBackward0", 40, 40), X("aten::convolution_backward", 41, 30),
-    X("c10d::allreduce_", 60, 2), X("gloo:all_reduce", 60, 30, tid=2, cat="user_annotation"),
-    X("ProfilerStep#3", 100, 100, cat="user_annotation"), X("aten::mm", 100, 50), X("aten::add_", 170, 30),
-    X("gloo:all_reduce", 140, 40, tid=3, cat="user_annotation"), X("gloo:all_reduce", 300, 50, tid=3, cat="user_annotation")]}
+HAND_MADE = {
+    "traceEvents": [
+        X("ProfilerStep#2", 0, 100, cat="user_annotation"),
+        X("aten::conv2d", 0, 40),
+        X("autograd::engine::evaluate_function: ConvolutionBackward0", 40, 40),
+        X("aten::convolution_backward", 41, 30),
+        X("c10d::allreduce_", 60, 2),
+        X("gloo:all_reduce", 60, 30, tid=2, cat="user_annotation"),
+        X("ProfilerStep#3", 100, 100, cat="user_annotation"),
+        X("aten::mm", 100, 50),
+        X("aten::add_", 170, 30),
+        X("gloo:all_reduce", 140, 40, tid=3, cat="user_annotation"),
+        X("gloo:all_reduce", 300, 50, tid=3, cat="user_annotation"),
+    ]
+}
 
 
 def test_the_split_of_a_hand_made_trace_is_exact():
@@ -156,10 +200,18 @@ def test_the_split_of_a_hand_made_trace_is_exact():
     # neither: 90-100 (10 us); of 200 us
     assert s["steps"] == 2 and s["step_ms"] == pytest.approx(0.1)
     assert {p: round(s[p], 6) for p in traces.PARTS} == {
-        "computation only": 0.6, "overlap": 0.19, "communication only": 0.16, "idle": 0.05}
-    assert s["comm_in_backward"] == pytest.approx(20 / 70)  # 60-80 of the collectives ran during backward
+        "computation only": 0.6,
+        "overlap": 0.19,
+        "communication only": 0.16,
+        "idle": 0.05,
+    }
+    assert s["comm_in_backward"] == pytest.approx(
+        20 / 70
+    )  # 60-80 of the collectives ran during backward
     ops = {e["name"]: t for e, t in traces.self_times(HAND_MADE["traceEvents"][1:6])}
-    assert ops["autograd::engine::evaluate_function: ConvolutionBackward0"] == 10  # 40 less its 30 inside
+    assert (
+        ops["autograd::engine::evaluate_function: ConvolutionBackward0"] == 10
+    )  # 40 less its 30 inside
     assert "no GPU kernels" in traces.engine_sentence(HAND_MADE)
 
 
@@ -168,18 +220,23 @@ def test_the_split_of_a_hand_made_trace_is_exact():
 # the CPU's. Step 2 on the CPU 0-100, its kernels 50-160 (compute 50-120, NCCL 100-160); step 3 on
 # the CPU 100-200, its kernels 160-260 (compute 160-230, NCCL 230-260); a warm-up kernel 0-40.
 CPU = "user_annotation"
-GPU_MADE = {"traceEvents": [
-    X("ProfilerStep#2", 0, 100, cat=CPU), X("ProfilerStep#3", 100, 100, cat=CPU),
-    X("phase:forward", 0, 30, cat=CPU), X("phase:forward", 100, 30, cat=CPU),
-    X("ProfilerStep#2", 50, 110, tid=9, cat="gpu_user_annotation"),
-    X("ProfilerStep#3", 160, 100, tid=9, cat="gpu_user_annotation"),
-    X("phase:forward", 50, 40, tid=9, cat="gpu_user_annotation"),
-    X("phase:forward", 160, 40, tid=9, cat="gpu_user_annotation"),
-    X("warmup_kernel", 0, 40, tid=9, cat="kernel"),
-    X("sm80_gemm", 50, 70, tid=9, cat="kernel"),
-    X("ncclDevKernel_AllReduce", 100, 60, tid=10, cat="kernel"),
-    X("sm80_gemm", 160, 70, tid=9, cat="kernel"),
-    X("ncclDevKernel_AllReduce", 230, 30, tid=10, cat="kernel")]}
+GPU_MADE = {
+    "traceEvents": [
+        X("ProfilerStep#2", 0, 100, cat=CPU),
+        X("ProfilerStep#3", 100, 100, cat=CPU),
+        X("phase:forward", 0, 30, cat=CPU),
+        X("phase:forward", 100, 30, cat=CPU),
+        X("ProfilerStep#2", 50, 110, tid=9, cat="gpu_user_annotation"),
+        X("ProfilerStep#3", 160, 100, tid=9, cat="gpu_user_annotation"),
+        X("phase:forward", 50, 40, tid=9, cat="gpu_user_annotation"),
+        X("phase:forward", 160, 40, tid=9, cat="gpu_user_annotation"),
+        X("warmup_kernel", 0, 40, tid=9, cat="kernel"),
+        X("sm80_gemm", 50, 70, tid=9, cat="kernel"),
+        X("ncclDevKernel_AllReduce", 100, 60, tid=10, cat="kernel"),
+        X("sm80_gemm", 160, 70, tid=9, cat="kernel"),
+        X("ncclDevKernel_AllReduce", 230, 30, tid=10, cat="kernel"),
+    ]
+}
 
 
 def test_a_cuda_trace_counts_each_step_and_phase_once_and_splits_its_kernels_on_the_gpu_rows():
@@ -191,8 +248,11 @@ def test_a_cuda_trace_counts_each_step_and_phase_once_and_splits_its_kernels_on_
     # both 100-120 (20); nothing 0 us; the warm-up kernel and the CPU windows play no part
     assert s["steps"] == 2 and s["step_ms"] == pytest.approx(0.105)
     assert {p: round(s[p], 6) for p in traces.PARTS} == {
-        "computation only": round(120 / 210, 6), "overlap": round(20 / 210, 6),
-        "communication only": round(70 / 210, 6), "idle": 0.0}
+        "computation only": round(120 / 210, 6),
+        "overlap": round(20 / 210, 6),
+        "communication only": round(70 / 210, 6),
+        "idle": 0.0,
+    }
 
 
 def test_logs_round_trip_through_tensorboard(runs, tmp_path):
@@ -202,18 +262,35 @@ def test_logs_round_trip_through_tensorboard(runs, tmp_path):
     loss = table[(table["run"] == "ddp") & (table["tag"] == "train/loss")]
     epoch = report.read_run(runs / "ddp.jsonl")["epochs"][0]
     # TensorBoard keeps float32: 6e-8 relative
-    assert loss["step"].tolist() == [1] and loss["value"].iloc[0] == pytest.approx(epoch["loss"], rel=1e-6)
+    assert loss["step"].tolist() == [1] and loss["value"].iloc[0] == pytest.approx(
+        epoch["loss"], rel=1e-6
+    )
     assert "no GPU" in traces.gpu_note(runs, tmp_path / "no_reference") or traces.gpu_runs(runs)
 
 
 def test_bad_profile_flags_are_one_sentence(capsys, tmp_path):
     sys.path.insert(0, str(SCRIPTS))
     from _trainup_cpu import main
-    common = ["--quick", "--log-dir", tmp_path / "logs", "--checkpoint-dir", tmp_path / "ck", "--no-progress"]
-    assert_clean_error(in_process(main, ["--profile", "0", *common], capsys), "--profile", "greater than 0")
+
+    common = [
+        "--quick",
+        "--log-dir",
+        tmp_path / "logs",
+        "--checkpoint-dir",
+        tmp_path / "ck",
+        "--no-progress",
+    ]
+    assert_clean_error(
+        in_process(main, ["--profile", "0", *common], capsys), "--profile", "greater than 0"
+    )
     from _trainup_hogwild import main as hogwild
-    assert_clean_error(in_process(hogwild, ["--profile", "2", *common], capsys), "--profile", "Hogwild",
-                       "_trainup_cpu.py")
+
+    assert_clean_error(
+        in_process(hogwild, ["--profile", "2", *common], capsys),
+        "--profile",
+        "Hogwild",
+        "_trainup_cpu.py",
+    )
     assert not (tmp_path / "logs").exists()  # nothing half-written
     # 64 samples at batch 64: 2 steps in all, both before recording starts
     short = in_process(main, ["--profile", "3", "--train-size", "64", *common], capsys)

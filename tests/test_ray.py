@@ -6,23 +6,30 @@ process outlives the run.
 Where Ray is not installed these tests skip and say why, except with TRAINUP_REQUIRE_RAY=1 (the
 README's test command), where a missing Ray fails them.
 """
+
 import importlib.util
 import json
 import os
 
 import pytest
 
-from conftest import (ROOT, assert_clean_error, drill_beside_its_baseline, in_process,
-                      notebook_or_own)
+from conftest import (
+    ROOT,
+    assert_clean_error,
+    drill_beside_its_baseline,
+    in_process,
+    notebook_or_own,
+)
 from lessons import checks, launch, ray_drill
 from lessons.log_reader import read_run
 
 if importlib.util.find_spec("ray") is None:
     if os.environ.get("TRAINUP_REQUIRE_RAY") == "1":
-        pytest.fail("TRAINUP_REQUIRE_RAY=1 but Ray is not installed in this Python",
-                    pytrace=False)
-    pytest.skip("Ray is not installed in this Python (pip install 'ray[default,train]==2.60.0')",
-                allow_module_level=True)
+        pytest.fail("TRAINUP_REQUIRE_RAY=1 but Ray is not installed in this Python", pytrace=False)
+    pytest.skip(
+        "Ray is not installed in this Python (pip install 'ray[default,train]==2.60.0')",
+        allow_module_level=True,
+    )
 
 # Notebook 04c makes this very drill and its one-process run (ray_drill.FLAGS): in a session that
 # runs the notebook, these tests check the notebook's (conftest runs this file after the others).
@@ -32,6 +39,7 @@ READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, request):
     """The Ray drill and the name of its one-process run: the notebook's where this session ran it."""
+
     def load():
         d = ray_drill.load("ray", ROOT / "logs", ROOT / "checkpoints")
         return d and (d, "ray_one")
@@ -42,8 +50,11 @@ def killed(tmp_path_factory, request):
 def own(tmp_path_factory):
     """The Ray drill and its one-process run, made here."""
     return drill_beside_its_baseline(
-        tmp_path_factory.mktemp("ray"), ray_drill.FLAGS, launch.environment(),
-        lambda logs, ckpt: ray_drill.drill("ray", logs, ckpt, quick=True, show=lambda *_: None))
+        tmp_path_factory.mktemp("ray"),
+        ray_drill.FLAGS,
+        launch.environment(),
+        lambda logs, ckpt: ray_drill.drill("ray", logs, ckpt, quick=True, show=lambda *_: None),
+    )
 
 
 def test_rays_two_workers_survive_a_kill_and_end_like_one_process(killed):
@@ -79,8 +90,12 @@ def test_no_ray_process_outlives_the_run(killed):
 
 def test_workers_that_do_not_split_the_batch_are_one_sentence_before_ray_starts(capsys, tmp_path):
     import _trainup_ray
-    proc = in_process(_trainup_ray.main, ["--quick", "--ray-workers", "3", "--log-dir", tmp_path,
-                                          "--checkpoint-dir", tmp_path], capsys)
+
+    proc = in_process(
+        _trainup_ray.main,
+        ["--quick", "--ray-workers", "3", "--log-dir", tmp_path, "--checkpoint-dir", tmp_path],
+        capsys,
+    )
     assert_clean_error(proc, "--batch-size 64", "3 Ray workers")
     assert not (tmp_path / "ray").exists()  # refused before Ray started
 
@@ -90,9 +105,12 @@ def test_ray_s_workers_take_gpus_as_every_job_does(monkeypatch, capsys, tmp_path
     cuda with too few GPUs is one sentence."""
     from types import SimpleNamespace
     from trainup import UserError, devices, ray_run
+
     def args(device):
-        return SimpleNamespace(batch_size=64, ray_workers=2, device=device, log_dir=tmp_path,
-                               checkpoint_dir=tmp_path)
+        return SimpleNamespace(
+            batch_size=64, ray_workers=2, device=device, log_dir=tmp_path, checkpoint_dir=tmp_path
+        )
+
     monkeypatch.setattr(devices, "gpu_count", lambda: 1)
     assert ray_run.check(args("auto")) == 0
     assert "would need 2 GPUs, one each, and this machine has 1" in capsys.readouterr().err
@@ -106,12 +124,21 @@ def test_a_run_ray_gave_up_on_is_one_sentence_naming_each_rank():
     from ray.train import WorkerGroupError
     from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
     from trainup import ray_run
-    error = WorkerGroupError("...", {
-        1: WorkerHealthCheckFailedError("A worker health check failed.\n pid: 7", RuntimeError()),
-        0: RuntimeError("Traceback (most recent call last):\n ...\nRuntimeError: Connection reset "
-                        "by peer")})
-    assert ray_run.why(error) == ("rank 0: another rank is gone (Connection reset by peer); "
-                                  "rank 1: its process died")
+
+    error = WorkerGroupError(
+        "...",
+        {
+            1: WorkerHealthCheckFailedError(
+                "A worker health check failed.\n pid: 7", RuntimeError()
+            ),
+            0: RuntimeError(
+                "Traceback (most recent call last):\n ...\nRuntimeError: Connection reset by peer"
+            ),
+        },
+    )
+    assert ray_run.why(error) == (
+        "rank 0: another rank is gone (Connection reset by peer); rank 1: its process died"
+    )
 
 
 def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypatch):
@@ -122,6 +149,7 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
 
     import psutil
     from trainup import ray_run
+
     began, calls = [], []
 
     def init(**kwargs):
@@ -138,6 +166,7 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
 
     def other(**kwargs):
         raise Exception("something else")
+
     monkeypatch.setattr(ray_run.ray, "init", other)
     with pytest.raises(Exception, match="something else"):
         ray_run.start({})
@@ -151,8 +180,12 @@ def test_a_node_late_on_a_loaded_machine_runs_again_once_the_load_falls(monkeypa
     def attempt(cmd, run, log_dir, checkpoint_dir, show, outcomes):
         returncode, output = outcomes.pop(0)
         tries.append(returncode)
-        d = ray_drill.Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir,
-                            output=output, returncode=returncode)
+        d = ray_drill.Drill(
+            log=log_dir / f"{run}.jsonl",
+            checkpoint_dir=checkpoint_dir,
+            output=output,
+            returncode=returncode,
+        )
         if returncode == 0:
             d.log.write_text(json.dumps({"type": "ddp"}) + "\n")
         return d
@@ -183,8 +216,12 @@ def test_a_run_whose_workers_never_start_is_ended_and_started_once_more(monkeypa
     def attempt(cmd, run, log_dir, checkpoint_dir, show, outcomes):
         tries.append(run)
         (log_dir / f"{run}.jsonl").unlink(missing_ok=True)  # as each attempt starts afresh
-        d = ray_drill.Drill(log=log_dir / f"{run}.jsonl", checkpoint_dir=checkpoint_dir,
-                            output="stalled", returncode=outcomes.pop(0))
+        d = ray_drill.Drill(
+            log=log_dir / f"{run}.jsonl",
+            checkpoint_dir=checkpoint_dir,
+            output="stalled",
+            returncode=outcomes.pop(0),
+        )
         if d.returncode is not None:  # a run that started: its ranks wrote their log
             d.log.write_text(json.dumps({"type": "ddp"}) + "\n")
         return d

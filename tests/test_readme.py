@@ -1,6 +1,7 @@
 """The README as a learner's front door (issue 60.1): short, the first command on the first screen,
 every lesson linked with its Colab badge, no history, a license, and a JupyterLab command that works
 as root. Each check is a small function, run on the real files and on one case it must reject."""
+
 import os
 import re
 import shutil
@@ -42,8 +43,10 @@ def first_command_line(text):
 
 
 def colab_url(notebook):
-    return (f"https://colab.research.google.com/github/{colab.REPO_URL.split('github.com/')[1]}"
-            f"/blob/{colab.BRANCH}/notebooks/{notebook}")
+    return (
+        f"https://colab.research.google.com/github/{colab.REPO_URL.split('github.com/')[1]}"
+        f"/blob/{colab.BRANCH}/notebooks/{notebook}"
+    )
 
 
 def table_rows(text, heading="## Lessons"):
@@ -75,11 +78,14 @@ def dead_links(path):
     """Relative links of a markdown file whose target does not exist."""
     text = path.read_text()
     targets = re.findall(r"\]\(([^)\s]+)\)", text)
-    local = [t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    local = [
+        t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")
+    ]
     return [t for t in local if t and not (path.parent / t).exists()]
 
 
 # ---- length and the first screen ------------------------------------------------------------------------
+
 
 def test_the_readme_is_short():
     assert len(README.splitlines()) < MAX_LINES
@@ -95,12 +101,18 @@ def test_the_first_command_is_on_the_first_screen():
 
 
 def test_the_readme_gives_both_commands_the_fast_tier_and_jupyterlab():
-    for text in ("bash run_course.sh", "bash run_tests.sh", "bash run_tests.sh -m fast", "tests/README.md",
-                 "bash tools/lab.sh"):
+    for text in (
+        "bash run_course.sh",
+        "bash run_tests.sh",
+        "bash run_tests.sh -m fast",
+        "tests/README.md",
+        "bash tools/lab.sh",
+    ):
         assert text in README, text
 
 
 # ---- the lessons table ----------------------------------------------------------------------------------
+
 
 def test_every_notebook_is_linked_with_its_colab_badge():
     names = [p.name for p in NOTEBOOKS]
@@ -108,7 +120,8 @@ def test_every_notebook_is_linked_with_its_colab_badge():
     assert lesson_problems(README, names) == []
     # one that is missing, and one whose badge opens another notebook, are both caught
     assert lesson_problems(README, names + ["99_new.ipynb"]) == [
-        "99_new.ipynb: no row of the lessons table links notebooks/99_new.ipynb"]
+        "99_new.ipynb: no row of the lessons table links notebooks/99_new.ipynb"
+    ]
     swapped = README.replace(colab_url(names[0]), colab_url(names[1]))
     assert len(lesson_problems(swapped, names)) == 1
 
@@ -121,8 +134,9 @@ def test_the_tables_time_is_the_notebooks_own():
         cell = rows[path.name][-1]
         stated = QUICK_TIME.search(path.read_text())
         if stated:
-            assert cell == f"about {stated[1]} min", \
+            assert cell == f"about {stated[1]} min", (
                 f"{path.name}: the table says {cell!r}, the notebook 'about {stated[1]} min in quick mode'"
+            )
         else:
             assert cell == "—" or re.fullmatch(r"about [\d.]+ min", cell), (path.name, cell)
 
@@ -135,14 +149,21 @@ def test_every_relative_link_of_the_readme_and_the_docs_exists():
 
 # ---- no history -----------------------------------------------------------------------------------------
 
+
 def test_no_commit_hash_and_no_date_in_the_readme_or_the_docs():
     for path in [ROOT / "README.md", *DOCS]:
         assert history(path.read_text()) == [], path.name
-    assert history("took 19.7 minutes at 98f4f94 (measured 2026-11-26)") == ["98f4f94", "2026-11-26"]
-    assert history("torch 2.13.0+cu126, 3x224x224, sha256, a defaced page, logs/<gpu>_<date>/") == []
+    assert history("took 19.7 minutes at 98f4f94 (measured 2026-11-26)") == [
+        "98f4f94",
+        "2026-11-26",
+    ]
+    assert (
+        history("torch 2.13.0+cu126, 3x224x224, sha256, a defaced page, logs/<gpu>_<date>/") == []
+    )
 
 
 # ---- license --------------------------------------------------------------------------------------------
+
 
 def test_the_license_names_mit_for_code_and_cc_by_for_prose():
     text = (ROOT / "LICENSE").read_text()
@@ -152,6 +173,7 @@ def test_the_license_names_mit_for_code_and_cc_by_for_prose():
 
 
 # ---- JupyterLab as a user and as root -------------------------------------------------------------------
+
 
 def lab(tmp_path, uid, *extra):
     """Run tools/lab.sh in a copy of the course's layout with a jupyter that prints its arguments and
@@ -168,11 +190,19 @@ def lab(tmp_path, uid, *extra):
     (bin_dir / "id").write_text(f'#!/bin/sh\n[ "$1" = -u ] && echo {uid}\n')
     (bin_dir / "id").chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    done = subprocess.run(["bash", str(course / "tools" / "lab.sh"), *extra], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=30)
+    done = subprocess.run(
+        ["bash", str(course / "tools" / "lab.sh"), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     folder, args = done.stdout.splitlines()
-    assert folder == str(course)  # started from the course's top folder, wherever it was called from
+    assert folder == str(
+        course
+    )  # started from the course's top folder, wherever it was called from
     return args
 
 
@@ -180,13 +210,19 @@ def test_lab_adds_allow_root_only_for_root(tmp_path):
     assert os.access(ROOT / "tools" / "lab.sh", os.X_OK)
     assert lab(tmp_path, 0) == "lab notebooks/ --allow-root"
     assert lab(tmp_path, 1000) == "lab notebooks/"
-    assert lab(tmp_path, 1000, "--no-browser", "--port", "8889") == "lab notebooks/ --no-browser --port 8889"
+    assert (
+        lab(tmp_path, 1000, "--no-browser", "--port", "8889")
+        == "lab notebooks/ --no-browser --port 8889"
+    )
 
 
 def test_lab_without_a_venv_says_what_to_run(tmp_path):
     (tmp_path / "tools").mkdir()
     shutil.copy2(ROOT / "tools" / "lab.sh", tmp_path / "tools" / "lab.sh")
-    done = subprocess.run(["bash", str(tmp_path / "tools" / "lab.sh")], capture_output=True, text=True,
-                          timeout=30)
-    assert done.returncode == 2 and done.stderr.startswith("error:") and "run_course.sh" in done.stderr
+    done = subprocess.run(
+        ["bash", str(tmp_path / "tools" / "lab.sh")], capture_output=True, text=True, timeout=30
+    )
+    assert (
+        done.returncode == 2 and done.stderr.startswith("error:") and "run_course.sh" in done.stderr
+    )
     assert len(done.stderr.strip().splitlines()) == 1

@@ -43,9 +43,7 @@ def test_a_failing_notebook_is_kept_at_its_failing_cell_and_the_others_still_run
     assert "1 of 2 notebooks ran to the end" in done.stdout and "Traceback" not in done.stdout
     kept = nbformat.read(out / "01_bad.ipynb", as_version=4).cells
     assert kept[0].outputs[0]["text"] == "before\n"
-    assert (
-        kept[1].outputs[-1]["output_type"] == "error" and kept[1].outputs[-1]["evalue"] == "boom"
-    )
+    assert kept[1].outputs[-1]["output_type"] == "error" and kept[1].outputs[-1]["evalue"] == "boom"
     assert kept[2].outputs == [] and kept[2].execution_count is None  # never reached
     ran = nbformat.read(out / "02_good.ipynb", as_version=4).cells
     assert ran[0].outputs[0]["text"] == f"{tmp_path.name}\n"  # run from the notebook's own folder

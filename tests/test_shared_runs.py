@@ -2,6 +2,7 @@
 session runs that notebook and every cell of it passed (conftest.notebook_passed): one job, run
 once. Everywhere else (a test file alone, the breakages' copies, a cell that failed) the test makes
 its own."""
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,6 +65,7 @@ def test_under_xdist_the_other_workers_cells_are_waited_for(monkeypatch, tmp_pat
     def later(_seconds):  # the other worker reports its last cells while this one waits
         polls.append(1)
         shared.write_text("".join(f"{c}\tpassed\n" for c in CELLS))
+
     monkeypatch.setattr(suite.time, "sleep", later)
     assert notebook_passed(request_for(CELLS, {SHARED_OUTCOMES: str(shared)}), NOTEBOOK)
     assert polls == [1]
@@ -72,12 +74,21 @@ def test_under_xdist_the_other_workers_cells_are_waited_for(monkeypatch, tmp_pat
 def test_files_that_read_a_notebook_run_after_the_other_files_and_before_the_breakages():
     def item(nodeid, module=None):
         return SimpleNamespace(nodeid=nodeid, module=module)
+
     reads = SimpleNamespace(READS_NOTEBOOK=NOTEBOOK)
-    items = [item("tests/test_breakages.py::test_b"), item("tests/test_elastic.py::test_e", reads),
-             item("tests/test_ddp.py::test_d"), item(CELLS[0])]
+    items = [
+        item("tests/test_breakages.py::test_b"),
+        item("tests/test_elastic.py::test_e", reads),
+        item("tests/test_ddp.py::test_d"),
+        item(CELLS[0]),
+    ]
     suite.pytest_collection_modifyitems(None, items)
     assert [i.nodeid.split("::")[0] for i in items] == [
-        NOTEBOOK, "tests/test_ddp.py", "tests/test_elastic.py", "tests/test_breakages.py"]
+        NOTEBOOK,
+        "tests/test_ddp.py",
+        "tests/test_elastic.py",
+        "tests/test_breakages.py",
+    ]
 
 
 def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monkeypatch, tmp_path):
@@ -99,13 +110,16 @@ def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monke
     def later_on(_seconds):  # the other worker's notebook ends while this one waits
         polls.append(1)
         shared.write_text(f"{first}\tfailed\n")
+
     monkeypatch.setattr(suite.time, "sleep", later_on)
 
     def item(nodeid, workerinput):
         config = SimpleNamespace(workerinput=workerinput) if workerinput else SimpleNamespace()
-        session = SimpleNamespace(config=config, items=[SimpleNamespace(nodeid=n)
-                                                        for n in (first, second, tenth, later)])
+        session = SimpleNamespace(
+            config=config, items=[SimpleNamespace(nodeid=n) for n in (first, second, tenth, later)]
+        )
         return SimpleNamespace(nodeid=nodeid, session=session)
+
     xdist = {SHARED_OUTCOMES: str(shared)}
     assert suite.wait_for_earlier_notebooks(item(second, xdist)) == set() and polls == []
     in_order = suite.wait_for_earlier_notebooks(item(tenth, {}))  # one process: in order
@@ -120,6 +134,7 @@ def test_the_baseline_is_keyed_by_the_code_it_runs(tmp_path):
     """A breakage's copy reuses the session's one-process baseline only where it leaves the code
     of that run alone: another lesson's script may change, the baseline's script and trainup not."""
     import shutil
+
     copy = tmp_path / "scripts"
     shutil.copytree(conftest.SCRIPTS, copy, ignore=shutil.ignore_patterns("__pycache__"))
     key = conftest.baseline_key(copy)
@@ -158,13 +173,21 @@ def test_a_hung_job_is_killed_with_the_workers_of_its_own_sessions_and_fails(mon
     import subprocess
     import sys
     import time
+
     monkeypatch.setattr(conftest, "HANG_GUARD_S", 1)
     # a "launcher" whose worker runs in a session of its own, holding the launcher's stdout
     worker = "import os, time; os.setsid(); print(os.getpid(), flush=True); time.sleep(600)"
-    launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); "
-                "time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); "
+        "time.sleep(600)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", launcher],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     started = time.monotonic()
     try:
         conftest.finish_job(proc)

@@ -13,6 +13,7 @@ A simulated spot notice loses no step: lesson 01's script, stopped by AWS's noti
 on: the random states come back too). Google's notice stops both ranks of a torchrun job at one
 step with one checkpoint (that such a checkpoint resumes exactly, tests/test_preemption.py shows).
 """
+
 import json
 import os
 import re
@@ -37,8 +38,14 @@ READS_NOTEBOOK = "notebooks/04c_elastic.ipynb"
 
 
 def _drill(tmp, cloud, **kw):
-    d = elastic.spot_drill("spot", cloud=cloud, log_dir=str(tmp / "logs"),
-                           checkpoint_dir=str(tmp / "checkpoints"), **QUIET, **kw)
+    d = elastic.spot_drill(
+        "spot",
+        cloud=cloud,
+        log_dir=str(tmp / "logs"),
+        checkpoint_dir=str(tmp / "checkpoints"),
+        **QUIET,
+        **kw,
+    )
     return SimpleNamespace(d=d, logs=tmp / "logs", checkpoints=tmp / "checkpoints")
 
 
@@ -47,21 +54,29 @@ def aws(tmp_path_factory, request):
     """Lesson 01's script (one process) under the watcher, AWS's notice once it has started, then
     --resume on the next machine; the same run never stopped, alongside. The notebook's drill
     where this session ran it."""
+
     def load():
         d = elastic.spot_load("spot", ROOT / "logs")
         return d and SimpleNamespace(d=d, logs=ROOT / "logs", checkpoints=ROOT / "checkpoints")
 
-    return notebook_or_own(request, READS_NOTEBOOK, load,
-                           lambda: _drill(tmp_path_factory.mktemp("spot_aws"), "aws"))
+    return notebook_or_own(
+        request, READS_NOTEBOOK, load, lambda: _drill(tmp_path_factory.mktemp("spot_aws"), "aws")
+    )
 
 
 @pytest.fixture(scope="module")
 def gcp(tmp_path_factory):
     """Lesson 04's DDP script, 2 ranks under torchrun, under the watcher; Google's notice once
     it has started (no resume: tests/test_preemption.py resumes such a stop exactly)."""
-    return _drill(tmp_path_factory.mktemp("spot_gcp"), "gcp", launcher=TORCHRUN,
-                  script="scripts/_trainup_ddp.py", flags=[*elastic.SPOT_FLAGS, "--device", "cpu"],
-                  straight=False, resume=False)
+    return _drill(
+        tmp_path_factory.mktemp("spot_gcp"),
+        "gcp",
+        launcher=TORCHRUN,
+        script="scripts/_trainup_ddp.py",
+        flags=[*elastic.SPOT_FLAGS, "--device", "cpu"],
+        straight=False,
+        resume=False,
+    )
 
 
 def lines(log_dir, name):
@@ -72,8 +87,11 @@ def test_an_aws_notice_stops_the_run_at_a_step_with_a_checkpoint_and_exit_75(aws
     d = aws.d
     out = d.outputs["stopped"]
     assert d.stopped == preempt.STOPPED_EXIT, out[-3000:]
-    assert re.fullmatch(r"notice from aws: terminate at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; "
-                        r"sent SIGTERM to process group \d+", d.notice), d.notice
+    assert re.fullmatch(
+        r"notice from aws: terminate at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; "
+        r"sent SIGTERM to process group \d+",
+        d.notice,
+    ), d.notice
     assert "SIGTERM: stopped in epoch 1 after step" in out, out[-3000:]
     assert "spot: the command stopped with a checkpoint (exit 75)" in out
     assert d.statuses == ["stopped", "finished"]
@@ -83,10 +101,14 @@ def test_a_simulated_spot_notice_loses_no_step(aws):
     """The resumed run (the same line with --resume, on a machine with no notice) ends with the
     parameters, bit for bit, of the run never stopped; its epochs' sums are that run's too."""
     d = aws.d
-    assert (d.resumed, d.straight) == (0, 0), (d.outputs["resumed"][-3000:],
-                                              d.outputs["straight"][-3000:])
-    resumed, straight = (torch.load(aws.checkpoints / f"{name}.pt", weights_only=True)["model"]
-                         for name in ("spot", "spot_straight"))
+    assert (d.resumed, d.straight) == (0, 0), (
+        d.outputs["resumed"][-3000:],
+        d.outputs["straight"][-3000:],
+    )
+    resumed, straight = (
+        torch.load(aws.checkpoints / f"{name}.pt", weights_only=True)["model"]
+        for name in ("spot", "spot_straight")
+    )
     for k in straight:
         assert torch.equal(resumed[k], straight[k]), k
     mine = [r for r in lines(aws.logs, "spot") if r["type"] == "epoch"]
@@ -122,9 +144,16 @@ def test_no_process_of_a_drill_is_left_behind(aws, gcp):
 
 # --- The watcher alone, around commands that cost nothing -------------------------------------
 
+
 def watcher(*flags, **kw):
-    return subprocess.run([sys.executable, "-m", "trainup.spot", *flags], cwd=ROOT, text=True,
-                          capture_output=True, timeout=60, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "trainup.spot", *flags],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        **kw,
+    )
 
 
 def closed_url():
@@ -133,8 +162,9 @@ def closed_url():
 
 
 def test_where_no_metadata_service_answers_the_command_runs_unwatched():
-    done = watcher("--cloud", "aws", "--metadata-url", closed_url(), "--",
-                   "sh", "-c", "echo ran; exit 3")
+    done = watcher(
+        "--cloud", "aws", "--metadata-url", closed_url(), "--", "sh", "-c", "echo ran; exit 3"
+    )
     assert done.returncode == 3 and done.stdout == "ran\n"
     said = [line for line in done.stderr.splitlines() if "does not answer" in line]
     assert len(said) == 1 and "no notice can stop it" in said[0], done.stderr
@@ -144,8 +174,15 @@ def test_where_no_metadata_service_answers_the_command_runs_unwatched():
 def test_a_notice_already_there_starts_nothing(tmp_path):
     with elastic.Metadata("gcp") as stand_in:
         stand_in.notice()
-        done = watcher("--cloud", "gcp", "--metadata-url", stand_in.url, "--",
-                       "touch", str(tmp_path / "started"))
+        done = watcher(
+            "--cloud",
+            "gcp",
+            "--metadata-url",
+            stand_in.url,
+            "--",
+            "touch",
+            str(tmp_path / "started"),
+        )
     assert done.returncode == preempt.STOPPED_EXIT, done.stderr
     assert "not started" in done.stderr and not (tmp_path / "started").exists()
 
@@ -154,11 +191,26 @@ def test_a_sigterm_to_the_watcher_reaches_the_commands_whole_group():
     """As a scheduler's SIGTERM (or Ctrl-C) would reach the job without the watcher: the shell
     and the sleep it started both get it; the shell's death by SIGTERM is reported as 143."""
     with elastic.Metadata("aws") as stand_in:
-        proc = subprocess.Popen([sys.executable, "-m", "trainup.spot", "--cloud", "aws",
-                                 "--metadata-url", stand_in.url, "--",
-                                 "sh", "-c", "sleep 60 & echo $!; wait"],
-                                cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainup.spot",
+                "--cloud",
+                "aws",
+                "--metadata-url",
+                stand_in.url,
+                "--",
+                "sh",
+                "-c",
+                "sleep 60 & echo $!; wait",
+            ],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             sleeper = int(proc.stdout.readline())
             said = proc.stderr.readline()  # printed once the watcher forwards signals
@@ -176,19 +228,25 @@ def test_a_sigterm_to_the_watcher_reaches_the_commands_whole_group():
         if "zombie" in open(f"/proc/{sleeper}/status").read().lower():
             break
         time.sleep(0.05)
-    alive = os.path.exists(f"/proc/{sleeper}") and "zombie" not in open(
-        f"/proc/{sleeper}/status").read().lower()
+    alive = (
+        os.path.exists(f"/proc/{sleeper}")
+        and "zombie" not in open(f"/proc/{sleeper}/status").read().lower()
+    )
     assert not alive, "the command's child outlived the signal"
 
 
-@pytest.mark.parametrize("flags,words", [
-    (["--cloud", "aws"], ["no command to watch", "after --"]),
-    (["--", "true"], ["--cloud"]),
-    (["--cloud", "azure", "--", "true"], ["--cloud", "'azure'", "'aws', 'gcp'"]),
-    (["--cloud", "aws", "--", "no-such-command-here"], ["'no-such-command-here'", "no such"]),
-    (["--cloud", "gcp", "--every", "0", "--", "true"], ["--every", "above 0"]),
-    (["--cloud", "gcp", "--metadata-url", "169.254.169.254", "--", "true"], ["http://"]),
-    (["--cloud", "aws", "--signal", "KILL", "--", "true"], ["--signal", "'KILL'"]),
-], ids=["no-command", "no-cloud", "unknown-cloud", "no-such-command", "every-0", "url", "signal"])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--cloud", "aws"], ["no command to watch", "after --"]),
+        (["--", "true"], ["--cloud"]),
+        (["--cloud", "azure", "--", "true"], ["--cloud", "'azure'", "'aws', 'gcp'"]),
+        (["--cloud", "aws", "--", "no-such-command-here"], ["'no-such-command-here'", "no such"]),
+        (["--cloud", "gcp", "--every", "0", "--", "true"], ["--every", "above 0"]),
+        (["--cloud", "gcp", "--metadata-url", "169.254.169.254", "--", "true"], ["http://"]),
+        (["--cloud", "aws", "--signal", "KILL", "--", "true"], ["--signal", "'KILL'"]),
+    ],
+    ids=["no-command", "no-cloud", "unknown-cloud", "no-such-command", "every-0", "url", "signal"],
+)
 def test_bad_input_is_one_sentence(flags, words):
     assert_clean_error(watcher(*flags), *words)

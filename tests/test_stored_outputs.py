@@ -6,6 +6,7 @@ after the sanitizer's rewrites (tests/nbval_sanitize.cfg). A float difference pr
 what the lesson claims, or shown in an untagged cell that asserts. The tolerances a lesson states are
 constants, and may be shown, as may a value rounded to its power of ten (a gap "about 1e-02").
 """
+
 import configparser
 import json
 import os
@@ -45,15 +46,33 @@ def compared_text(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_compared_output_holds_a_float_printed_in_full(path):
-    found = [f"cell {n}: {line.strip()[:120]}" for n, line in compared_text(path)
-             if not line.startswith("$ ") and IN_FULL.search(line)]
-    assert not found, "stored outputs that another machine would print otherwise:\n" + "\n".join(found)
+    found = [
+        f"cell {n}: {line.strip()[:120]}"
+        for n, line in compared_text(path)
+        if not line.startswith("$ ") and IN_FULL.search(line)
+    ]
+    assert not found, "stored outputs that another machine would print otherwise:\n" + "\n".join(
+        found
+    )
 
 
 def test_the_check_finds_a_float_printed_in_full(tmp_path):
-    notebook = {"cells": [{"cell_type": "code", "source": ["print(gap)"],
-                           "metadata": {"tags": [COMPARED]}, "outputs": [
-        {"output_type": "stream", "name": "stdout", "text": ["largest gap 1.9e-07, within 1e-05\n"]}]}]}
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "source": ["print(gap)"],
+                "metadata": {"tags": [COMPARED]},
+                "outputs": [
+                    {
+                        "output_type": "stream",
+                        "name": "stdout",
+                        "text": ["largest gap 1.9e-07, within 1e-05\n"],
+                    }
+                ],
+            }
+        ]
+    }
     path = tmp_path / "x.ipynb"
     path.write_text(json.dumps(notebook))
     with pytest.raises(AssertionError, match="1.9e-07"):
@@ -70,15 +89,26 @@ ASSERTS = re.compile(r"\b(assert|check|expect)")
 def test_every_cell_whose_output_is_not_compared_asserts(path):
     """nbval compares only tagged cells: an untagged one can fail only through what it asserts."""
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    quiet = [i for i, c in enumerate(cells) if COMPARED not in c.get("metadata", {}).get("tags", [])
-             and not ASSERTS.search("".join(c["source"]))]
+    quiet = [
+        i
+        for i, c in enumerate(cells)
+        if COMPARED not in c.get("metadata", {}).get("tags", [])
+        and not ASSERTS.search("".join(c["source"]))
+    ]
     assert not quiet, f"{path.name}: code cells {quiet} are neither compared nor assert anything"
 
 
 def test_the_assert_check_finds_a_silent_cell(tmp_path):
     path = tmp_path / "x.ipynb"
-    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": ["print(1)"],
-                                            "metadata": {}, "outputs": []}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {"cell_type": "code", "source": ["print(1)"], "metadata": {}, "outputs": []}
+                ]
+            }
+        )
+    )
     with pytest.raises(AssertionError, match="neither compared"):
         test_every_cell_whose_output_is_not_compared_asserts(path)
 
@@ -90,11 +120,19 @@ def test_outputs_are_stored_on_a_quiet_machine_only(tmp_path):
     busy.write_text(f"{cores + 1.5:.2f} 1.00 1.00 3/100 1234\n")
     notebook = tmp_path / "untouched.ipynb"
     notebook.write_text("{}")
-    proc = subprocess.run(["bash", "tools/store_outputs.sh", str(notebook)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60,
-                          env={**os.environ, "TRAINUP_LOADAVG_FILE": str(busy), "TRAINUP_STORE_WAIT_S": "0"})
+    proc = subprocess.run(
+        ["bash", "tools/store_outputs.sh", str(notebook)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TRAINUP_LOADAVG_FILE": str(busy), "TRAINUP_STORE_WAIT_S": "0"},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert proc.stderr.strip().startswith("error: the load average is") and len(proc.stderr.splitlines()) == 1
+    assert (
+        proc.stderr.strip().startswith("error: the load average is")
+        and len(proc.stderr.splitlines()) == 1
+    )
     assert f"on {cores} cores" in proc.stderr
     assert notebook.read_text() == "{}", "nothing was executed"
 
@@ -110,12 +148,20 @@ def test_every_cell_that_draws_a_figure_shows_it(path):
         source = "".join(cell["source"])
         if cell["cell_type"] != "code" or not DRAWS.search(source):
             continue
-        hidden = [line for line in source.splitlines() if DRAWS.search(line) and line.rstrip().endswith(";")]
+        hidden = [
+            line
+            for line in source.splitlines()
+            if DRAWS.search(line) and line.rstrip().endswith(";")
+        ]
         assert not hidden, f"{path.name} cell {i} draws a figure and hides it: {hidden}"
         images = [o for o in cell["outputs"] if "image/png" in o.get("data", {})]
-        always = any(DRAWS.match(line) or re.match(r"\w+ = checks\.", line) for line in source.splitlines())
+        always = any(
+            DRAWS.match(line) or re.match(r"\w+ = checks\.", line) for line in source.splitlines()
+        )
         said = "".join("".join(o.get("text", "")) for o in cell["outputs"]).strip()
-        assert images or (not always and said), f"{path.name} cell {i} draws a figure and stores no image"
+        assert images or (not always and said), (
+            f"{path.name} cell {i} draws a figure and stores no image"
+        )
 
 
 def test_notebook_06s_stored_sweep_states_each_bubble_against_the_formula_as_its_steps_show():
@@ -124,12 +170,18 @@ def test_notebook_06s_stored_sweep_states_each_bubble_against_the_formula_as_its
     ("above/below it in every step"), or says the steps do not decide; no remainder is given as a
     cause ("because"); interleaved 1F1B at m = 1 is held to (p-1)/p = 50 %, not (p-1)/(v+p-1)."""
     cells = json.loads((ROOT / "notebooks" / "06_pipeline_parallel.ipynb").read_text())["cells"]
-    out = next("".join("".join(o.get("text", "")) for o in c["outputs"]) for c in cells
-               if "schedules.bubble_table(" in "".join(c["source"]))
+    out = next(
+        "".join("".join(o.get("text", "")) for o in c["outputs"])
+        for c in cells
+        if "schedules.bubble_table(" in "".join(c["source"])
+    )
     number = r"\s+([\d.]+)"
-    rows = {(m[1], int(m[2])): tuple(map(float, m.groups()[2:6]))
-            for m in re.finditer(r"^\s*(gpipe|1f1b|interleaved1f1b)\s+(\d+)" + 4 * number + r"\s",
-                                 out, flags=re.M)}
+    rows = {
+        (m[1], int(m[2])): tuple(map(float, m.groups()[2:6]))
+        for m in re.finditer(
+            r"^\s*(gpipe|1f1b|interleaved1f1b)\s+(\d+)" + 4 * number + r"\s", out, flags=re.M
+        )
+    }
     assert ("interleaved1f1b", 8) in rows and ("gpipe", 16) in rows, rows
     one = rows[("interleaved1f1b", 1)]
     assert one[3] == pytest.approx(0.5, abs=1e-3), one  # (p-1)/p at m = 1
@@ -154,8 +206,11 @@ MACHINE_PATH = re.compile(r"(?<![\w.])/(?:[\w.-]+/)*(?:\.venv|site-packages)/|/(
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_stored_output_names_a_folder_of_the_machine_that_stored_it(path):
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    texts = ["".join(o.get("text") or o.get("data", {}).get("text/plain", ""))
-             for c in cells for o in c.get("outputs", [])]
+    texts = [
+        "".join(o.get("text") or o.get("data", {}).get("text/plain", ""))
+        for c in cells
+        for o in c.get("outputs", [])
+    ]
     found = [m.group(0) for t in texts for m in MACHINE_PATH.finditer(t)]
     found += [str(ROOT) for t in texts if str(ROOT) in t]
     assert not found, f"{path.name} stores this machine's paths: {sorted(set(found))[:5]}"
@@ -163,9 +218,24 @@ def test_no_stored_output_names_a_folder_of_the_machine_that_stored_it(path):
 
 def test_the_path_check_finds_a_machines_folder(tmp_path):
     path = tmp_path / "x.ipynb"
-    for leaked in ("/srv/course/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: Warning",
-                   f"$ python scripts/_trainup_ray.py --log-dir {ROOT}/logs"):
-        path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [], "outputs": [
-            {"output_type": "stream", "name": "stderr", "text": [leaked]}]}]}))
+    for leaked in (
+        "/srv/course/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: Warning",
+        f"$ python scripts/_trainup_ray.py --log-dir {ROOT}/logs",
+    ):
+        path.write_text(
+            json.dumps(
+                {
+                    "cells": [
+                        {
+                            "cell_type": "code",
+                            "source": [],
+                            "outputs": [
+                                {"output_type": "stream", "name": "stderr", "text": [leaked]}
+                            ],
+                        }
+                    ]
+                }
+            )
+        )
         with pytest.raises(AssertionError, match="this machine's paths"):
             test_no_stored_output_names_a_folder_of_the_machine_that_stored_it(path)

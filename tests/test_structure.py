@@ -1,6 +1,7 @@
 """The house's shape: three floors (scripts -> trainup -> nothing of the course; lessons, for notebooks and
 tests, -> trainup), no import cycle inside a package, and module names that say which package they are
 in (no name in both). Read from the source (ast), so it costs no import of torch."""
+
 import ast
 import ctypes
 import os
@@ -19,7 +20,7 @@ def _imports(path, package):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = package if node.level else (node.module or "").split(".")[0]
-            rest = (node.module or "").split(".")[0 if node.level else 1:] if node.module else []
+            rest = (node.module or "").split(".")[0 if node.level else 1 :] if node.module else []
             if base not in ("trainup", "lessons"):
                 continue
             if rest and rest[0]:
@@ -35,8 +36,11 @@ def _imports(path, package):
 
 
 def graph():
-    return {(package, path.stem): _imports(path, package)
-            for package in ("trainup", "lessons") for path in sorted((SCRIPTS / package).glob("*.py"))}
+    return {
+        (package, path.stem): _imports(path, package)
+        for package in ("trainup", "lessons")
+        for path in sorted((SCRIPTS / package).glob("*.py"))
+    }
 
 
 def cycle(edges):
@@ -49,13 +53,14 @@ def cycle(edges):
             if nxt == node:
                 continue
             if state.get(nxt) == "open":
-                return trail[trail.index(nxt):] + [nxt] if nxt in trail else [node, nxt]
+                return trail[trail.index(nxt) :] + [nxt] if nxt in trail else [node, nxt]
             if nxt not in state:
                 found = visit(nxt, trail + [nxt])
                 if found:
                     return found
         state[node] = "done"
         return None
+
     for start in sorted(edges):
         if start not in state:
             found = visit(start, [start])
@@ -67,35 +72,54 @@ def cycle(edges):
 def test_no_import_cycle_inside_a_package():
     g = graph()
     for package in ("trainup", "lessons"):
-        inside = {m: {n for n in deps if n[0] == package and n[1] != "__init__"}
-                  for m, deps in g.items() if m[0] == package}
+        inside = {
+            m: {n for n in deps if n[0] == package and n[1] != "__init__"}
+            for m, deps in g.items()
+            if m[0] == package
+        }
         assert cycle(inside) is None, f"an import cycle in {package}/: {cycle(inside)}"
 
 
 def test_the_floors_trainup_needs_nothing_above_it_and_scripts_only_trainup():
     for (package, module), deps in graph().items():
         if package == "trainup":
-            assert not [d for d in deps if d[0] == "lessons"], f"trainup/{module}.py imports lessons: {deps}"
+            assert not [d for d in deps if d[0] == "lessons"], (
+                f"trainup/{module}.py imports lessons: {deps}"
+            )
     for script in sorted(SCRIPTS.glob("_trainup_*.py")):
         above = [d for d in _imports(script, None) if d[0] == "lessons"]
         assert not above, f"{script.name} imports the notebooks' lessons package: {above}"
 
 
-
 # The notebooks' toolkit: modules any lesson may use (running jobs, reading logs, checks, the
 # hardware tables and the cost formulas); every other lessons/ module is one lesson's helper.
-TOOLKIT = {"checks", "claims", "hardware", "jobs", "launch", "log_reader", "machine", "manifest",
-           "perfmodel", "placement", "report"}
+TOOLKIT = {
+    "checks",
+    "claims",
+    "hardware",
+    "jobs",
+    "launch",
+    "log_reader",
+    "machine",
+    "manifest",
+    "perfmodel",
+    "placement",
+    "report",
+}
 
 
 def first_lesson_of_each_module():
     """{lessons module outside the toolkit: the first notebook (in course order) that imports
     it}: the lesson it belongs to."""
     import json
+
     owner = {}
     for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
-        text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
-                         if c["cell_type"] == "code")
+        text = "\n".join(
+            "".join(c["source"])
+            for c in json.loads(path.read_text())["cells"]
+            if c["cell_type"] == "code"
+        )
         for line in re.findall(r"^\s*from lessons(?:\.\w+)? import ([^\n(]+)", text, re.M):
             for name in re.findall(r"(\w+)(?:\s+as\s+\w+)?", line):
                 owner.setdefault(name, path.stem)
@@ -105,27 +129,38 @@ def first_lesson_of_each_module():
 
 def later_lesson_imports(edges, owner):
     """Imports of a module that belongs to a later lesson than the importer's: [(importer, imported)]."""
-    return [(m, d) for m, deps in edges.items() for d in deps
-            if m in owner and d in owner and owner[d] > owner[m]]
+    return [
+        (m, d)
+        for m, deps in edges.items()
+        for d in deps
+        if m in owner and d in owner and owner[d] > owner[m]
+    ]
 
 
 def test_no_lessons_module_imports_a_later_lessons_module_or_a_script():
     """A learner reads the lessons in order: lesson 10's helpers may use lesson 04's, never 11's;
     and the notebooks' helpers never load a script (the notebook runs or imports it, in view)."""
-    edges = {m: {d for p, d in deps if p == "lessons"} for (p, m), deps in graph().items()
-             if p == "lessons"}
+    edges = {
+        m: {d for p, d in deps if p == "lessons"}
+        for (p, m), deps in graph().items()
+        if p == "lessons"
+    }
     assert not later_lesson_imports(edges, first_lesson_of_each_module())
-    loading = [p.name for p in sorted((SCRIPTS / "lessons").glob("*.py"))
-               if re.search(r"import _trainup|spec_from_file_location\(\s*[\"']_trainup",
-                            p.read_text())]
+    loading = [
+        p.name
+        for p in sorted((SCRIPTS / "lessons").glob("*.py"))
+        if re.search(r"import _trainup|spec_from_file_location\(\s*[\"']_trainup", p.read_text())
+    ]
     assert not loading, f"lessons/ modules that load a script: {loading}"
 
 
 def test_the_lesson_order_check_finds_a_later_import():
     owner = {"scaling_report": "10_scaling_report", "predict_here": "11_predict_the_cluster"}
     assert later_lesson_imports({"scaling_report": {"predict_here"}}, owner) == [
-        ("scaling_report", "predict_here")]
+        ("scaling_report", "predict_here")
+    ]
     assert later_lesson_imports({"predict_here": {"scaling_report"}}, owner) == []
+
 
 def test_the_check_finds_a_cycle():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -133,14 +168,23 @@ def test_the_check_finds_a_cycle():
 
 
 def test_module_names_say_their_package():
-    names = {p: {f.stem for f in (SCRIPTS / p).glob("*.py")} - {"__init__"} for p in ("trainup", "lessons")}
+    names = {
+        p: {f.stem for f in (SCRIPTS / p).glob("*.py")} - {"__init__"}
+        for p in ("trainup", "lessons")
+    }
     assert not names["trainup"] & names["lessons"], (
-        f"in both trainup/ and lessons/: {sorted(names['trainup'] & names['lessons'])}")
+        f"in both trainup/ and lessons/: {sorted(names['trainup'] & names['lessons'])}"
+    )
 
 
 def test_one_local_slurm_fixture_for_every_module():
     from conftest import ROOT
-    defining = [f.name for f in sorted((ROOT / "tests").glob("*.py")) if "def local_slurm" + "(" in f.read_text()]
+
+    defining = [
+        f.name
+        for f in sorted((ROOT / "tests").glob("*.py"))
+        if "def local_slurm" + "(" in f.read_text()
+    ]
     assert defining == ["conftest.py"], defining
 
 
@@ -149,6 +193,7 @@ def test_the_notebooks_run_as_two_ordered_work_units_and_each_test_file_as_its_o
     for the first: tests/test_shared_runs.py); test files (those that start a SLURM too) spread
     out."""
     from suite_plugin import serial_group
+
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
     units = [serial_group(f"notebooks/{n}::Cell 0") for n in names]
     assert len(set(units)) == 2 and units == sorted(units, key=units.index)  # each unit in one run
@@ -163,9 +208,23 @@ def test_a_notebook_tested_alone_gets_the_suites_units_and_kernels():
     """`bash run_tests.sh notebooks/04_ddp.ipynb` collects no test file, so tests/conftest.py is
     not loaded: the root conftest.py loads the suite's plugin (work units, nbval's kernels)
     anyway, or xdist would hand one notebook's cells to several workers, a kernel each."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--trace-config",
-                          "-p", "no:cacheprovider", "notebooks/00_environment.ipynb"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "--trace-config",
+            "-p",
+            "no:cacheprovider",
+            "notebooks/00_environment.ipynb",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     registered = [line for line in out.stdout.splitlines() if line.startswith("PLUGIN registered")]
     assert any("suite_plugin" in line for line in registered), registered
@@ -174,8 +233,12 @@ def test_a_notebook_tested_alone_gets_the_suites_units_and_kernels():
 
 def test_each_step_of_the_ladder_stays_within_its_budget():
     from lessons import launch
-    over = {f"{a} -> {b}": (launch.changed_lines(a, b), budget) for a, b, budget in launch.LADDER
-            if launch.changed_lines(a, b) > budget}
+
+    over = {
+        f"{a} -> {b}": (launch.changed_lines(a, b), budget)
+        for a, b, budget in launch.LADDER
+        if launch.changed_lines(a, b) > budget
+    }
     assert not over, f"diffs above their budget (changed lines, budget): {over}"
     assert launch.changed_lines("_trainup_gpu.py", "_trainup_gpu.py") == 0
 
@@ -185,25 +248,33 @@ def test_each_lesson_notebook_prints_its_scripts_diff():
     import json
     from conftest import ROOT
     from lessons import launch
+
     shown = set()
     for path in (ROOT / "notebooks").glob("*.ipynb"):
         for cell in json.loads(path.read_text())["cells"]:
             text = "".join(cell["source"])
             if cell["cell_type"] == "code" and "launch.lesson_diff(" in text:
                 shown.update(s for _, s, _ in launch.LADDER if f'lesson_diff("{s}")' in text)
-    assert shown == {s for _, s, _ in launch.LADDER}, sorted({s for _, s, _ in launch.LADDER} - shown)
+    assert shown == {s for _, s, _ in launch.LADDER}, sorted(
+        {s for _, s, _ in launch.LADDER} - shown
+    )
 
 
 def test_notebooks_and_solutions_import_the_installed_course_without_editing_sys_path():
     """pyproject.toml makes trainup and lessons a package that tools/setup_env.sh installs (pip install -e
     .): no notebook or solution reaches into sys.path (the Colab set-up cell alone adds the clone's tools/)."""
     import json
+
     edits = []
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for cell in json.loads(path.read_text())["cells"]:
             if cell.get("id") != "colab-setup" and "sys.path" in "".join(cell["source"]):
                 edits.append(path.name)
-    edits += [p.name for p in (ROOT / "notebooks" / "solutions").glob("*.py") if "sys.path" in p.read_text()]
+    edits += [
+        p.name
+        for p in (ROOT / "notebooks" / "solutions").glob("*.py")
+        if "sys.path" in p.read_text()
+    ]
     assert not edits, edits
     text = (ROOT / "pyproject.toml").read_text()
     assert 'package-dir = {"" = "scripts"}' in text and 'packages = ["trainup", "lessons"]' in text
@@ -218,7 +289,7 @@ def test_the_test_command_lets_waiting_openmp_threads_sleep():
     assert "OMP_WAIT_POLICY" not in (ROOT / "run_course.sh").read_text()
 
 
-MMAPPED_BLOCKS = r'''
+MMAPPED_BLOCKS = r"""
 import ctypes
 libc = ctypes.CDLL(None)
 class Info(ctypes.Structure):  # glibc's struct mallinfo2: hblks is the count of mmapped blocks
@@ -227,7 +298,7 @@ class Info(ctypes.Structure):  # glibc's struct mallinfo2: hblks is the count of
 libc.mallinfo2.restype = Info
 block = bytearray(64 * 2**20)  # a float64 step's size: 64 MB
 print(libc.mallinfo2().hblks)
-'''
+"""
 
 
 def test_the_test_command_keeps_freed_blocks_for_reuse():
@@ -243,7 +314,15 @@ def test_the_test_command_keeps_freed_blocks_for_reuse():
 
     def mapped(env):
         clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-        return int(subprocess.run([sys.executable, "-c", MMAPPED_BLOCKS], env={**clean, **env},
-                                  capture_output=True, text=True, check=True).stdout)
+        return int(
+            subprocess.run(
+                [sys.executable, "-c", MMAPPED_BLOCKS],
+                env={**clean, **env},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+
     assert mapped({}) >= 1  # glibc's default: a block this large is mapped, and unmapped on free
     assert mapped(found) == 0

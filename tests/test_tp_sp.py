@@ -3,6 +3,7 @@ same with sequence parallelism, and sequence parallelism on a 2-D mesh (2 replic
 tensor-parallel processes). Each must end with the parameters of one process (float64); one step
 must run exactly the collectives the papers count; each rank holds 1/tp of the cut layers. Bad
 input: one sentence, exit status 2, checked in this process (no job started)."""
+
 import importlib.util
 import os
 import sys
@@ -10,16 +11,34 @@ import sys
 import pytest
 import torch
 
-from conftest import (ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process,
-                      notebook_or_own)
+from conftest import (
+    ROOT,
+    SCRIPTS,
+    Ranks,
+    assert_clean_error,
+    finish_job,
+    in_process,
+    notebook_or_own,
+)
 from lessons import checks, launch, report, tp_attention as tpa, tp_runs
 from trainup import transformer
 
 SCRIPT = str(SCRIPTS / "_trainup_tp_sp.py")
 LAYERS, WIDTH, HIDDEN, HEADS = 2, 16, 32, 4
 # notebook 09c's quick runs, the same flags: in a session that runs it, the tests read its runs
-SIZE = ["--quick", "--blocks", LAYERS, "--width", WIDTH, "--hidden", HIDDEN, "--heads", HEADS,
-        *checks.PROOF, "--no-progress"]
+SIZE = [
+    "--quick",
+    "--blocks",
+    LAYERS,
+    "--width",
+    WIDTH,
+    "--hidden",
+    HIDDEN,
+    "--heads",
+    HEADS,
+    *checks.PROOF,
+    "--no-progress",
+]
 READS_NOTEBOOK = "notebooks/09c_tensor_parallel.ipynb"
 NOTEBOOK_RUNS = {"tpa_2": (2, []), "tpa_sp2": (2, ["--sequence-parallel"])}
 OWN_ONLY = {"tpa_dp2xsp2": (4, ["--tp", 2, "--sequence-parallel"])}  # no notebook makes it
@@ -28,8 +47,17 @@ ATOL = checks.FLOAT64_ATOL
 
 def job(log_dir, name, nproc, flags):
     """nproc ranks started as srun starts them (each a fresh interpreter)."""
-    cmd = [sys.executable, SCRIPT, *map(str, SIZE + flags), "--run-name", name,
-           "--log-dir", str(log_dir), "--checkpoint-dir", str(log_dir / "checkpoints")]
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        *map(str, SIZE + flags),
+        "--run-name",
+        name,
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-dir",
+        str(log_dir / "checkpoints"),
+    ]
     return Ranks(cmd, launch.environment(), ntasks=nproc)
 
 
@@ -40,9 +68,20 @@ def make(log_dir, jobs, baseline):
     try:
         if baseline:
             import _trainup_tp_sp
-            _trainup_tp_sp.main([*map(str, SIZE), "--threads", "1", "--run-name", "tpa_one",
-                                 "--log-dir", str(log_dir),
-                                 "--checkpoint-dir", str(log_dir / "checkpoints")])
+
+            _trainup_tp_sp.main(
+                [
+                    *map(str, SIZE),
+                    "--threads",
+                    "1",
+                    "--run-name",
+                    "tpa_one",
+                    "--log-dir",
+                    str(log_dir),
+                    "--checkpoint-dir",
+                    str(log_dir / "checkpoints"),
+                ]
+            )
     finally:
         os.environ.clear()
         os.environ.update(environ)  # the run set MASTER_ADDR/MASTER_PORT for its own group
@@ -107,8 +146,9 @@ def test_one_step_runs_the_collectives_the_papers_count(runs, name):
     t = tpa.comm_check([name], log_dir=runs[name])
     assert t["as_counted"].all(), t.to_string()
     sp = "sp" in name
-    assert set(t["op"]) == ({"all_reduce", "all_gather", "reduce_scatter"} if sp
-                            else {"all_reduce"})
+    assert set(t["op"]) == (
+        {"all_reduce", "all_gather", "reduce_scatter"} if sp else {"all_reduce"}
+    )
     everyone = tp_runs.records(name, "tp_comm", runs[name])[-1]["collectives"]
     assert all(rows == everyone[0] for rows in everyone)  # every rank, the same collectives
     rows = tp_runs.comm_table(name, log_dir=runs[name])
@@ -129,9 +169,11 @@ def test_sequence_parallelism_sends_what_tensor_parallelism_sends_per_layer(runs
     assert ring["tpa_sp2"] - norms - (ring["tpa_2"]) == pytest.approx(message)
     s = solution()
     assert s.ring_bytes_per_step(batch, 28, WIDTH, LAYERS, 2, False, 8) == pytest.approx(
-        ring["tpa_2"] - loss)
+        ring["tpa_2"] - loss
+    )
     assert s.ring_bytes_per_step(batch, 28, WIDTH, LAYERS, 2, True, 8) == pytest.approx(
-        ring["tpa_sp2"] - loss - norms)
+        ring["tpa_sp2"] - loss - norms
+    )
     assert "1.11× as many" in tpa.about_ring(ring, "tpa_2", "tpa_sp2")
 
 
@@ -162,20 +204,31 @@ def test_each_rank_holds_one_tp_th_of_the_cut_layers(runs):
         assert (cfg["tokens"], cfg["heads"]) == (28, HEADS)
 
 
-@pytest.mark.parametrize("world, flags, words", [
-    (2, ["--heads", 3, "--width", 18], ["--heads 3 cannot be shared by --tp 2"]),
-    (1, ["--heads", 5, "--width", 16], ["--width 16 cannot be split into --heads 5"]),
-    (3, ["--heads", 3, "--width", 18, "--hidden", 36, "--sequence-parallel"],
-     ["--sequence-parallel cuts the 28 tokens", "over --tp 3"]),
-    (4, ["--heads", 4, "--width", 16], ["10 classes cannot be cut evenly over --tp 4"]),
-])
-def test_bad_input_is_one_sentence_and_a_nonzero_exit(monkeypatch, capsys, log_dir, world, flags,
-                                                       words):
+@pytest.mark.parametrize(
+    "world, flags, words",
+    [
+        (2, ["--heads", 3, "--width", 18], ["--heads 3 cannot be shared by --tp 2"]),
+        (1, ["--heads", 5, "--width", 16], ["--width 16 cannot be split into --heads 5"]),
+        (
+            3,
+            ["--heads", 3, "--width", 18, "--hidden", 36, "--sequence-parallel"],
+            ["--sequence-parallel cuts the 28 tokens", "over --tp 3"],
+        ),
+        (4, ["--heads", 4, "--width", 16], ["10 classes cannot be cut evenly over --tp 4"]),
+    ],
+)
+def test_bad_input_is_one_sentence_and_a_nonzero_exit(
+    monkeypatch, capsys, log_dir, world, flags, words
+):
     import _trainup_tp_sp
+
     for k, v in (("RANK", "0"), ("WORLD_SIZE", str(world)), ("LOCAL_RANK", "0")):
         monkeypatch.setenv(k, v)
-    proc = in_process(_trainup_tp_sp.main, ["--quick", *map(str, flags), "--log-dir", log_dir,
-                                            "--checkpoint-dir", log_dir], capsys)
+    proc = in_process(
+        _trainup_tp_sp.main,
+        ["--quick", *map(str, flags), "--log-dir", log_dir, "--checkpoint-dir", log_dir],
+        capsys,
+    )
     assert proc.returncode == 2
     assert_clean_error(proc, *words)
     assert not log_dir.exists()  # nothing half-written, and no process group was joined

@@ -8,6 +8,7 @@ course is not pip-installed there).
 Outside Colab the cell does nothing. Safe to run twice, and no runtime restart is needed (nothing Colab had
 already imported is replaced).
 """
+
 import hashlib
 import importlib.metadata
 import os
@@ -19,10 +20,19 @@ import sys
 REPO_URL = "https://github.com/trainup-course/trainup"
 BRANCH = "main"
 HOME = "/content/trainup"  # where the cell clones the course on Colab (/content is Colab's working folder)
-QUICK_NOTE = ("quick mode (TRAINUP_QUICK=1): every run shortened, so the lesson ends in minutes "
-              "(its Time line gives both modes); for full runs, put `%env TRAINUP_QUICK=0` "
-              "above this cell and run both")
-KEPT = ("torch", "torchvision", "numpy", "pandas", "scikit-learn", "matplotlib")  # Colab's own, never replaced
+QUICK_NOTE = (
+    "quick mode (TRAINUP_QUICK=1): every run shortened, so the lesson ends in minutes "
+    "(its Time line gives both modes); for full runs, put `%env TRAINUP_QUICK=0` "
+    "above this cell and run both"
+)
+KEPT = (
+    "torch",
+    "torchvision",
+    "numpy",
+    "pandas",
+    "scikit-learn",
+    "matplotlib",
+)  # Colab's own, never replaced
 
 
 def on_colab(env=None):
@@ -52,8 +62,20 @@ def set_up(home=HOME, run=subprocess.run):
         held = os.path.join(home, ".colab-constraints.txt")
         with open(held, "w") as f:
             f.write(constraints())
-        run([sys.executable, "-m", "pip", "install", "--quiet", "--requirement", requirements,
-             "--constraint", held], check=True)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--requirement",
+                requirements,
+                "--constraint",
+                held,
+            ],
+            check=True,
+        )
         with open(marker, "w") as f:
             f.write(want)
         done.append("installed requirements-colab.txt, keeping " + ", ".join(constraints().split()))
@@ -63,8 +85,10 @@ def set_up(home=HOME, run=subprocess.run):
     if os.environ.setdefault("TRAINUP_QUICK", "1") == "1":
         done.append(QUICK_NOTE)
     else:
-        done.append("full mode (TRAINUP_QUICK is not 1): the lesson's full runs; its Time line "
-                    "says how long")
+        done.append(
+            "full mode (TRAINUP_QUICK is not 1): the lesson's full runs; its Time line "
+            "says how long"
+        )
     # What pip install -e . gives elsewhere: `import trainup, lessons` in this kernel, and in every
     # process it starts (the jobs' `python -m trainup.spot` finds trainup only through PYTHONPATH).
     scripts = os.path.join(home, "scripts")

@@ -9,6 +9,7 @@ folded to its #@title line (cellView "form"): the learner sees the lesson first.
 Idempotent: the two cells are found by their ids and rewritten in place; nothing else in the notebook changes.
 The set-up cell's stored output is what it prints outside Colab, so nbval passes without re-running the notebook.
 """
+
 import sys
 from pathlib import Path
 
@@ -19,7 +20,9 @@ import colab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BADGE_ID, SETUP_ID = "colab-badge", "colab-setup"
-OUTSIDE_COLAB = "Not on Colab: nothing to set up (this notebook runs from the course's notebooks/ folder).\n"
+OUTSIDE_COLAB = (
+    "Not on Colab: nothing to set up (this notebook runs from the course's notebooks/ folder).\n"
+)
 
 SETUP = '''#@title Set-up for Colab: run this cell first (elsewhere it does nothing)
 # On Colab it fetches the course, installs what Colab lacks (keeping its torch), moves into the
@@ -40,17 +43,23 @@ assert os.path.isfile("../scripts/trainup/__init__.py"), "run this notebook from
 def badge_source(notebook):
     slug = colab.REPO_URL.removeprefix("https://github.com/")
     path = notebook.resolve().relative_to(ROOT).as_posix()
-    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-            f"(https://colab.research.google.com/github/{slug}/blob/{colab.BRANCH}/{path})")
+    return (
+        f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"(https://colab.research.google.com/github/{slug}/blob/{colab.BRANCH}/{path})"
+    )
 
 
 def setup_source():
-    return SETUP.format(home=colab.HOME, branch=colab.BRANCH, url=colab.REPO_URL, outside=OUTSIDE_COLAB.strip())
+    return SETUP.format(
+        home=colab.HOME, branch=colab.BRANCH, url=colab.REPO_URL, outside=OUTSIDE_COLAB.strip()
+    )
 
 
 def wanted_cells(notebook):
     badge = nbformat.v4.new_markdown_cell(badge_source(notebook), id=BADGE_ID)
-    setup = nbformat.v4.new_code_cell(setup_source(), id=SETUP_ID, execution_count=1)  # nbval: outputs need a count
+    setup = nbformat.v4.new_code_cell(
+        setup_source(), id=SETUP_ID, execution_count=1
+    )  # nbval: outputs need a count
     setup.outputs = [nbformat.v4.new_output("stream", name="stdout", text=OUTSIDE_COLAB)]
     # folded on Colab; its output is the same everywhere but Colab, so nbval compares it
     setup.metadata = {"cellView": "form", "tags": ["nbval-check-output"]}
@@ -72,7 +81,9 @@ def main(argv):
         print(__doc__)
         return 0
     check = "--check" in argv
-    paths = [Path(a) for a in argv if a != "--check"] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    paths = [Path(a) for a in argv if a != "--check"] or sorted(
+        (ROOT / "notebooks").glob("[0-9]*.ipynb")
+    )
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         print(f"colab_cell: no notebook at {', '.join(missing)}", file=sys.stderr)

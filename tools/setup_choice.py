@@ -10,6 +10,7 @@ syntax that old Pythons still parse, so that a too-old Python gets the sentence 
     python tools/setup_choice.py requirements cpu|cu126
                                        requirements.txt with torch/torchvision as those builds
 """
+
 import os
 import re
 import shutil
@@ -42,16 +43,23 @@ def python_sentence(version):
     supported = "Python %s to %s" % (version_text(PYTHON_OLDEST), version_text(PYTHON_NEWEST))
     if PYTHON_OLDEST <= version <= PYTHON_NEWEST:
         return None
-    why = ("too old for trainup's pinned packages (numpy 2.4.6 and pandas 3.1 need 3.11 or newer)"
-           if version < PYTHON_OLDEST else "newer than trainup's pinned torch 2.13.0 has wheels for")
-    return ("Python %s is %s: install %s (for example `apt-get install python3.12 python3.12-venv` or "
-            "`uv python install 3.12`) and run `PYTHON=python3.12 tools/setup_env.sh`"
-            % (version_text(version), why, supported))
+    why = (
+        "too old for trainup's pinned packages (numpy 2.4.6 and pandas 3.1 need 3.11 or newer)"
+        if version < PYTHON_OLDEST
+        else "newer than trainup's pinned torch 2.13.0 has wheels for"
+    )
+    return (
+        "Python %s is %s: install %s (for example `apt-get install python3.12 python3.12-venv` or "
+        "`uv python install 3.12`) and run `PYTHON=python3.12 tools/setup_env.sh`"
+        % (version_text(version), why, supported)
+    )
 
 
 def nvidia_driver_found(which=None, exists=os.path.exists):
     """An NVIDIA driver is installed: nvidia-smi is on PATH or the kernel module reports itself."""
-    which = which or shutil.which  # looked up here: Python 2 has none, and must still reach python_sentence
+    which = (
+        which or shutil.which
+    )  # looked up here: Python 2 has none, and must still reach python_sentence
     return bool(which("nvidia-smi")) or exists("/proc/driver/nvidia/version")
 
 
@@ -59,17 +67,27 @@ def choose(env, args, driver_found):
     """("cuda" or "cpu", the sentence the set-up prints). CPU-only only when asked for; without an
     NVIDIA driver it is offered, and the default stays PyPI's CUDA build, which also runs without a GPU."""
     if "--cuda12" in args:
-        return "cu126", ("PyTorch: the CUDA 12.6 build of the same versions from %s (asked for with --cuda12: "
-                         "for an NVIDIA driver older than the 580 series, from the 525 series on)" % CUDA12_INDEX)
+        return "cu126", (
+            "PyTorch: the CUDA 12.6 build of the same versions from %s (asked for with --cuda12: "
+            "for an NVIDIA driver older than the 580 series, from the 525 series on)" % CUDA12_INDEX
+        )
     if "--cpu" in args or env.get("TRAINUP_CPU_ONLY", "0") not in ("", "0"):
         how = "--cpu" if "--cpu" in args else "TRAINUP_CPU_ONLY=1"
-        return "cpu", ("PyTorch: the CPU-only build of the same versions from %s (asked for with %s; "
-                       "size on disk %s); no GPU lesson will use a GPU" % (CPU_INDEX, how, CPU_SIZE))
+        return "cpu", (
+            "PyTorch: the CPU-only build of the same versions from %s (asked for with %s; "
+            "size on disk %s); no GPU lesson will use a GPU" % (CPU_INDEX, how, CPU_SIZE)
+        )
     if driver_found:
-        return "cuda", "PyTorch: PyPI's CUDA build (an NVIDIA driver is installed; about %s on disk)" % CUDA_SIZE
-    return "cuda", ("PyTorch: PyPI's CUDA build (about %s on disk), which also runs without a GPU; no NVIDIA "
-                    "driver was found here, so `tools/setup_env.sh --cpu` (or TRAINUP_CPU_ONLY=1) would "
-                    "install the smaller CPU-only build instead" % CUDA_SIZE)
+        return (
+            "cuda",
+            "PyTorch: PyPI's CUDA build (an NVIDIA driver is installed; about %s on disk)"
+            % CUDA_SIZE,
+        )
+    return "cuda", (
+        "PyTorch: PyPI's CUDA build (about %s on disk), which also runs without a GPU; no NVIDIA "
+        "driver was found here, so `tools/setup_env.sh --cpu` (or TRAINUP_CPU_ONLY=1) would "
+        "install the smaller CPU-only build instead" % CUDA_SIZE
+    )
 
 
 def cpu_requirements(text, build="cpu"):
@@ -84,14 +102,19 @@ def cpu_requirements(text, build="cpu"):
         out.append(line)
     if seen != {"torch", "torchvision"}:
         raise ValueError("requirements.txt must pin torch and torchvision exactly")
-    header = "# Written by tools/setup_choice.py: requirements.txt with the +%s torch and torchvision\n" % build
+    header = (
+        "# Written by tools/setup_choice.py: requirements.txt with the +%s torch and torchvision\n"
+        % build
+    )
     return header + "\n".join(out) + "\n"
 
 
 def main(argv):
     what = argv[0] if argv else ""
     if what == "python":
-        version = tuple(int(p) for p in argv[1].split(".")[:2]) if len(argv) > 1 else sys.version_info[:2]
+        version = (
+            tuple(int(p) for p in argv[1].split(".")[:2]) if len(argv) > 1 else sys.version_info[:2]
+        )
         sentence = python_sentence(version)
         if sentence:
             sys.stderr.write("error: %s.\n" % sentence)
