@@ -565,7 +565,9 @@ def _why(e):
     failures = getattr(e, "failures", None) or {}
     first = next(iter(failures.values()), e)
     first = first[0] if isinstance(first, tuple) else first  # DCP keeps (exception, its traceback) per rank
-    return f"{type(first).__name__}: {getattr(first, 'strerror', None) or str(first).splitlines()[0][:120]}"
+    said = getattr(first, "strerror", None) or str(first).splitlines()[0]
+    said = said.split(". ")[0] if len(said) > 120 else said  # torch's first sentence, whole
+    return f"{type(first).__name__}: {said}"
 
 
 def load_sharded(folder, model, optimizer, scheduler, args=None):
@@ -583,6 +585,12 @@ def load_sharded(folder, model, optimizer, scheduler, args=None):
             checkpoint.same_run(folder, json.loads(saved.read_text()), args)
         except ValueError:  # torn or foreign: DCP's own load below says whether the rest is whole
             pass
+    try:  # DCP's own load would fall back to other metadata files, printing each failure's traceback
+        dcp.FileSystemReader(str(folder)).read_metadata()
+    except Exception as e:  # noqa: BLE001  damaged bytes fail in many ways (pickle, EOF, missing)
+        raise UserError(f"checkpoint {folder} cannot be read (its .metadata: {type(e).__name__}): "
+                        f"it is damaged or not a DCP checkpoint; delete it, or start without "
+                        f"--resume") from None
     model_state, optim_state = states(model, optimizer)  # this job's layout: DCP fills it from the files
     state = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": 0}
     try:
