@@ -308,3 +308,55 @@ def test_sigusr1_to_torchruns_group_stops_every_rank_with_a_checkpoint(tmp_path)
     records = [json.loads(line) for line in (log_dir / "u.jsonl").read_text().splitlines()]
     summaries = [r["status"] for r in records if r["type"] == "summary"]
     assert summaries == ["stopped"]
+
+
+# Rank 1, after its STEP-th optimizer step, stalls (as a hung disk or a stopped process would).
+_STALL = """import os, sys, time
+_at = os.environ.get("TRAINUP_TEST_STALL_AT")
+if _at and os.environ.get("RANK") == "1":
+    def _hook(event, args, done=[0]):
+        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
+            return
+        done[0] = 1
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        steps = [0]
+        def count(opt, a, kw):
+            steps[0] += 1
+            if steps[0] == int(_at):
+                time.sleep(30)
+        register_optimizer_step_post_hook(count)
+    sys.addaudithook(_hook)
+"""
+
+
+def test_a_collective_that_waits_past_timeout_for_a_stalled_rank_is_one_sentence(tmp_path):
+    """--timeout 5 and rank 1 stalled after step 3: rank 0's next collective gives up; it says so
+    in one sentence (gloo's RuntimeError is a traceback) and exits 1, and torchrun ends the job."""
+    from lessons import launch
+
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(_STALL)
+    log_dir = tmp_path / "logs"
+    cmd = [
+        *launch.TORCHRUN,
+        *launch.torchrun_flags(nproc=2),
+        str(SCRIPTS / "_trainup_ddp.py"),
+        *TINY,
+        "--device",
+        "cpu",
+        "--timeout",
+        "5",
+        "--run-name",
+        "t",
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-dir",
+        str(log_dir / "checkpoints"),
+    ]
+    env = {"PYTHONPATH": str(folder), "TRAINUP_TEST_STALL_AT": "3"}
+    done = finish_job(start_job(cmd, launch.environment(env)))
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "a collective waited --timeout for another rank of this job" in out, out[-3000:]
+    assert "[rank0]: Traceback" not in out and "[rank0]:RuntimeError" not in out, out[-3000:]

@@ -221,6 +221,8 @@ def writable(folder):
 
 
 PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
+# gloo's, and NCCL's watchdog, when a collective waited --timeout for a rank that stalled
+TIMED_OUT = re.compile(r"Timed out waiting \d+ms|Watchdog caught collective operation timeout")
 
 
 def main_guard(main):
@@ -249,10 +251,16 @@ def main_guard(main):
                   f"space, or point --log-dir and --checkpoint-dir at another disk", file=sys.stderr)
             sys.exit(2)
         except RuntimeError as e:  # gloo's, when another rank or the launcher died mid-collective
-            lost = PEER_GONE.search(str(e))
-            if not lost or "trainup.distributed" not in sys.modules:
+            lost, late = PEER_GONE.search(str(e)), TIMED_OUT.search(str(e))
+            if not (lost or late) or "trainup.distributed" not in sys.modules:
                 raise
-            print(f"error: another rank of this job is gone ({lost.group(0)}): {preempt.GONE}", file=sys.stderr)
+            if late:
+                print(f"error: a collective waited --timeout for another rank of this job, which "
+                      f"stalled ({late.group(0)}): {preempt.GONE}; if that rank is only slow (a "
+                      f"long first step, a slow disk), raise --timeout", file=sys.stderr)
+            else:
+                print(f"error: another rank of this job is gone ({lost.group(0)}): {preempt.GONE}",
+                      file=sys.stderr)
             sys.exit(1)
         finally:  # gives the caller its own signal handlers and dtype back (a Stopper replaced them)
             torch.set_default_dtype(dtype)
