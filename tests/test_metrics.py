@@ -206,6 +206,29 @@ def test_plot_is_saved_under_images(tmp_path, monkeypatch):
     assert (tmp_path / "images" / "unit_loss.png").stat().st_size > 1000
 
 
+def test_every_saved_figure_has_its_legends_outside_the_data_once_each_and_plain_log_ticks(
+    tmp_path, monkeypatch
+):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    monkeypatch.setattr(report, "IMAGE_DIR", tmp_path / "images")
+    fig, ax = plt.subplots(figsize=(4, 3))
+    for name in ("a", "ideal", "b", "ideal"):  # a line named twice, as panels drawing the ideal do
+        ax.plot([1, 10, 100], [1, 2, 3], label=name)
+    ax.set_xscale("log")
+    ax.legend()  # matplotlib's "best" place: inside the data
+    path = report.save(fig, "unit_legend")
+    legend = ax.get_legend()
+    assert legend.get_bbox_to_anchor() != ax.bbox  # anchored outside the axes
+    assert [t.get_text() for t in legend.get_texts()] == ["a", "ideal", "b"]
+    assert ax.xaxis.get_major_formatter()(10, 0) == "10"  # not 10^1
+    assert round(Image.open(path).info["dpi"][0]) == report.DPI
+
+
 def test_a_checkpoint_being_written_never_replaces_the_last_good_one_until_it_is_whole(
     tmp_path, monkeypatch
 ):

@@ -296,6 +296,40 @@ def test_synthetic_full_set(full_set):
     checks.figure(sr.time_plot(t, target, "test_scaling_time"), "test_scaling_time")
 
 
+def test_the_time_plot_shows_each_strategys_fastest_run_and_at_most_twenty(monkeypatch, tmp_path):
+    import pandas as pd
+
+    from lessons import report
+
+    monkeypatch.setattr(sr, "save", lambda fig, name: None)
+    rows = [dict(run=f"r{i}", strategy=f"s{i % 30}", seconds=float(i)) for i in range(190)]
+    fig = sr.time_plot(pd.DataFrame(rows), 0.8)
+    bars = fig.axes[0].patches
+    assert len(bars) == sr.TIME_BARS == 20
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == [f"s{i}" for i in range(20)]  # the fastest of each, no run names
+    assert fig.get_size_inches()[1] * report.DPI < 1500
+
+
+def test_panels_side_by_side_keep_one_legend_each_line_named_once(monkeypatch, tmp_path):
+    import matplotlib.pyplot as plt
+
+    from lessons import report
+
+    monkeypatch.setattr(report, "IMAGE_DIR", tmp_path)
+    fig, (left, right) = plt.subplots(1, 2)
+    for ax in (left, right):
+        ax.plot([1, 2], [1, 2], label="DDP")
+        ax.legend()
+    other, (a, b) = plt.subplots(1, 2)
+    a.plot([1, 2], [1, 2], label="only here")
+    b.plot([1, 2], [1, 2], label="DDP")
+    a.legend(), b.legend()
+    report.save(fig, "two_panels"), report.save(other, "two_others")
+    assert left.get_legend() is None and right.get_legend() is not None
+    assert a.get_legend() is not None and b.get_legend() is not None  # under a, beside b
+
+
 def test_logs_of_older_schema_states(tmp_path):
     # As the first commit (39a402e) wrote them: the four core records, nothing else; the CPU script's flags.
     write_run(tmp_path, "v1_first", "_trainup_cpu.py", extra_args={"num_processes": 1})

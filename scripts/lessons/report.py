@@ -151,11 +151,47 @@ def plot(df, x, y, name, hue="run", kind="line", title=None, xlabel=None, ylabel
     return fig
 
 
+DPI = 150  # sharp on a high-density laptop screen, small enough for a notebook's stored output
+
+
+def readable(fig):
+    """What every figure of the course gets before it is shown: each axes' legend outside its data
+    (right of it), one entry per label (a line drawn in each panel is named once), and log axes
+    ticked in plain numbers (0.5, 4, 300), not 4x10^0."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    inside = [ax for ax in fig.axes
+              if ax.get_legend() is not None and ax.get_legend().get_bbox_to_anchor() == ax.bbox]
+    for ax in inside:
+        handles, labels = ax.get_legend_handles_labels()
+        named = dict(zip(labels, handles))  # the last of a label's lines keeps its name
+        box = ax.get_position()
+        right = [o for o in fig.axes if o is not ax and o.get_position().x0 >= box.x1
+                 and o.get_position().y0 < box.y1 and o.get_position().y1 > box.y0]
+        if not right:  # the rightmost panel of its row: beside it
+            ax.legend(named.values(), named.keys(), fontsize="small", loc="upper left",
+                      bbox_to_anchor=(1.01, 1), borderaxespad=0, frameon=False)
+        elif any(set(named) <= set(o.get_legend_handles_labels()[1]) for o in right
+                 if o.get_legend() is not None):
+            ax.get_legend().remove()  # a panel to its right names the same lines
+        else:  # under it, where the next panel is not
+            ax.legend(named.values(), named.keys(), fontsize="small", loc="upper center",
+                      bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
+        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+            if scale == "log":
+                axis.set_major_formatter(plain)
+                axis.set_minor_formatter(NullFormatter() if len(axis.get_majorticklocs()) > 2
+                                         else plain)
+    return fig
+
+
 def save(fig, name):
-    """Save to images/<name>.png and close the figure (so notebooks show it once, as the cell's value)."""
+    """Made readable (readable()), saved to images/<name>.png and closed (so notebooks show it once,
+    as the cell's value)."""
     import matplotlib.pyplot as plt
     IMAGE_DIR.mkdir(parents=True, exist_ok=True)
+    readable(fig)
     fig.tight_layout()
-    fig.savefig(IMAGE_DIR / f"{name}.png", dpi=100)
+    fig.savefig(IMAGE_DIR / f"{name}.png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return IMAGE_DIR / f"{name}.png"

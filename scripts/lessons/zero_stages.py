@@ -130,6 +130,7 @@ def plot_memory(table, name):
         ax.plot([SHORT[m] for m in modes], theory, "k_", markersize=20, mew=2,
                 label="formula (fp32 Adam)")
         ax.set(title=f"N = {n} process(es)", xlabel="")
+        ax.tick_params(axis="x", labelrotation=45)  # side by side, the stage names would run together
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("KiB per rank (largest rank)")
     axes[0][-1].legend(fontsize="small")
