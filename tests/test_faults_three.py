@@ -61,18 +61,20 @@ SAID = {
 }
 
 
-@pytest.mark.parametrize("what", FOREIGN)
-def test_a_foreign_file_given_as_a_course_checkpoint_is_one_sentence(what, log_dir):
+@pytest.mark.parametrize(
+    "what, script",
+    [*((w, "_trainup_cpu.py") for w in FOREIGN), ("text", "_trainup_ray.py")],
+)
+def test_a_foreign_file_given_as_a_course_checkpoint_is_one_sentence(what, script, log_dir):
     """--resume finds the run's checkpoint holding text (torch's unpickler raises IndexError,
     KeyError, UnpicklingError by its first bytes), a Lightning .ckpt or another pickle: one
-    sentence, the file left as it was."""
+    sentence, the file left as it was. Ray's driver reads it before Ray starts: refused in its
+    workers, Ray would start them again, --max-failures times."""
     ckpt = log_dir / "checkpoints" / "r.pt"
     ckpt.parent.mkdir(parents=True)
     FOREIGN[what](ckpt)
     before = ckpt.read_bytes()
-    proc = run_script(
-        "_trainup_cpu.py", *TINY, "--run-name", "r", "--resume", log_dir=log_dir, check=False
-    )
+    proc = run_script(script, *TINY, "--run-name", "r", "--resume", log_dir=log_dir, check=False)
     assert_clean_error(proc, f"checkpoint {ckpt}", SAID[what])
     assert ckpt.read_bytes() == before
 
