@@ -381,6 +381,16 @@ LESSONS = {
         ],
         True,
     ),
+    "12_experts": (
+        [
+            whole("from lessons import checks, launch, report"),
+            call(
+                'report.run("_trainup_experts.py", "--threads", 1, *MOE, *NO_DROPS, '
+                '*checks.PROOF, name="moe_one")'
+            ),
+        ],
+        True,
+    ),
 }
 
 

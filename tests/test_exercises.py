@@ -253,3 +253,11 @@ def test_04c_spot_break_even_and_the_padded_return():
     assert above["spot_cost"] > above["on_demand_cost"]
     assert "1001 samples do not split evenly" in s.padded_return()
     assert s.padded_return(samples=1000) is None  # even: the epoch goes on from the step
+
+
+def test_12_expert_parameters_and_capacity():
+    answers = solution("12_experts")
+    used, share = answers.expert_parameters_used()
+    assert used == 2 * 2 * 4096 * 14336 and share == pytest.approx(2 / 64)
+    limit, kept = answers.kept_at_most()
+    assert limit == 160 and kept == 4096 * 2  # 64 x 160 places, more than the 8192 assignments

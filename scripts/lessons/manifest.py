@@ -53,8 +53,9 @@ _ENTRIES = (
     # the stop signal and GPU statistics left to the Trainer, which has its own; its own
     # DataLoader starts workers as data.loader does (data.worker_start)
     Script("_trainup_fabric.py", "07_lightning.ipynb", "_trainup_ddp.py", 134, ACCELERATOR),
-    # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy
-    Script("_trainup_lightning.py", "07_lightning.ipynb", "_trainup_fabric.py", 161, ACCELERATOR),
+    # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy; the stop
+    # signal is a Trainer callback's (lightning_ckpt.StopSignal), not preempt's lines of Fabric's
+    Script("_trainup_lightning.py", "07_lightning.ipynb", "_trainup_fabric.py", 164, ACCELERATOR),
     # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3)
     Script("_trainup_lightning_fsdp.py", "07_lightning.ipynb", "_trainup_lightning.py", 45,
            ACCELERATOR),
@@ -64,5 +65,8 @@ _ENTRIES = (
     Script("_trainup_tp.py", "09c_tensor_parallel.ipynb", "_trainup_blocks.py", 63, DEVICE, "cpu"),
     # the transformer: attention cut by heads, sequence parallelism, loss_parallel
     Script("_trainup_tp_sp.py", "09c_tensor_parallel.ipynb", "_trainup_tp.py", 54),
+    # mixture of experts: the MLP becomes routed experts, held by their ranks (expert
+    # parallelism), the tokens sent to them and back by all-to-all; the rest is data parallel
+    Script("_trainup_experts.py", "12_experts.ipynb", "_trainup_tp_sp.py", 85),
 )
 SCRIPTS = {s.name: s for s in _ENTRIES}

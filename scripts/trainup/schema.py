@@ -34,6 +34,9 @@ SCHEMA = {
     "tp": ("tp", "dp", "mesh", "blocks", "width", "hidden", "plan", "placement", "param_bytes", "sharded_bytes",
            "full_param_bytes", "full_sharded_bytes"),
     "tp_comm": ("epoch", "step", "per_replica_batch", "step_s", "collectives"),
+    "experts": ("experts", "top_k", "capacity_factor", "experts_per_rank", "layers", "placement",
+                "expert_bytes", "dense_bytes"),
+    "expert_load": ("epoch", "routed", "dropped", "received", "capacity"),
     "pipeline": ("schedule", "stages", "stages_per_rank", "pipeline_ranks", "data_parallel", "microbatches",
                  "microbatch_size", "blocks", "width", "stage_blocks", "placement"),
     "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
@@ -95,6 +98,10 @@ TYPES_IN = {
     "tp": dict(tp=INT, dp=INT, param_bytes=("list",), sharded_bytes=("list",), full_param_bytes=INT,
                full_sharded_bytes=INT),
     "tp_comm": dict(epoch=INT, collectives=("list",)),
+    "experts": dict(experts=INT, top_k=INT, capacity_factor=NUMBER, experts_per_rank=INT,
+                    layers=INT, expert_bytes=("list",), dense_bytes=("list",)),
+    "expert_load": dict(epoch=INT, routed=("list",), dropped=INT, received=("list",),
+                        capacity=INT),
     "pipeline": dict(split=TEXT, recompute=("bool",)),
 }
 
