@@ -1,4 +1,4 @@
-"""Lesson 12, mixture of experts and expert parallelism: each transformer layer's MLP becomes
+"""Lesson 09e, mixture of experts and expert parallelism: each transformer layer's MLP becomes
 --experts MLPs and a router that sends each token to its --top-k of them; each process holds
 experts / processes of them, and the tokens travel to their experts and back by all-to-all.
 

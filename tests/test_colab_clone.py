@@ -381,7 +381,14 @@ LESSONS = {
         ],
         True,
     ),
-    "12_experts": (
+    "09d_context_parallel": (
+        [
+            whole("from lessons import checks, launch, report"),
+            call('report.run("_trainup_cp.py", "--threads", 1, *CP_SIZE, name="cp_one")'),
+        ],
+        True,
+    ),
+    "09e_experts": (
         [
             whole("from lessons import checks, launch, report"),
             call(

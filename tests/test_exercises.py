@@ -256,7 +256,7 @@ def test_04c_spot_break_even_and_the_padded_return():
 
 
 def test_12_expert_parameters_and_capacity():
-    answers = solution("12_experts")
+    answers = solution("09e_experts")
     used, share = answers.expert_parameters_used()
     assert used == 2 * 2 * 4096 * 14336 and share == pytest.approx(2 / 64)
     limit, kept = answers.kept_at_most()

@@ -95,7 +95,8 @@ USES_ONE_GPU = {
     "09c_tensor_parallel": (False, "no GPU run of this lesson is stored"),
     "10_scaling_report": (False, "GPU runs appear where reference logs of GPUs are committed"),
     "11_predict_the_cluster": (False, "no GPU is used"),
-    "12_experts": (False, "no GPU is used"),
+    "09d_context_parallel": (False, "no GPU is used"),
+    "09e_experts": (False, "no GPU is used"),
 }
 
 

@@ -67,6 +67,9 @@ _ENTRIES = (
     Script("_trainup_tp_sp.py", "09c_tensor_parallel.ipynb", "_trainup_tp.py", 54),
     # mixture of experts: the MLP becomes routed experts, held by their ranks (expert
     # parallelism), the tokens sent to them and back by all-to-all; the rest is data parallel
-    Script("_trainup_experts.py", "12_experts.ipynb", "_trainup_tp_sp.py", 85),
+    Script("_trainup_experts.py", "09e_experts.ipynb", "_trainup_tp_sp.py", 85),
+    # the sequence cut instead of the layers: ring or all-to-all attention, the scores and the
+    # gradients summed over the ranks
+    Script("_trainup_cp.py", "09d_context_parallel.ipynb", "_trainup_tp_sp.py", 90),
 )
 SCRIPTS = {s.name: s for s in _ENTRIES}

@@ -214,7 +214,9 @@ def context(args):
         raise UserError(f"SLURM_NTASKS={ctx.world_size} but srun did not start this process (python was run "
                         f"directly, in the batch script or an salloc shell), so the other {ctx.world_size - 1} process(es) would never "
                         f"come; start it as srun python ..., one task per process")
-    if not hasattr(args, "tp"):  # tensor parallelism splits the batch over --dp only (check_shape)
+    # tensor parallelism splits the batch over --dp only (check_shape); context parallelism gives
+    # every rank the whole batch
+    if not hasattr(args, "tp") and not hasattr(args, "cp_attention"):
         per_rank_batch(args.batch_size, ctx.world_size)
     nccl = args.backend == "nccl" and args.device == "auto"  # NCCL only moves GPU memory
     requested, gpu = node_device(ctx, "cuda" if nccl else args.device,

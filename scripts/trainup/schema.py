@@ -37,6 +37,9 @@ SCHEMA = {
     "experts": ("experts", "top_k", "capacity_factor", "experts_per_rank", "layers", "placement",
                 "expert_bytes", "dense_bytes"),
     "expert_load": ("epoch", "routed", "dropped", "received", "capacity"),
+    "cp": ("cp", "attention", "causal", "tokens", "heads", "blocks", "width", "hidden", "positions",
+           "visible_scores", "element_size"),
+    "cp_comm": ("epoch", "step", "per_rank_batch", "sent_bytes", "expected_bytes"),
     "pipeline": ("schedule", "stages", "stages_per_rank", "pipeline_ranks", "data_parallel", "microbatches",
                  "microbatch_size", "blocks", "width", "stage_blocks", "placement"),
     "pipe_step": ("epoch", "step", "microbatches", "rank", "stages", "step_s", "events", "peak_activation_bytes"),
@@ -102,6 +105,8 @@ TYPES_IN = {
                     layers=INT, expert_bytes=("list",), dense_bytes=("list",)),
     "expert_load": dict(epoch=INT, routed=("list",), dropped=INT, received=("list",),
                         capacity=INT),
+    "cp": dict(cp=INT, causal=("bool",), tokens=INT, positions=("list",), visible_scores=("list",)),
+    "cp_comm": dict(epoch=INT, sent_bytes=("list",), expected_bytes=("dict",)),
     "pipeline": dict(split=TEXT, recompute=("bool",)),
 }
 

@@ -1,4 +1,4 @@
-"""Solutions to lesson 12's exercises. Run: python notebooks/solutions/12_experts.py"""
+"""Solutions to lesson 09e's exercises. Run: python notebooks/solutions/09e_experts.py"""
 
 from trainup import experts as moe
 
