@@ -222,7 +222,9 @@ def writable(folder):
 
 PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
 # gloo's, and NCCL's watchdog, when a collective waited --timeout for a rank that stalled
-TIMED_OUT = re.compile(r"Timed out waiting \d+ms|Watchdog caught collective operation timeout")
+# (gloo's own words whole: lesson 04 teaches a learner to find them)
+TIMED_OUT = re.compile(r"Timed out waiting \d+ms for \w+ operation to complete"
+                       r"|Watchdog caught collective operation timeout")
 
 
 def main_guard(main):
