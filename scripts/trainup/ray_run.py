@@ -70,8 +70,8 @@ def check(args):
                         f"has {gpus}; use --ray-workers {gpus} or fewer, or --device cpu")
     for name in ("log_dir", "checkpoint_dir"):  # the workers do not start in this folder
         setattr(args, name, str(Path(getattr(args, name)).absolute()))
-    kept = checkpoint.path_for(args)
-    if args.resume and kept.exists():  # here: a worker's refusal, Ray would retry, and retry
+    kept = checkpoint.path_for(args) if getattr(args, "resume", False) else None
+    if kept is not None and kept.exists():  # here: a worker's refusal, Ray would retry, and retry
         checkpoint.same_run(kept, checkpoint.read(kept).get("args") or {}, args)
     return gpus
 
