@@ -233,6 +233,27 @@ def test_a_run_whose_workers_never_start_is_ended_and_started_once_more(monkeypa
     assert any("Ray's start stalled" in s and "started once more" in s for s in said)
 
     outcomes[:] = [None, None]
-    with pytest.raises(RuntimeError, match=f"did not end within {ray_drill.WAIT_S} s: it hung"):
+    with pytest.raises(RuntimeError, match=f"no worker started within {ray_drill.START_S} s"):
         ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
     assert len(tries) == 4  # twice, no more
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("writes, hung", [(6, False), (1, True)])
+def test_a_run_is_hung_when_its_log_stops_not_when_it_is_slow(monkeypatch, tmp_path, writes, hung):
+    """A slow run whose ranks keep writing records is waited for beyond START_S + QUIET_S in all;
+    one whose log stops for QUIET_S is hung: ended, every process of it gone."""
+    monkeypatch.setattr(ray_drill, "START_S", 3.0)
+    monkeypatch.setattr(ray_drill, "QUIET_S", 1.5)
+    log = tmp_path / "r.jsonl"
+    job = (
+        "import json, time\n"
+        f"for epoch in range({writes}):\n"
+        "    time.sleep(1.0)\n"
+        f"    with open({str(log)!r}, 'a') as f:\n"
+        "        f.write(json.dumps(dict(type='epoch', epoch=epoch)) + '\\n')\n"
+        f"time.sleep({60 if hung else 0})\n"  # a hung one stays until it is ended
+    )
+    d = ray_drill._attempt(["-c", job], "r", tmp_path, tmp_path, lambda *_: None)
+    assert (d.returncode is None) == hung
+    assert len(ray_drill.elastic.records(log)) == writes and d.left == []

@@ -34,7 +34,10 @@ from .report import QUICK, failed
 EPOCHS, SAMPLES = 4, 512
 FLAGS = [*elastic.FLAGS, "--epochs", str(EPOCHS), "--train-size", str(SAMPLES)]
 MARK = "TRAINUP_RAY_DRILL"  # inherited by every process Ray starts: how the drill finds them
-WAIT_S = 240  # far beyond a healthy run: reaching it means the run hung
+# A hang is a run that stops making progress, not one that is slow: on 2 busy cores Ray's start
+# and its restart after the kill each took minutes, beyond any fixed total a healthy run needs.
+START_S = 300  # from the start to the first record; without one, Ray's start stalled
+QUIET_S = 240  # between one record of the log and the next (the restart after the kill included)
 STATE_LINE = "Ray's state API: "  # how the driver prints each actor (trainup/ray_run.py)
 
 
@@ -111,7 +114,7 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
         d = _attempt(cmd, run, log_dir, checkpoint_dir, show)
         if d.returncode is None and not elastic.records(d.log) and stalls == 0:
             stalls += 1
-            show(f"no worker started within {WAIT_S} s: Ray's start stalled (a loaded machine); "
+            show(f"no worker started within {START_S} s: Ray's start stalled (a loaded machine); "
                  "its processes ended, the run started once more")
         elif d.returncode not in (None, 0) and NODE_LATE in d.output and attempt < STARTS:
             waited, load, cores = calm()
@@ -121,7 +124,8 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
         else:
             break
     if d.returncode is None:
-        raise RuntimeError(f"the Ray run did not end within {WAIT_S} s: it hung\n"
+        raise RuntimeError(f"the Ray run hung: no worker started within {START_S} s, or "
+                           f"{QUIET_S} s passed without a new record in its log\n"
                            f"{d.output[-3000:]}")
     if d.returncode != 0:
         raise failed("_trainup_ray.py", d.output, d.returncode)
@@ -145,18 +149,25 @@ def _attempt(cmd, run, log_dir, checkpoint_dir, show):
                                 stderr=subprocess.STDOUT, env=environment({MARK: mark}),
                                 start_new_session=True)
         try:
-            deadline = time.monotonic() + WAIT_S
-            while not d.killed and time.monotonic() < deadline and proc.poll() is None:
+            started = last = time.monotonic()
+            seen = 0  # records in the log so far: each new one is progress
+            while proc.poll() is None:
+                records = elastic.records(d.log)
+                now = time.monotonic()
+                if len(records) != seen:
+                    seen, last = len(records), now
+                if now > (last + QUIET_S if seen else started + START_S):
+                    raise subprocess.TimeoutExpired(cmd, now - started)
                 # Ray has kept the first epoch's checkpoint (every rank reported it) and the
                 # 'ddp' record names the ranks' pids. Killed earlier, the run starts from nothing.
-                starts = [r for r in elastic.records(d.log) if r["type"] == "ddp"]
-                if kept.exists() and starts:
+                starts = [r for r in records if r["type"] == "ddp"]
+                if not d.killed and kept.exists() and starts:
                     d.killed = starts[0]["ranks"][1]["pid"]
                     os.kill(d.killed, signal.SIGKILL)
                     d.killed_at = time.time()
                     show(f"rank 1 (pid {d.killed}) killed with SIGKILL after Ray kept epoch 1")
-                time.sleep(0.05)
-            d.returncode = proc.wait(timeout=max(1, deadline - time.monotonic()))
+                time.sleep(0.05 if not d.killed else 0.5)
+            d.returncode = proc.wait()
         except subprocess.TimeoutExpired:
             d.returncode = None
         finally:
