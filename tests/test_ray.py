@@ -209,8 +209,9 @@ def test_a_node_late_on_a_loaded_machine_runs_again_once_the_load_falls(monkeypa
 
 
 def test_a_run_whose_workers_never_start_is_ended_and_started_once_more(monkeypatch, tmp_path):
-    """Ray's own start can stall on a loaded machine: no rank writes its log within the wait. The
-    drill ends that run and starts it once more, says so; a second stall is the hang sentence."""
+    """Ray's own start can stall on a loaded machine: no rank writes its log within the wait, or
+    the group started after the kill never comes up. The drill ends that run and starts it once
+    more, says so; a second stall is the hang sentence."""
     said, tries = [], []
 
     def attempt(cmd, run, log_dir, checkpoint_dir, show, outcomes):
@@ -222,9 +223,11 @@ def test_a_run_whose_workers_never_start_is_ended_and_started_once_more(monkeypa
             output="stalled",
             returncode=outcomes.pop(0),
         )
-        if d.returncode is not None:  # a run that started: its ranks wrote their log
+        if d.returncode is not None or wrote:  # a run that started: its ranks wrote their log
             d.log.write_text(json.dumps({"type": "ddp"}) + "\n")
         return d
+
+    wrote = False
 
     outcomes = [None, 0]
     monkeypatch.setattr(ray_drill, "_attempt", lambda *a: attempt(*a, outcomes))
@@ -236,6 +239,12 @@ def test_a_run_whose_workers_never_start_is_ended_and_started_once_more(monkeypa
     with pytest.raises(RuntimeError, match=f"no worker started within {ray_drill.START_S} s"):
         ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
     assert len(tries) == 4  # twice, no more
+
+    # a run whose group, started again after the kill, never comes up: its log stops
+    wrote, outcomes[:] = True, [None, 0]
+    d = ray_drill.drill("r", tmp_path, tmp_path, quick=True, show=said.append)
+    assert len(tries) == 6 and d.returncode == 0
+    assert any("Ray's restart stalled" in s and "started once more" in s for s in said)
 
 
 @pytest.mark.fast

@@ -97,10 +97,10 @@ def storage(run, checkpoint_dir):
 def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=print):
     """Run the Ray job, kill rank 1 once Ray kept a checkpoint, wait for the end. Folders relative
     to the course's top folder. Raises (one sentence first) where the run fails or hangs.
-    A run whose workers never start is ended, every process Ray started with it too, and started
-    once more: on a loaded machine Ray's own start can stall (on 2 busy cores the
-    Train controller's request to its autoscaling coordinator timed out, and the worker group it
-    went on to start never came up)."""
+    A run that stalls (its workers never start, or the group Ray starts after the kill never comes
+    up) is ended, every process Ray started with it too, and started once more: on 2 busy cores
+    the Train controller's request to its autoscaling coordinator timed out, and the worker group
+    it went on to start never came up."""
     quick = QUICK if quick is None else quick
     # the command as a learner types it, from the course's top folder (where it runs)
     cmd = ["scripts/_trainup_ray.py", *FLAGS, "--max-failures", "1", "--run-name", run,
@@ -112,10 +112,12 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
     stalls = 0
     for attempt in range(1, STARTS + 1):
         d = _attempt(cmd, run, log_dir, checkpoint_dir, show)
-        if d.returncode is None and not elastic.records(d.log) and stalls == 0:
+        if d.returncode is None and stalls == 0:
             stalls += 1
-            show(f"no worker started within {START_S} s: Ray's start stalled (a loaded machine); "
-                 "its processes ended, the run started once more")
+            stalled = (f"no worker started within {START_S} s: Ray's start stalled"
+                       if not elastic.records(d.log) else
+                       f"the run wrote nothing for {QUIET_S} s: Ray's restart stalled")
+            show(f"{stalled} (a loaded machine); its processes ended, the run started once more")
         elif d.returncode not in (None, 0) and NODE_LATE in d.output and attempt < STARTS:
             waited, load, cores = calm()
             show(f"Ray's node did not start in time (a loaded machine); after {waited:.0f} s "
