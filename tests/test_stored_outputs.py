@@ -12,10 +12,14 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
 from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import stored_notebook  # noqa: E402  (tools/ is no package)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # a float in scientific notation, other than a power of ten (1e-09: a tolerance, or an order of magnitude)
@@ -239,3 +243,51 @@ def test_the_path_check_finds_a_machines_folder(tmp_path):
         )
         with pytest.raises(AssertionError, match="this machine's paths"):
             test_no_stored_output_names_a_folder_of_the_machine_that_stored_it(path)
+
+
+def stored_html(path):
+    cells = json.loads(path.read_text())["cells"]
+    return "".join(
+        "".join(o.get("data", {}).get("text/html", "")) for c in cells for o in c.get("outputs", [])
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_stored_output_is_a_dashboard_frame_that_shows_nothing(path):
+    """`%tensorboard`'s frame points at a server on the reader's own machine: stored, it is blank."""
+    assert stored_notebook.FRAME not in stored_html(path), (
+        f"{path.name} stores a TensorBoard frame: store it with tools/store_outputs.sh"
+    )
+
+
+def test_the_store_tool_puts_a_sentence_where_the_frame_was(tmp_path):
+    frame = f'<iframe id="{stored_notebook.FRAME}1ef6" width="100%"></iframe><script>...</script>'
+    kept = {"output_type": "stream", "name": "stdout", "text": ["a server serves logs\n"]}
+    cell = {
+        "cell_type": "code",
+        "metadata": {},
+        "source": ["%tensorboard --logdir logs/tensorboard"],
+        "outputs": [
+            {"output_type": "display_data", "metadata": {}, "data": {"text/html": [frame]}},
+            kept,
+        ],
+    }
+    path = tmp_path / "x.ipynb"
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}}))
+    subprocess.run(
+        [sys.executable, "tools/stored_notebook.py", str(path), "0.5", "0.7", "2"],
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    )
+    stored = json.loads(path.read_text())
+    assert stored_notebook.FRAME not in stored_html(path)
+    assert stored["cells"][0]["outputs"] == [
+        {
+            "output_type": "display_data",
+            "metadata": {},
+            "data": {"text/plain": [stored_notebook.LIVE_ONLY]},
+        },
+        kept,
+    ]
+    assert stored["metadata"]["trainup"]["stored_under"].endswith("on 2 cores")

@@ -26,13 +26,6 @@ for nb in "${notebooks[@]}"; do
   echo "== $nb (load average $start on $cores cores)"
   .venv/bin/jupyter nbconvert --to notebook --execute --inplace "$nb" \
     --ExecutePreprocessor.timeout=1800 --log-level WARN
-  # the notebook says what load its stored timings were taken under (its metadata, beside the kernel's)
-  .venv/bin/python - "$nb" "$start" "$(load)" "$cores" <<'PY'
-import json, sys
-path, start, end, cores = sys.argv[1:]
-nb = json.load(open(path))
-nb["metadata"]["trainup"] = {"stored_under": f"load average {start} at the start, {end} at the end, "
-                                             f"on {cores} cores"}
-open(path, "w").write(json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n")  # as nbformat
-PY
+  # dead frames out, and the load its stored timings were taken under in (tools/stored_notebook.py)
+  .venv/bin/python tools/stored_notebook.py "$nb" "$start" "$(load)" "$cores"
 done
