@@ -148,7 +148,7 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
     import sys
 
     import psutil
-    from trainup import ray_run
+    from trainup import UserError, ray_run
 
     began, calls = [], []
 
@@ -163,6 +163,13 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
     monkeypatch.setattr(ray_run.ray, "shutdown", lambda: None)
     assert ray_run.start(dict(num_cpus=2)) == "started" and calls == [dict(num_cpus=2)] * 2
     assert began[0].wait(timeout=10) is not None and not psutil.pid_exists(began[0].pid)
+
+    def late(**kwargs):
+        raise Exception("The current node timed out during startup. This could happen ...")
+
+    monkeypatch.setattr(ray_run.ray, "init", late)
+    with pytest.raises(UserError, match=f"^Ray's node {ray_run.NODE_LATE} 2 times .* quieter$"):
+        ray_run.start({})
 
     def other(**kwargs):
         raise Exception("something else")

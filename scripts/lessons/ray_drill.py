@@ -55,7 +55,7 @@ class Drill:
 # Ray gives a new node's raylet 30 s, its own constant, to register; its agents (Python processes)
 # start first, and on a loaded machine (2 cores running the test suite) that takes longer, start
 # after start (trainup/ray_run.start). The drill then waits for the load to fall and runs again.
-NODE_LATE = "timed out during startup"
+NODE_LATE = "timed out during startup"  # ray_run.NODE_LATE (importing it imports Ray)
 STARTS = 3
 CALM_WAIT_S = 120
 

@@ -109,6 +109,9 @@ def cluster(args, gpus=0):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+NODE_LATE = "timed out during startup"  # Ray's words (ray/_private/node.py)
+
+
 def start(init, tries=2):
     """ray.init. Ray waits 30 s (its own constant) for a local node's raylet to register with
     the GCS; on a loaded machine that can pass (seen with the test suite and two
@@ -121,8 +124,12 @@ def start(init, tries=2):
         try:
             return ray.init(**init)
         except Exception as e:  # noqa: BLE001  Ray raises a plain Exception for this
-            if "timed out during startup" not in str(e) or attempt == tries - 1:
+            if NODE_LATE not in str(e):
                 raise
+            if attempt == tries - 1:
+                raise UserError(f"Ray's node {NODE_LATE} {tries} times (Ray waits 30 s for it to "
+                                "register): this machine is too busy; run again once it is "
+                                "quieter") from None
             began = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
             for p in began:
                 p.kill()
