@@ -254,7 +254,7 @@ def stored_html(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_stored_output_is_a_dashboard_frame_that_shows_nothing(path):
-    """`%tensorboard`'s frame points at a server on the reader's own machine: stored, it is blank."""
+    """`%tensorboard`'s frame points at a server on the reader's machine: stored, it is blank."""
     assert stored_notebook.FRAME not in stored_html(path), (
         f"{path.name} stores a TensorBoard frame: store it with tools/store_outputs.sh"
     )
