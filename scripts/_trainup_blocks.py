@@ -7,8 +7,9 @@ sharding and tensor parallelism cut up.
 Compared with _trainup_ddp.py: the model is a stack of identical blocks (--blocks, --width) that
 every process builds from the same seed; the data set is held in memory and read in whole batches
 only, the same number on every rank; what lessons 02-04 added to DDP (precision, loader workers,
-sweeps, profiling, the stop signal, GPU statistics, the restart) is left out: the lessons that grow
-from here teach where the model's pieces live, and each of their diffs against this script is that.
+sweeps, profiling, GPU statistics, the restart) is left out: the lessons that grow from here
+teach where the model's pieces live, and each of their diffs against this script is that. The stop
+signal stays (SIGTERM or --stop-signal: a checkpoint at the step, exit 75, --resume goes on).
 """
 import itertools
 import time
@@ -18,12 +19,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, distributed, evaluation, metrics, models
+from trainup import checkpoint, cli, data, distributed, evaluation, metrics, models, preempt
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device), y.to(device)
         logits = model(x)
@@ -52,6 +53,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -60,7 +62,10 @@ def main(argv=None):
     model = models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer, scheduler = optimizer_for(model.parameters(), args)
+    ckpt = checkpoint.path_for(args)
+    start_epoch = checkpoint.load(ckpt, model.module, optimizer, scheduler) if args.resume else 1
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
+    stop.watch(ckpt, log, model.module, optimizer, scheduler)  # what a stop saves, rank 0 writes
 
     per_rank = args.batch_size // ctx.world_size
     sampler = data.ShuffleSampler(len(train_set), args.seed, ctx.rank, ctx.world_size)
@@ -68,19 +73,18 @@ def main(argv=None):
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True)
     test_loader = DataLoader(test_set, batch_size=1000,
                              sampler=range(ctx.rank, len(test_set), ctx.world_size))
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, itertools.islice(train_loader, steps), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device)
+        train = train_epoch(model, stop.batches(itertools.islice(train_loader, steps), epoch),
+                            optimizer, epoch, args.show_progress and ctx.is_main, device)
         scheduler.step()
         wall = time.perf_counter() - tick
         test = evaluation.evaluate(model.module, test_loader, device)
         log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
         if ctx.is_main:  # one writer
-            checkpoint.save(checkpoint.path_for(args), model.module, optimizer, scheduler, epoch,
-                            args)
-    log.summary(checkpoint=checkpoint.path_for(args))
+            checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args)
+    log.summary(checkpoint=ckpt)
     distributed.cleanup(ctx)
 
 

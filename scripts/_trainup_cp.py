@@ -20,14 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, distributed, evaluation, metrics, transformer
+from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, preempt,
+                     transformer)
 from trainup import context_parallel as cp
 from trainup import tensor_parallel as tpar
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device), y.to(device)
         logits = model(x)  # this rank's rows through every layer; the scores summed: whole
@@ -60,6 +61,7 @@ def main(argv=None):
     rows = train_set.shape[1]  # an image's rows: the sequence
     cp.check_shape(args, world, rows)  # before any process waits
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -68,21 +70,24 @@ def main(argv=None):
                                    args.width, args.heads, args.hidden).to(device)
     traffic = cp.parallelize(model, rows, args.cp_attention, args.causal)  # 1 process: uncut
     optimizer, scheduler = optimizer_for(model.parameters(), args)
+    ckpt = checkpoint.path_for(args)  # every rank holds the same whole model: rank 0 saves it
+    start_epoch = checkpoint.load(ckpt, model, optimizer, scheduler) if args.resume else 1
     traffic.first_step(optimizer)  # what attention sends in one training step
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     element_size = torch.get_default_dtype().itemsize
     cp.log_layout(log, args, world, rows, element_size)
+    stop.watch(ckpt, log, model, optimizer, scheduler)  # what a stop saves, rank 0 writes
 
     sampler = data.ShuffleSampler(len(train_set), args.seed, 0, 1)  # every rank the same batches
     steps = len(train_set) // args.batch_size  # whole batches only
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
                               drop_last=True)
     test_loader = DataLoader(test_set, batch_size=1000)  # every rank the whole test set
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, itertools.islice(train_loader, steps), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device)
+        train = train_epoch(model, stop.batches(itertools.islice(train_loader, steps), epoch),
+                            optimizer, epoch, args.show_progress and ctx.is_main, device)
         scheduler.step()
         wall = time.perf_counter() - tick
         if epoch == 1:  # the bytes attention sent in one training step, every rank's
@@ -91,8 +96,8 @@ def main(argv=None):
         log.epoch(epoch, distributed.reduce(tpar.one_per_replica(train, ctx.rank)),
                   distributed.reduce(tpar.one_per_replica(test, ctx.rank)), wall)
         if ctx.is_main:  # one writer; every rank holds the same whole model
-            tpar.save_model(checkpoint.path_for(args), tpar.full_state(model), epoch, args)
-    log.summary(checkpoint=checkpoint.path_for(args))
+            checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+    log.summary(checkpoint=ckpt)
     distributed.cleanup(ctx)
 
 

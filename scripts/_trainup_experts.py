@@ -19,14 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, distributed, evaluation, metrics, transformer
+from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, preempt,
+                     transformer)
 from trainup import experts as moe
 from trainup import tensor_parallel as tpar
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, aux_weight, world):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device), y.to(device)
         logits = model(x)  # per MoE layer 2 all-to-alls: the tokens to their experts and back
@@ -57,6 +58,7 @@ def main(argv=None):
     moe.check_shape(args, distributed.from_env().world_size)  # before any process waits
     train_set, test_set = data.load(args)
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,9 +67,15 @@ def main(argv=None):
                                    args.width, args.heads, args.hidden)
     model = moe.swap_mlps(model, args, ctx.rank, ctx.world_size).to(device)  # its experts only
     optimizer, scheduler = optimizer_for(model.parameters(), args)
+    folder = checkpoint.ranks_folder(args)  # every rank its own experts
+    start_epoch, saved = (moe.load(folder, model, optimizer, scheduler, args, ctx.world_size)
+                          if args.resume else (1, None))
     dp_index, dp = ctx.rank, ctx.world_size  # every rank a share of the data
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("experts", **moe.layout(model, ctx.world_size))
+    stop.watch(folder, log, model, optimizer, scheduler,  # every rank saves its experts
+               save=moe.saver(folder, model, optimizer, scheduler, args, ctx.world_size),
+               saved=saved)
 
     per_rank = args.batch_size // dp
     sampler = data.ShuffleSampler(len(train_set), args.seed, dp_index, dp)
@@ -76,18 +84,19 @@ def main(argv=None):
     # equal test shards: every rank's forward passes meet the others' in the all-to-alls
     test_loader = DataLoader(test_set, batch_size=1000,
                              sampler=range(dp_index, len(test_set) - len(test_set) % dp, dp))
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, itertools.islice(train_loader, steps), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device, args.aux_loss_weight,
-                            ctx.world_size)
+        train = train_epoch(model, stop.batches(itertools.islice(train_loader, steps), epoch),
+                            optimizer, epoch, args.show_progress and ctx.is_main, device,
+                            args.aux_loss_weight, ctx.world_size)
         scheduler.step()
         wall = time.perf_counter() - tick
         log.write("expert_load", **moe.epoch_load(model, ctx.world_size, epoch,
                                                   per_rank * train_set.shape[1]))  # rows: tokens
         test = evaluation.evaluate(model, test_loader, device)
         log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
+        moe.save(folder, model, optimizer, scheduler, epoch, args, ctx.world_size)  # for --resume
         whole = moe.full_state(model, ctx.world_size)  # every rank sends its experts
         if ctx.is_main:  # one writer
             tpar.save_model(checkpoint.path_for(args), whole, epoch, args)

@@ -12,7 +12,8 @@ Compared with _trainup_blocks.py: each process keeps only its stage's blocks of 
 (--schedule; pipeline.Pipe holds them) run forward and backward micro-batch by micro-batch, sending
 activations forward and gradients back; the first stage feeds the inputs, the last computes the
 loss; with --data-parallel each stage is in DDP over the same stage of every pipeline; every stage
-notes when each micro-batch's forward and backward ran, and its activation bytes.
+notes when each micro-batch's forward and backward ran, and its activation bytes; every rank saves
+its own stages at each epoch's end and at a stop (checkpoint.save_ranks).
 """
 import time
 
@@ -20,12 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from trainup import (checkpoint, cli, data, distributed, metrics, models, pipeline,
-                     pipeline_runs)
+                     pipeline_runs, preempt)
 
 
 def train_epoch(model, pipe, layout, loader, optimizer, epoch, show_progress, device, log_steps):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
     for step, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress), 1):
         x, y = x.to(device), y.to(device)
         tick = pipeline.begin_step(pipe, layout)  # the stages start a measured step together
@@ -68,16 +69,17 @@ def main(argv=None):
     for run in pipeline_runs.runs(args):
         pipeline.check_shape(run, distributed.from_env().world_size)  # before anyone waits for anyone
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     if args.threads:
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)
     layout = pipeline.Layout(ctx.rank, args.stages, args.data_parallel)
     for run in pipeline_runs.runs(args):
-        train(run, ctx, layout, train_set, test_set)
+        train(run, ctx, layout, train_set, test_set, stop)
     distributed.cleanup(ctx)
 
 
-def train(args, ctx, layout, train_set, test_set):
+def train(args, ctx, layout, train_set, test_set, stop):
     """One schedule's run: the model from the seed, its log, its training (or --sweep), its checkpoint."""
     device = ctx.device
     torch.manual_seed(args.seed)  # every rank builds the same whole model, then keeps its stages
@@ -93,23 +95,29 @@ def train(args, ctx, layout, train_set, test_set):
     pipe = (pipeline.Pipe(args, model, layout, device, args.microbatches) if args.stages > 1
             else None)
     optimizer, scheduler = optimizer_for(pipe.params() if pipe else model.parameters(), args)
+    parts, folder = pipe.parts if pipe else [model], checkpoint.ranks_folder(args)  # this rank's
+    start_epoch, saved = (pipeline.load_stages(folder, parts, optimizer, scheduler, args)
+                          if args.resume else (1, None))
+    stop.watch(folder, log, parts[0], optimizer, scheduler,  # every rank saves its stages
+               save=pipeline.stage_saver(folder, parts, optimizer, scheduler, args), saved=saved)
     per_pipeline = args.batch_size // args.data_parallel
     sampler = data.ShuffleSampler(len(train_set), args.seed, layout.pipeline, args.data_parallel)
     test_loader = pipeline.Batches(test_set, per_pipeline,
                                    range(layout.pipeline, len(test_set), args.data_parallel))
     log_steps = []
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same in every stage of a pipeline
         batches = pipeline.Batches(train_set, per_pipeline, sampler)
-        train = train_epoch(model, pipe, layout, batches, optimizer, epoch,
+        train = train_epoch(model, pipe, layout, stop.batches(batches, epoch), optimizer, epoch,
                             args.show_progress and ctx.is_main, device, log_steps)
         scheduler.step()
         wall = time.perf_counter() - tick
         pipeline.write_steps(log, log_steps)
         test = pipeline.evaluate(model, pipe, test_loader, device)
         log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
-        whole = pipeline.gather_model(pipe.parts if pipe else [model], model)
+        pipeline.save_stages(folder, parts, optimizer, scheduler, epoch, args)  # for --resume
+        whole = pipeline.gather_model(parts, model)
         if ctx.is_main:
             pipeline.save_model(checkpoint.path_for(args), whole, epoch, args)
     log.summary(checkpoint=checkpoint.path_for(args))

@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, distributed, evaluation, metrics, models
+from trainup import checkpoint, cli, data, distributed, evaluation, metrics, models, preempt
 from trainup import tensor_parallel as tpar
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device), y.to(device)
         logits = model(x)
@@ -54,6 +54,7 @@ def main(argv=None):
     args = parse_args(argv)
     tp, dp = tpar.check_shape(args, distributed.from_env().world_size)  # before any process waits
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,6 +66,9 @@ def main(argv=None):
     if mesh is not None:
         tpar.parallelize(model, mesh)  # keeps this rank's slices: Colwise `up`, Rowwise `down`
     optimizer, scheduler = optimizer_for(model.parameters(), args)
+    folder = checkpoint.path_for(args).with_suffix(".dcp")  # every rank its slices (DCP)
+    start_epoch, saved = (tpar.load(folder, model, optimizer, scheduler, args) if args.resume
+                          else (1, None))
     dp_index, tp_index = tpar.coordinates(ctx.rank, tp)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     tpar.log_layout(log, model, mesh, ctx, args, tp, dp)  # the bytes each rank holds, its place
@@ -77,11 +81,13 @@ def main(argv=None):
     test_loader = DataLoader(test_set, batch_size=1000,
                              sampler=range(dp_index, len(test_set) - len(test_set) % dp, dp))
     counter = tpar.CommCounter(mesh).on_first_step(model, optimizer, device)  # its collectives
-    for epoch in range(1, args.epochs + 1):
+    stop.watch(folder, log, model, optimizer, scheduler,  # every rank saves its slices
+               save=tpar.saver(folder, model, optimizer, scheduler, args), saved=saved)
+    for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, itertools.islice(train_loader, steps), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device)
+        train = train_epoch(model, stop.batches(itertools.islice(train_loader, steps), epoch),
+                            optimizer, epoch, args.show_progress and ctx.is_main, device)
         scheduler.step()
         wall = time.perf_counter() - tick
         if epoch == 1:  # the collectives of one training step, every rank's
@@ -89,6 +95,7 @@ def main(argv=None):
         test = evaluation.evaluate(model, test_loader, device)
         log.epoch(epoch, distributed.reduce(tpar.one_per_replica(train, tp_index)),
                   distributed.reduce(tpar.one_per_replica(test, tp_index)), wall)
+        tpar.save(folder, model, optimizer, scheduler, epoch, args)  # for --resume
         whole = tpar.full_state(model)  # every rank takes part in gathering the slices
         if ctx.is_main:  # one writer
             tpar.save_model(checkpoint.path_for(args), whole, epoch, args)

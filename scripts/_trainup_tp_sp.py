@@ -19,14 +19,15 @@ import torch.nn.functional as F
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.utils.data import DataLoader
 
-from trainup import checkpoint, cli, data, distributed, evaluation, metrics, transformer
+from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, preempt,
+                     transformer)
 from trainup import tensor_parallel as tpar
 from trainup import tp_transformer
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
     model.train()
-    meter = metrics.Meter()
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
     for x, y in metrics.progress(loader, f"epoch {epoch}", show_progress):
         x, y = x.to(device), y.to(device)
         logits = model(x)  # cut by class over 'tp' (one process: whole)
@@ -60,6 +61,7 @@ def main(argv=None):
     train_set, test_set = data.load(args)  # first: the images' shape decides what can be cut
     tp_transformer.check_shape(args, tp, train_set.shape, train_set.num_classes)
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,6 +72,9 @@ def main(argv=None):
     if mesh is not None:  # keeps this rank's slices: its heads, its part of the MLP
         tp_transformer.parallelize(model, mesh, args.sequence_parallel)
     optimizer, scheduler = optimizer_for(model.parameters(), args)
+    folder = checkpoint.path_for(args).with_suffix(".dcp")  # every rank its slices (DCP)
+    start_epoch, saved = (tpar.load(folder, model, optimizer, scheduler, args) if args.resume
+                          else (1, None))
     dp_index, tp_index = tpar.coordinates(ctx.rank, tp)
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     tpar.log_layout(log, model, mesh, ctx, args, tp, dp, tp_transformer.described(
@@ -84,11 +89,13 @@ def main(argv=None):
     test_loader = DataLoader(test_set, batch_size=1000,
                              sampler=range(dp_index, len(test_set) - len(test_set) % dp, dp))
     counter = tpar.CommCounter(mesh).on_first_step(model, optimizer, device)  # its collectives
-    for epoch in range(1, args.epochs + 1):
+    stop.watch(folder, log, model, optimizer, scheduler,  # every rank saves its slices
+               save=tpar.saver(folder, model, optimizer, scheduler, args), saved=saved)
+    for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(model, itertools.islice(train_loader, steps), optimizer, epoch,
-                            args.show_progress and ctx.is_main, device)
+        train = train_epoch(model, stop.batches(itertools.islice(train_loader, steps), epoch),
+                            optimizer, epoch, args.show_progress and ctx.is_main, device)
         scheduler.step()
         wall = time.perf_counter() - tick
         if epoch == 1:  # the collectives of one training step, every rank's
@@ -96,6 +103,7 @@ def main(argv=None):
         test = evaluation.evaluate(model, test_loader, device)
         log.epoch(epoch, distributed.reduce(tpar.one_per_replica(train, tp_index)),
                   distributed.reduce(tpar.one_per_replica(test, tp_index)), wall)
+        tpar.save(folder, model, optimizer, scheduler, epoch, args)  # for --resume
         whole = tpar.full_state(model)  # every rank takes part in gathering the slices
         if ctx.is_main:  # one writer
             tpar.save_model(checkpoint.path_for(args), whole, epoch, args)

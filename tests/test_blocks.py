@@ -91,5 +91,10 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(capsys, log_dir):
     )
     assert_clean_error(synthetic, "held in memory")
     assert not torch.distributed.is_initialized()
-    resume = in_process(main, [*flags, "--resume"], capsys)
-    assert resume.returncode == 2 and "--resume" in resume.stderr
+    ckpt = log_dir / "r.pt"  # --resume (the stop signal's checkpoint) finds a file of text
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    ckpt.write_text("not a checkpoint")
+    resume = in_a_group_of_one(
+        lambda: in_process(main, [*flags, "--run-name", "r", "--resume"], capsys)
+    )
+    assert_clean_error(resume, f"checkpoint {ckpt}", "cannot be read")

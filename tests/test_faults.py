@@ -111,6 +111,21 @@ FAULTS = [
         "test_lightning.py",
         "test_a_run_refused_for_a_live_writer",
     ),
+    (
+        "a block-stack job stopped by the group's SIGTERM or one rank's USR1",
+        "test_block_stops.py",
+        "test_a_block_stack_job_stopped_inside_an_epoch",
+    ),
+    (
+        "a pipeline or tensor-parallel checkpoint of another layout resumed",
+        "test_block_stops.py",
+        "test_a_pipeline_checkpoint_of_another_layout",
+    ),
+    (
+        "a full disk while every rank writes its own part",
+        "test_block_stops.py",
+        "test_a_full_disk_while_the_ranks_write",
+    ),
 ]
 
 

@@ -46,7 +46,9 @@ _ENTRIES = (
     # the block-stack lessons (06, 09, 09c) grow from one parent: each diff is its lesson
     Script("_trainup_blocks.py", "06_pipeline_parallel.ipynb", "_trainup_ddp.py", 137, DEVICE,
            "cpu"),
-    Script("_trainup_pipeline.py", "06_pipeline_parallel.ipynb", "_trainup_blocks.py", 117, DEVICE,
+    # the stop signal's checkpoint: each rank saves its own stages (pipeline.save_stages), at a
+    # stop and at each epoch's end, where the parent's rank 0 saves the whole replica
+    Script("_trainup_pipeline.py", "06_pipeline_parallel.ipynb", "_trainup_blocks.py", 127, DEVICE,
            "cpu"),
     Script("_trainup_pipeline_manual.py", "06_pipeline_parallel.ipynb"),  # CPU only
     # Fabric (lesson 07): its calls in lesson 04's loop (about 60 lines); the rest is sweeps,
@@ -60,16 +62,20 @@ _ENTRIES = (
     Script("_trainup_lightning_fsdp.py", "07_lightning.ipynb", "_trainup_lightning.py", 45,
            ACCELERATOR),
     # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows; the stop
-    # signal (lesson 04's, absent from the block stack) saves DCP shards from every rank
+    # signal saves DCP shards from every rank, where the block stack's rank 0 saves the replica
     Script("_trainup_fsdp.py", "09_sharding.ipynb", "_trainup_blocks.py", 100, DEVICE),
-    Script("_trainup_tp.py", "09c_tensor_parallel.ipynb", "_trainup_blocks.py", 63, DEVICE, "cpu"),
+    # each rank saves its slices (a DCP checkpoint, tensor_parallel.save) at a stop and at each
+    # epoch's end, where the parent's rank 0 saves the whole replica
+    Script("_trainup_tp.py", "09c_tensor_parallel.ipynb", "_trainup_blocks.py", 73, DEVICE, "cpu"),
     # the transformer: attention cut by heads, sequence parallelism, loss_parallel
     Script("_trainup_tp_sp.py", "09c_tensor_parallel.ipynb", "_trainup_tp.py", 54),
     # mixture of experts: the MLP becomes routed experts, held by their ranks (expert
-    # parallelism), the tokens sent to them and back by all-to-all; the rest is data parallel
-    Script("_trainup_experts.py", "09e_experts.ipynb", "_trainup_tp_sp.py", 85),
+    # parallelism), the tokens sent to them and back by all-to-all; the rest is data parallel;
+    # each rank saves its own experts (experts.save) where the parent saves slices by DCP
+    Script("_trainup_experts.py", "09e_experts.ipynb", "_trainup_tp_sp.py", 93),
     # the sequence cut instead of the layers: ring or all-to-all attention, the scores and the
-    # gradients summed over the ranks
-    Script("_trainup_cp.py", "09d_context_parallel.ipynb", "_trainup_tp_sp.py", 90),
+    # gradients summed over the ranks; every rank holds the whole model, so rank 0 alone saves
+    # it (checkpoint.save), where the parent's ranks save their slices by DCP
+    Script("_trainup_cp.py", "09d_context_parallel.ipynb", "_trainup_tp_sp.py", 96),
 )
 SCRIPTS = {s.name: s for s in _ENTRIES}

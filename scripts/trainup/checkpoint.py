@@ -159,3 +159,93 @@ def same_run(path, saved, args):
 def position(path):
     """Where the run saved in path stopped inside an epoch, as load() read it; None at an epoch's end."""
     return _POSITIONS.get(str(path))
+
+
+# --- Every rank's own part (a pipeline stage, experts): one file per rank -------------------------
+
+RUN_FILE = "run.pt"  # rank 0's, beside the ranks' files: the epoch, flags, layout, position
+
+
+def ranks_folder(args):
+    """Where a run whose ranks hold different parts of the model keeps them: a file per rank."""
+    return path_for(args).with_suffix(".ranks")
+
+
+def save_ranks(folder, state, epoch, args, layout, position=None):
+    """Each rank writes its own state (what it holds, and its optimizer's); rank 0 the epoch, the
+    flags, the layout (flag -> value: which part each rank holds) and, for a stop inside an epoch,
+    where it stopped (preempt.Stopper's position, every rank's random states in it), once. Written
+    into a temporary folder that rank 0 renames when every rank's file is whole: a reader sees the
+    old checkpoint or the new one."""
+    import torch.distributed as dist
+    folder = Path(folder)
+    tmp, rank = folder.with_name(f".{folder.name}.tmp"), dist.get_rank()
+    failed = None
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            failed = f"checkpoint {folder} could not be written ({e.strerror or e})"
+    failed = _first(dist, failed)  # also the barrier: the folder is there for every rank
+    if failed is None:
+        try:
+            mine = tmp / f"rank{rank}.pt"
+            with whole(folder, mine):
+                torch.save(dict(state, epoch=epoch), mine)
+            if rank == 0:
+                with whole(folder, tmp / RUN_FILE):
+                    torch.save({"epoch": epoch, "args": plain(args), "layout": layout,
+                                "position": position}, tmp / RUN_FILE)
+        except UserError as e:
+            failed = str(e)
+        failed = _first(dist, failed)  # every rank learns of any rank's failure
+    if rank == 0:
+        if failed is None:
+            old = folder.with_name(f".{folder.name}.old")
+            if folder.exists():
+                os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if failed is not None:
+        raise UserError(failed)
+    dist.barrier()  # the folder renamed before any rank goes on (and may stop, and be resumed)
+
+
+def _first(dist, failed):
+    """The first rank's failure (a sentence), or None: the same answer on every rank."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, failed)
+    return next((f for f in everyone if f), None)
+
+
+def load_ranks(folder, layout, args):
+    """(this rank's state, the epoch to start from, the position inside it) from save_ranks's
+    folder; (None, 1, None) when there is none. A folder saved with other flags or another layout
+    is refused in one sentence: each rank's file holds the part that rank held."""
+    import torch.distributed as dist
+    folder = Path(folder)
+    if not folder.exists():
+        return None, 1, None
+    run = _read_part(folder / RUN_FILE, folder)
+    same_run(folder, run.get("args") or {}, args)
+    if run.get("layout") != layout:
+        said = " ".join(f"{k} {v}" for k, v in (run.get("layout") or {}).items())
+        mine = " ".join(f"{k} {v}" for k, v in layout.items())
+        raise UserError(f"checkpoint {folder} was saved by a job laid out as "
+                        f"{said or 'another layout'}, and this one is {mine}: each rank's file "
+                        f"holds the part that rank held; resume with the layout it was saved "
+                        f"with, or use another --run-name")
+    mine = _read_part(folder / f"rank{dist.get_rank()}.pt", folder)
+    return mine, run["epoch"] + 1, run.get("position")
+
+
+def _read_part(path, folder):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  missing, torn or foreign: many exception types
+        raise UserError(f"checkpoint {folder}: {path.name} cannot be read "
+                        f"({type(e).__name__}): it is damaged or not a trainup checkpoint; "
+                        f"delete it, or run without --resume") from None

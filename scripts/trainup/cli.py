@@ -118,8 +118,7 @@ def add_loading(p, device="auto", resident=True):
 def add_blocks(p, lesson, blocks=8, width=256, what="identical blocks in the model"):
     """Lessons 06 and 09: the block stack's size, on the CPU unless asked (their jobs are cut by
     processes); parse() refuses, before any process waits for another, a data set made on the fly
-    (they index whole batches of one held in memory) and --resume (their checkpoints hold the
-    model only). lesson: how the refusals name it."""
+    (they index whole batches of one held in memory). lesson: how the refusal names it."""
     p.add_argument("--blocks", type=positive(int), default=blocks, help=what)
     p.add_argument("--width", type=positive(int), default=width, help="features of each block")
     p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
@@ -155,8 +154,6 @@ def _check_concerns(p, args):
     if lesson and args.dataset == "synthetic":
         p.error(f"--dataset synthetic: {lesson} takes a data set held in memory (digits, mnist, "
                 "cifar10)")
-    if lesson and args.resume:
-        p.error(f"--resume: the checkpoints of {lesson} hold the model only")
     if getattr(args, "sweep", None):
         try:
             args.sweep = [int(b) for b in args.sweep.split(",")]

@@ -55,7 +55,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import UserError, cli
+from . import UserError, checkpoint, cli
 from .transformer import MLP
 
 
@@ -290,3 +290,41 @@ def gathered(value, world):
     everyone = [None] * world
     dist.all_gather_object(everyone, value)
     return everyone
+
+
+def _layout(args, world):
+    """Which experts each rank holds, as what decides it: a resumed job must have the same."""
+    return {"--experts": args.experts, "processes": world}
+
+
+def save(folder, model, optimizer, scheduler, epoch, args, world, position=None):
+    """Every rank saves what it holds: the dense parameters and its own experts, with their
+    optimizer's and the scheduler's state (checkpoint.save_ranks); position: where a stop left the
+    epoch (preempt.Stopper)."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict()}
+    checkpoint.save_ranks(folder, state, epoch, args, _layout(args, world), position)
+
+
+def saver(folder, model, optimizer, scheduler, args, world):
+    """What a stop (preempt.Stopper) calls on every rank: save() with where it stopped."""
+    def save_at_stop(epochs_done, position):
+        save(folder, model, optimizer, scheduler, epochs_done, args, world, position)
+    return save_at_stop
+
+
+def load(folder, model, optimizer, scheduler, args, world):
+    """--resume: every rank takes back its experts; (the epoch to start from, where a stop left it:
+    None at an epoch's end). Another layout is one sentence (checkpoint.load_ranks)."""
+    mine, epoch, position = checkpoint.load_ranks(folder, _layout(args, world), args)
+    if mine is None:
+        return 1, None
+    try:
+        model.load_state_dict(mine["model"])
+        optimizer.load_state_dict(mine["optimizer"])
+        scheduler.load_state_dict(mine["scheduler"])
+    except (KeyError, RuntimeError, ValueError):
+        raise UserError(f"checkpoint {folder} holds weights that do not fit this run's model "
+                        f"(--blocks, --width, --heads, --hidden); resume with the flags it was "
+                        f"saved with, or use another --run-name") from None
+    return epoch, position

@@ -17,7 +17,7 @@ from torch.distributed import pipelining as pp
 from torch.utils.checkpoint import checkpoint
 
 from . import UserError, devices
-from .checkpoint import plain, whole
+from .checkpoint import load_ranks, plain, save_ranks, whole
 from .meter import Meter
 
 # name: (schedule class, stages a rank holds, how stages map to ranks)
@@ -329,6 +329,46 @@ def save_model(path, model, epoch, args):
         torch.save({"model": model.state_dict(), "epoch": epoch, "args": plain(args)}, tmp)
         os.replace(tmp, path)
     return path
+
+
+def layout(args):
+    """Which stages each rank holds, as the flags that decide it: a resumed job needs the same."""
+    return {"--stages": args.stages, "--data-parallel": args.data_parallel,
+            "--schedule": args.schedule if args.stages > 1 else "none", "--split": args.split}
+
+
+def save_stages(folder, parts, optimizer, scheduler, epoch, args, position=None):
+    """Every rank saves what it holds: its stages' parameters, their optimizer's and the
+    scheduler's state (checkpoint.save_ranks); position: where a stop left the epoch
+    (preempt.Stopper)."""
+    state = {"model": {k: v for part in parts for k, v in part.state_dict().items()},
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    save_ranks(folder, state, epoch, args, layout(args), position)
+
+
+def stage_saver(folder, parts, optimizer, scheduler, args):
+    """What a stop (preempt.Stopper) calls on every rank: save_stages with where it stopped."""
+    def save(epochs_done, position):
+        save_stages(folder, parts, optimizer, scheduler, epochs_done, args, position)
+    return save
+
+
+def load_stages(folder, parts, optimizer, scheduler, args):
+    """--resume: every rank takes back its stages from save_stages's folder; (the epoch to start
+    from, where a stop left it: None at an epoch's end). Another layout is one sentence."""
+    mine, epoch, position = load_ranks(folder, layout(args), args)
+    if mine is None:
+        return 1, None
+    try:
+        for part in parts:
+            part.load_state_dict({k: mine["model"][k] for k in part.state_dict()})
+        optimizer.load_state_dict(mine["optimizer"])
+        scheduler.load_state_dict(mine["scheduler"])
+    except (KeyError, RuntimeError, ValueError):
+        raise UserError(f"checkpoint {folder} holds stages whose weights do not fit this run's "
+                        f"(--blocks, --width); resume with the flags it was saved with, or use "
+                        f"another --run-name") from None
+    return epoch, position
 
 
 @torch.no_grad()

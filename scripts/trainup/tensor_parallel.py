@@ -4,9 +4,11 @@ plan that cuts each FeedForward block, and the measurements (bytes each rank hol
 A job of dp x tp processes: rank = dp_index * tp + tp_index, so the tp processes that share one layer
 are neighbours (on a GPU server: the GPUs of one machine, linked by NVLink).
 """
+import json
 import logging
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,7 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import UserError, checkpoint, cli
+from . import UserError, checkpoint, cli, sharding
 from .devices import synchronize
 
 # Megatron-LM's cut of an MLP: `up` by output features (each rank a slice of the hidden layer), `down` by
@@ -54,6 +56,7 @@ def check_shape(args, world_size):
                         f"hidden/tp features of every block; use a multiple of {tp}")
     if args.batch_size % dp:
         raise UserError(f"--batch-size {args.batch_size} cannot be split evenly over --dp {dp} data-parallel groups")
+    args.tp_layout = f"--dp {dp} --tp {tp}"  # which slices each rank holds: kept with a checkpoint
     return tp, dp
 
 
@@ -244,3 +247,34 @@ def save_model(path, state, epoch, args):
         torch.save({"model": state, "epoch": epoch, "args": checkpoint.plain(args)}, tmp)
         os.replace(tmp, path)
     return path
+
+
+def save(folder, model, optimizer, scheduler, epoch, args, position=None):
+    """Every rank saves the slices it holds and their optimizer state, rank 0 the flags (with
+    args.tp_layout) and, after a stop, where it stopped: a DCP checkpoint
+    (sharding.save_sharded)."""
+    sharding.save_sharded(folder, model, optimizer, scheduler, epoch, args, position)
+
+
+def saver(folder, model, optimizer, scheduler, args):
+    """What a stop (preempt.Stopper) calls on every rank: save() with where it stopped."""
+    def save_at_stop(epochs_done, position):
+        save(folder, model, optimizer, scheduler, epochs_done, args, position)
+    return save_at_stop
+
+
+def load(folder, model, optimizer, scheduler, args):
+    """--resume: every rank takes back its slices; (the epoch to start from, where a stop left it:
+    None at an epoch's end). A checkpoint of another mesh is one sentence: a stop's position holds
+    each rank's random states and share of the data, so a run goes on on the mesh it saved from."""
+    saved = Path(folder) / sharding.ARGS_FILE
+    try:
+        theirs = json.loads(saved.read_text()).get("tp_layout") if saved.exists() else None
+    except (OSError, ValueError):  # torn: DCP's own load below says so in its sentence
+        theirs = None
+    if theirs and theirs != args.tp_layout:
+        raise UserError(f"checkpoint {folder} was saved by a job laid out as {theirs}, and this "
+                        f"one is {args.tp_layout}: a run resumes on the mesh it was saved from; "
+                        f"resume with that layout, or use another --run-name")
+    epoch = sharding.load_sharded(folder, model, optimizer, scheduler, args)
+    return epoch, sharding.saved_position(folder)

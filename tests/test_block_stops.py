@@ -1,0 +1,321 @@
+"""The block-stack scripts (lessons 06 and 09) stopped by a scheduler's signal inside an epoch: a
+real 2-process torchrun job, signalled after a known optimizer step, exits 75 on every rank with a
+checkpoint of what each rank holds, and `--resume` ends with the parameters of a run never stopped,
+bit for bit; no process of the job outlives it.
+
+The signal is sent from inside the job, by a sitecustomize.py put first on PYTHONPATH (as
+tests/test_preemption.py does), so that the stop lands at a known step on any machine: SIGTERM to
+torchrun's whole process group (a scheduler's time limit; torchrun passes it on to its ranks), or
+--stop-signal USR1 to rank 1 alone. The same file notes the id of every Python process of the job.
+"""
+
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import SCRIPTS, finish_job, start_job
+from lessons import launch
+from trainup import preempt
+
+# 256 samples in batches of 32: 8 steps an epoch; the signal comes after step 3 of epoch 1 (of 2)
+TINY = [
+    "--quick",
+    "--train-size",
+    "256",
+    "--test-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "2",
+    "--no-progress",
+]
+STOP_AT = 3
+
+# TRAINUP_TEST_STOP_AT="RANK:STEP:SIGNAL:WHOM": rank RANK, after its STEP-th optimizer step, sends
+# SIGNAL to itself (WHOM "self") or to torchrun's process group ("group"). TRAINUP_TEST_PIDS: a
+# folder where every Python process of the job leaves a file named by its process id, holding its
+# rank (and " stopped" as it exits after a stop).
+_SITE = """import atexit, os, signal, sys
+_pids = os.environ.get("TRAINUP_TEST_PIDS")
+if _pids:
+    _mine = os.path.join(_pids, str(os.getpid()))
+    with open(_mine, "w") as f:
+        f.write(os.environ.get("RANK", "launcher"))
+    def _note_stop():
+        # a run that stopped (SystemExit 75 out of main) ignores the stop signals as it exits
+        # (cli.main_guard): noted, since torchrun, signalled itself, reports no rank's status
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            with open(_mine, "a") as f:
+                f.write(" stopped")
+    atexit.register(_note_stop)
+_at = os.environ.get("TRAINUP_TEST_STOP_AT")
+if _at and os.environ.get("RANK") == _at.split(":")[0]:
+    def _hook(event, args, done=[0]):
+        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
+            return
+        done[0] = 1
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        _, step, name, whom = _at.split(":")
+        steps = [0]
+        def count(opt, a, kw):
+            steps[0] += 1
+            if steps[0] != int(step):
+                return
+            import signal, subprocess
+            if whom == "group":
+                subprocess.run(["kill", f"-{name}", "--", f"-{os.getpgid(os.getppid())}"])
+            else:
+                os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+        register_optimizer_step_post_hook(count)
+    sys.addaudithook(_hook)
+"""
+
+# script -> (its flags for a tiny model, the checkpoint a stop leaves: None for rank 0's <run>.pt)
+SCRIPT_FLAGS = {
+    "_trainup_blocks.py": (["--blocks", "4", "--width", "32"], None),
+    "_trainup_pipeline.py": (["--blocks", "4", "--width", "32", "--microbatches", "2"], ".ranks"),
+    "_trainup_tp.py": (["--blocks", "2", "--width", "32", "--hidden", "64"], ".dcp"),
+    "_trainup_tp_sp.py": (
+        ["--blocks", "1", "--width", "32", "--heads", "2", "--hidden", "64"],
+        ".dcp",
+    ),
+    "_trainup_cp.py": (["--blocks", "1", "--width", "32", "--heads", "2", "--hidden", "64"], None),
+    "_trainup_experts.py": (
+        ["--blocks", "1", "--width", "32", "--heads", "2", "--hidden", "32"],
+        ".ranks",
+    ),
+}
+
+
+def _torchrun(script, tmp, name, *extra, stop=None):
+    log_dir, site, pids = tmp / "logs", tmp / "site", tmp / f"pids_{name}{len(extra)}"
+    site.mkdir(parents=True, exist_ok=True)
+    pids.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_SITE)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    env = {
+        "PYTHONPATH": path,
+        "TRAINUP_TEST_PIDS": str(pids),
+        **({"TRAINUP_TEST_STOP_AT": stop} if stop else {}),
+    }
+    command = [
+        *launch.TORCHRUN,
+        *launch.torchrun_flags(nproc=2),
+        SCRIPTS / script,
+        *TINY,
+        *SCRIPT_FLAGS[script][0],
+        "--log-dir",
+        log_dir,
+        "--checkpoint-dir",
+        log_dir / "checkpoints",
+        "--run-name",
+        name,
+        *extra,
+    ]
+    job = start_job([str(a) for a in command], launch.environment(env))
+    job.pids = pids
+    return job
+
+
+def _finished(job):
+    done = finish_job(job)
+    done.left = [p.name for p in job.pids.iterdir() if _alive(int(p.name))]
+    done.ranks = dict(
+        p.read_text().split(" ", 1) if " " in p.read_text() else (p.read_text(), "")
+        for p in job.pids.iterdir()
+    )  # rank -> "stopped" or ""
+    return done
+
+
+def _alive(pid):
+    try:  # a zombie has ended; its parent has not yet collected it
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+
+
+def stopped_and_resumed(tmp, script, stop):
+    """A run never stopped, the same run stopped by `stop` (TRAINUP_TEST_STOP_AT), and its
+    --resume."""
+    straight = _torchrun(script, tmp, "straight")
+    stopped = _finished(_torchrun(script, tmp, "s", stop=stop))
+    ckpts = tmp / "logs" / "checkpoints"
+    suffix = SCRIPT_FLAGS[script][1]
+    saved = ckpts / f"s{suffix or '.pt'}"
+    if suffix == ".dcp":  # DCP's shards, and rank 0's file of where the run stopped
+        at_stop = torch.load(saved / "trainup_position.pt", weights_only=True)
+    else:  # rank 0's whole checkpoint, or its file beside the ranks' own
+        at_stop = torch.load(saved / "run.pt" if suffix else saved, weights_only=True)["position"]
+    files = sorted(p.name for p in saved.iterdir()) if saved.is_dir() else [saved.name]
+    resumed = _finished(_torchrun(script, tmp, "s", "--resume"))
+    return SimpleNamespace(
+        straight=_finished(straight),
+        stopped=stopped,
+        resumed=resumed,
+        at_stop=at_stop,
+        files=files,
+        ckpts=ckpts,
+    )
+
+
+def _exit_codes(done):
+    """Each rank's exit status, from torchrun's table of failed workers."""
+    return {
+        int(r): int(c)
+        for r, c in re.findall(
+            r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)",
+            done.stderr + done.stdout,
+        )
+    }
+
+
+CASES = [(script, "TERM", "group") for script in SCRIPT_FLAGS] + [
+    ("_trainup_pipeline.py", "USR1", "self")
+]
+
+
+@pytest.mark.parametrize(
+    "script, sig, whom", CASES, ids=[f"{s[len('_trainup_') : -3]}-{g}-{w}" for s, g, w in CASES]
+)
+def test_a_block_stack_job_stopped_inside_an_epoch_resumes_to_a_run_never_stopped(
+    tmp_path, script, sig, whom
+):
+    job = stopped_and_resumed(
+        tmp_path, script, f"{1 if whom == 'self' else 0}:{STOP_AT}:{sig}:{whom}"
+    )
+    s = job.stopped
+    out = s.stdout + s.stderr
+    assert job.straight.returncode == 0, job.straight.stderr[-3000:]
+    assert job.resumed.returncode == 0, job.resumed.stderr[-3000:]
+    assert s.returncode != 0, out[-3000:]  # torchrun reports its workers' 75 as a failure
+    # rank 0 says who asked: torchrun passed the group's signal on to it, or rank 1 posted the stop
+    said = f"SIG{sig}" if whom == "group" else "a signal on another rank"
+    assert f"{said}: stopped in epoch 1 after step" in s.stdout, out[-3000:]
+    assert f'File "{SCRIPTS}' not in out, out[-3000:]  # no traceback from the course's code
+    if whom == "self":  # torchrun lists every worker's exit status
+        codes = {0: preempt.STOPPED_EXIT, 1: preempt.STOPPED_EXIT}
+        assert _exit_codes(s) == codes, out[-3000:]
+    assert s.ranks == {"launcher": "", "0": "stopped", "1": "stopped"}, s.ranks
+    position = job.at_stop
+    assert (position["epoch"], position["world_size"], len(position["ranks"])) == (1, 2, 2)
+    assert STOP_AT <= position["step"] < 8  # inside the epoch of 8 steps
+    if whom == "self":  # rank 1, signalled in step 3, posted "stop after step 4" for every rank
+        assert position["step"] == STOP_AT + preempt.STOP_CHECK["cpu"][1]
+    if SCRIPT_FLAGS[script][1] == ".ranks":  # each rank its own stages or experts
+        assert {"rank0.pt", "rank1.pt", "run.pt"} <= set(job.files), job.files
+    resumed = torch.load(job.ckpts / "s.pt", weights_only=True)["model"]
+    never = torch.load(job.ckpts / "straight.pt", weights_only=True)["model"]
+    assert resumed.keys() == never.keys()
+    for k in never:
+        assert torch.equal(resumed[k], never[k]), k
+    for done in (job.straight, job.stopped, job.resumed):
+        assert not done.left, f"processes outlived their job: {done.left}"
+
+
+# --- A checkpoint of another layout, or torn: one sentence (in this interpreter, a group of one)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real gloo group of one process, as a 1-process torchrun job has."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def _trained():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adadelta(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 1)
+
+
+def _args(**flags):
+    import argparse
+
+    return argparse.Namespace(
+        **{
+            **dict(
+                lesson="pipeline",
+                model="cnn",
+                dataset="digits",
+                train_size=256,
+                batch_size=32,
+                precision="32",
+                run_name="r",
+            ),
+            **flags,
+        }
+    )
+
+
+def test_a_pipeline_checkpoint_of_another_layout_or_torn_is_one_sentence(one_rank_group, tmp_path):
+    from trainup import UserError, pipeline
+
+    saved = _args(stages=1, data_parallel=1, schedule="gpipe", split="manual")
+    folder = tmp_path / "r.ranks"
+    model, optimizer, scheduler = _trained()
+    pipeline.save_stages(folder, [model], optimizer, scheduler, 1, saved)
+    other = _args(**{**vars(saved), "stages": 2})
+    with pytest.raises(
+        UserError,
+        match=r"laid out as --stages 1 --data-parallel 1 --schedule "
+        r"none --split manual, and this one is --stages 2 ",
+    ):
+        pipeline.load_stages(folder, [model], optimizer, scheduler, other)
+    assert pipeline.load_stages(folder, [model], optimizer, scheduler, saved) == (2, None)
+    (folder / "rank0.pt").write_bytes(b"torn")
+    with pytest.raises(UserError, match=r"rank0.pt cannot be read"):
+        pipeline.load_stages(folder, [model], optimizer, scheduler, saved)
+
+
+def test_a_tensor_parallel_checkpoint_of_another_mesh_is_one_sentence(one_rank_group, tmp_path):
+    from trainup import UserError
+    from trainup import tensor_parallel as tpar
+
+    saved = _args(tp_layout="--dp 1 --tp 2")
+    folder = tmp_path / "r.dcp"
+    tpar.save(folder, *_trained(), 1, saved)
+    with pytest.raises(
+        UserError,
+        match=r"laid out as --dp 1 --tp 2, and this one is --dp 2 --tp "
+        r"1: a run resumes on the mesh it was saved from",
+    ):
+        tpar.load(folder, *_trained(), _args(tp_layout="--dp 2 --tp 1"))
+    assert tpar.load(folder, *_trained(), saved) == (2, None)
+
+
+def test_a_full_disk_while_the_ranks_write_keeps_the_last_whole_checkpoint(
+    one_rank_group, tmp_path, monkeypatch
+):
+    """A rank's write that falls short (a full disk): one sentence on every rank, the folder of the
+    last whole save kept, no temporary folder left behind."""
+    from trainup import UserError, checkpoint, pipeline
+
+    saved = _args(stages=1, data_parallel=1, schedule="gpipe", split="manual")
+    folder = tmp_path / "r.ranks"
+    model, optimizer, scheduler = _trained()
+    pipeline.save_stages(folder, [model], optimizer, scheduler, 1, saved)
+
+    def full(obj, f, *a, **k):
+        with open(f, "wb") as out:
+            out.write(b"x" * 100)
+        raise OSError(28, "No space left on device", str(f))
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(checkpoint, "no_room", lambda folder: True)  # the disk, as it is then
+    with pytest.raises(UserError, match=r"could not be written .*the disk is full: the last whole"):
+        pipeline.save_stages(folder, [model], optimizer, scheduler, 2, saved)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "store") == ["r.ranks"]
+    assert pipeline.load_stages(folder, [model], optimizer, scheduler, saved) == (2, None)
