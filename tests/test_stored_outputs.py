@@ -291,3 +291,41 @@ def test_the_store_tool_puts_a_sentence_where_the_frame_was(tmp_path):
         kept,
     ]
     assert stored["metadata"]["trainup"]["stored_under"].endswith("on 2 cores")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_stored_diff_is_the_scripts_diff_as_they_are(path):
+    """A lesson's diff cell shows its script against its parent: stored, it must be today's diff,
+    not the one of the scripts when the notebook last ran."""
+    notebook = json.loads(path.read_text())
+    stale = [
+        script
+        for _, output, script in stored_notebook.diff_cells(notebook)
+        if output is None
+        or "".join(output["data"]["text/markdown"]) != stored_notebook.shown_diff(script)
+    ]
+    assert not stale, (
+        f"{path.name} shows an old diff of {stale}: python tools/stored_notebook.py --diffs {path}"
+    )
+
+
+def test_the_diff_check_finds_an_old_diff_and_the_tool_stores_todays(tmp_path):
+    source = 'diff = launch.lesson_diff("_trainup_gpu.py")\nlaunch.show_code(diff)\n'
+    old = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {"text/markdown": ["```diff\n-x\n```"]},
+    }
+    cell = {"cell_type": "code", "metadata": {}, "source": [source], "outputs": [old]}
+    path = tmp_path / "x.ipynb"
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}}))
+    with pytest.raises(AssertionError, match=r"an old diff of \['_trainup_gpu.py'\]"):
+        test_every_stored_diff_is_the_scripts_diff_as_they_are(path)
+    subprocess.run(
+        [sys.executable, "tools/stored_notebook.py", "--diffs", str(path)],
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    )
+    test_every_stored_diff_is_the_scripts_diff_as_they_are(path)
+    assert "+import torch" not in json.loads(path.read_text())["cells"][0]["source"][0]

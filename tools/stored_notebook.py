@@ -6,9 +6,15 @@ and the notebook says what load its stored timings were taken under.
 notebook.py): stored, the frame points at a port on the reader's own machine and shows nothing.
 
     python tools/stored_notebook.py NOTEBOOK LOAD_AT_START LOAD_AT_END CORES
+    python tools/stored_notebook.py --diffs NOTEBOOK ...
+
+A lesson's diff cell (`diff = launch.lesson_diff("<script>")`, then `launch.show_code(diff)`) shows
+the scripts as they are: --diffs stores what that cell shows now (launch.code_block of the diff),
+for a script edited after the notebook last ran; nothing else of the notebook changes.
 """
 
 import json
+import re
 import sys
 
 FRAME = "tensorboard-frame-"  # the id of the iframe tensorboard's notebook extension writes
@@ -35,6 +41,51 @@ def without_dead_frames(notebook):
     return notebook, replaced
 
 
+DIFF_CELL = re.compile(r'diff = launch\.lesson_diff\("([^"]+)"\)')
+
+
+def diff_cells(notebook):
+    """(cell, its display output, the script) of each lesson diff cell that shows its diff."""
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"])
+        found = DIFF_CELL.search(source) if cell["cell_type"] == "code" else None
+        if found and "launch.show_code(diff)" in source:
+            shown = [o for o in cell.get("outputs", []) if "text/markdown" in o.get("data", {})]
+            yield cell, (shown[0] if shown else None), found.group(1)
+
+
+def shown_diff(script):
+    """What the diff cell of `script` shows, as its stored output holds it."""
+    from lessons import launch
+
+    return launch.code_block(launch.lesson_diff(script))
+
+
+def with_current_diffs(notebook):
+    """The notebook with each diff cell's shown diff as the scripts give it now; how many changed."""
+    changed = 0
+    for _, output, script in diff_cells(notebook):
+        text = shown_diff(script)
+        if output is not None and "".join(output["data"]["text/markdown"]) != text:
+            output["data"]["text/markdown"] = text.splitlines(keepends=True)
+            changed += 1
+    return notebook, changed
+
+
+def write(path, notebook):
+    with open(path, "w") as f:  # as nbformat writes it
+        f.write(json.dumps(notebook, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
+
+
+def diffs(paths):
+    for path in paths:
+        with open(path) as f:
+            notebook, changed = with_current_diffs(json.load(f))
+        if changed:
+            write(path, notebook)
+        print(f"{path}: {changed} diff(s) stored again")
+
+
 def main(path, start, end, cores):
     with open(path) as f:
         notebook = json.load(f)
@@ -42,9 +93,11 @@ def main(path, start, end, cores):
     notebook["metadata"]["trainup"] = {
         "stored_under": f"load average {start} at the start, {end} at the end, on {cores} cores"
     }
-    with open(path, "w") as f:  # as nbformat writes it
-        f.write(json.dumps(notebook, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
+    write(path, notebook)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1] == "--diffs":
+        diffs(sys.argv[2:])
+    else:
+        main(*sys.argv[1:])

@@ -190,9 +190,14 @@ def show_code(text, language="diff"):
     if get_ipython is None or get_ipython() is None:
         print(text)
         return
+    display(Markdown(code_block(text, language)))
+
+
+def code_block(text, language="diff"):
+    """The Markdown code block show_code displays."""
     longest = max((len(r) for r in re.findall("`+", text)), default=0)
     fence = "`" * max(3, longest + 1)  # longer than any run of backticks in the text
-    display(Markdown(f"{fence}{language}\n{text.rstrip()}\n{fence}"))
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"
 
 
 def check_diff_adds(diff, *lesson):
