@@ -388,6 +388,14 @@ LESSONS = {
         ],
         True,
     ),
+    # the simulation runs in the notebook's process: a small one starts no job
+    "11b_simulated_world": (
+        [
+            whole("from lessons import checks, planner, simulated_world as sw"),
+            glue("sw.simulate(planner.Transformer(2, 64, 4, 16), 8)"),
+        ],
+        False,
+    ),
     "09e_experts": (
         [
             whole("from lessons import checks, launch, report"),

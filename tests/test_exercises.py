@@ -261,3 +261,24 @@ def test_12_expert_parameters_and_capacity():
     assert used == 2 * 2 * 4096 * 14336 and share == pytest.approx(2 / 64)
     limit, kept = answers.kept_at_most()
     assert limit == 160 and kept == 4096 * 2  # 64 x 160 places, more than the 8192 assignments
+
+
+def test_11b_padding_at_8192_ranks_and_bf16_against_fp32():
+    from lessons import simulated_world as sw
+
+    answers = solution("11b_simulated_world")
+    held, even = answers.weights_at()
+    model = answers.MODEL
+    # by hand, a rank's rows: one of each 4096-row parameter (half a row split evenly), two of
+    # fc1's 16384; q, k, v and proj's rows are h values, fc1's h, fc2's 4h; the 9 vectors of h
+    # values one value each, fc1's bias (4h) two
+    h = model.hidden
+    per_layer = 4 * h + 2 * h + 4 * h + 9 + 2
+    assert held == pytest.approx(4 * model.layers * per_layer)
+    assert even == pytest.approx(4 * model.params() / 8192) and held / even > 1.5
+    changed = answers.bf16_against_fp32()
+    # FSDP2 gathers and computes in bf16: what it gathers and computes halves; the fp32 shards,
+    # gradients, Adam's states and the fp32 reduce-scatter do not change
+    assert changed["All Gather"] == (4 * model.layer_params(), 2 * model.layer_params())
+    assert set(changed) == {"Unsharded Param", "Unsharded Grad", "Activation", "Temp", "All Gather"}
+    assert set(sw.CATEGORIES) > set(changed)  # every other category is the same in both

@@ -97,6 +97,7 @@ USES_ONE_GPU = {
     "11_predict_the_cluster": (False, "no GPU is used"),
     "09d_context_parallel": (False, "no GPU is used"),
     "09e_experts": (False, "no GPU is used"),
+    "11b_simulated_world": (False, "no GPU is used"),
 }
 
 

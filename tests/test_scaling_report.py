@@ -1028,17 +1028,20 @@ def test_exercises_10(full_set):
 
 def test_the_course_command_ends_with_the_report():
     """run_course.sh executes notebooks/[0-9]*.ipynb in order: the report comes after every training run;
-    only lesson 11 follows it, and it trains nothing (its one job is lesson 04's all-reduce sweep)."""
+    only lessons 11 and 11b follow it, and they train nothing (11's one job is lesson 04's
+    all-reduce sweep; 11b simulates its world in the notebook's own process)."""
     assert "notebooks/[0-9]*.ipynb" in (ROOT / "run_course.sh").read_text()
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
-    assert names[-2:] == ["10_scaling_report.ipynb", "11_predict_the_cluster.ipynb"]
-    code = "".join(
-        "".join(c["source"])
-        for c in json.loads((ROOT / "notebooks" / names[-1]).read_text())["cells"]
-        if c["cell_type"] == "code"
-    )
-    runners = re.findall(r"\b(\w+)\.run\(", code)  # the Colab cell's subprocess.run aside
-    assert [r for r in runners if r != "subprocess"] == ["collectives"] and "_trainup_" not in code
+    after = {"11_predict_the_cluster.ipynb": ["collectives"], "11b_simulated_world.ipynb": []}
+    assert names[-3:] == ["10_scaling_report.ipynb", *after]
+    for name, jobs in after.items():
+        code = "".join(
+            "".join(c["source"])
+            for c in json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+            if c["cell_type"] == "code"
+        )
+        runners = re.findall(r"\b(\w+)\.run\(", code)  # the Colab cell's subprocess.run aside
+        assert [r for r in runners if r != "subprocess"] == jobs and "_trainup_" not in code, name
     text = "".join(
         "".join(c["source"])
         for c in json.loads((ROOT / "notebooks" / "10_scaling_report.ipynb").read_text())["cells"]
