@@ -106,7 +106,7 @@ def timed_call(op, size, world):
 
 def show_bandwidth(log, rank, world, sizes, ops=("all_reduce",), rounds=1):
     """Each op's time against message size; bandwidths as nccl-tests defines them. all_reduce's
-    records are allreduce_bw (lesson 04), the others' collective_bw (lesson 11 fits each op).
+    records are allreduce_bw (lesson 04a1), the others' collective_bw (lesson 11 fits each op).
     rounds: the whole sweep this many times over, each size's time their mean: on a shared
     machine a call's latency changes from one second to the next (threads woken on busy cores),
     and one pass catches one moment."""

@@ -298,11 +298,36 @@ LESSONS = {
     ),
     "04_ddp": (
         [
-            whole("from lessons import checks, claims, collectives, ddp, launch, report"),
+            whole("from lessons import checks, claims, ddp, launch, report"),
             glue("n = 2"),
             call(
                 'launch.run("_trainup_ddp.py", "--device", "cpu", "--batch-size", 64, '
                 'name=f"ddp_n{n}", nproc=n)'
+            ),
+        ],
+        True,
+    ),
+    "04a1_inside_ddp": (
+        [
+            whole("from lessons import checks, collectives, launch, report"),
+            call('collectives.run("collectives", name="inside_collectives")'),
+        ],
+        True,
+    ),
+    # its first jobs remake lesson 04a1's runs where they are missing, as in a fresh clone
+    "04a2_tuning_ddp": (
+        [
+            whole("from lessons import checks, claims, collectives, ddp, launch, report"),
+            call('collectives.run("ddp", name="inside_ddp")'),
+        ],
+        True,
+    ),
+    "04a3_nodes_and_faults": (
+        [
+            whole("from lessons import checks, collectives, ddp, launch"),
+            call(
+                'launch.two_nodes("_trainup_ddp.py", "--device", "cpu", '
+                'name="ddp_2nodes_static", rendezvous="static")'
             ),
         ],
         True,

@@ -99,13 +99,35 @@ def test_03_pieces_and_replica():
     assert r["ddp_ring_mib_per_gpu"] == pytest.approx(1.5 * r["params_mib"])
 
 
-def test_04_weak_scaling_and_shards():
+def test_04_shards():
     s = solution("04_ddp")
+    assert s.check_shards()
+    assert s.my_shards(10, 3, 0, 1) != s.my_shards(10, 3, 0, 2)  # set_epoch's new order
+
+
+def test_04a1_ring_bytes_and_bus_bandwidth():
+    s = solution("04a1_inside_ddp")
+    assert s.check_formula()
+    assert s.ring_bytes(8, 2) == 8 and s.ring_bytes(8, 4) == 12  # 2(N-1)/N of the size
+    # 2 x 7/8 x 4,687.8 KiB at 25 GB/s, worked by hand
+    assert s.cnn_allreduce_ms(world=8, bus_gbps=25.0) == pytest.approx(0.33603, abs=1e-5)
+
+
+def test_04a2_weak_scaling_and_rate():
+    s = solution("04a2_tuning_ddp")
     rows = s.weak_scaling(per_process=32, samples=512)
     assert [r["global_batch"] for r in rows] == [32, 64, 128] and [
         r["steps_per_epoch"] for r in rows
     ] == [16, 8, 4]
-    assert s.check_shards()
+    assert [s.linear_lr(r["global_batch"]) for r in rows] == pytest.approx([0.02, 0.04, 0.08])
+    assert s.linear_lr(128) == pytest.approx(0.08)  # the notebook's batch 128 at 8 times the rate
+
+
+def test_04a3_every_worker_placed():
+    s = solution("04a3_nodes_and_faults")
+    placed = s.check_placement(nnodes=2, nproc_per_node=4)
+    assert placed[5] == (5, 1, 1)  # rank 5: node 1's local rank 1, as lesson 04's table has it
+    assert len(s.check_placement(nnodes=3, nproc_per_node=2)) == 6
 
 
 def test_04_several_devices(tmp_path):

@@ -128,6 +128,22 @@ def test_an_unfinished_run_fails(runs, tmp_path):
         checks.finished("never_ran", log_dir=log_dir)
 
 
+def test_an_earlier_lessons_run_is_read_only_where_it_finished_in_this_mode(runs, tmp_path):
+    """report.left_here: a lesson reads another lesson's run (04a2 reads 04a1's) only where it
+    finished in the same mode and left its checkpoint; otherwise the lesson makes it again."""
+    from lessons import report
+
+    folders = dict(log_dir=runs, checkpoint_dir=tmp_path)
+    assert report.left_here("good", checkpoint=False, quick=True, **folders)
+    assert not report.left_here("good", checkpoint=False, quick=False, **folders)  # a full run
+    assert not report.left_here("never_ran", checkpoint=False, quick=True, **folders)
+    assert not report.left_here("good", quick=True, **folders)  # no checkpoint yet
+    (tmp_path / "good.pt").write_bytes(b"")
+    assert report.left_here("good", quick=True, **folders)
+    name, log_dir = edited(runs, tmp_path, lambda recs: recs.pop())  # the summary never written
+    assert not report.left_here(name, checkpoint=False, quick=True, log_dir=log_dir)
+
+
 def test_a_line_that_is_not_json_fails(runs, tmp_path):
     from lessons import checks
 

@@ -21,18 +21,8 @@ def several_devices(name, log_dir, nproc=2, quick=True, extra=()):
     return ddp
 
 
-def weak_scaling(per_process=32, samples=512, worlds=(1, 2, 4)):
-    """Exercise 2: the global batch that keeps each process's share fixed, and the steps of an epoch."""
-    rows = []
-    for n in worlds:
-        batch = per_process * n
-        steps = -(-samples // batch)  # the last batch may be short
-        rows.append(dict(processes=n, global_batch=batch, per_process=per_process, steps_per_epoch=steps))
-    return rows
-
-
 def my_shards(n, world, rank, epoch, seed=0):
-    """Exercise 3: DistributedSampler(shuffle=True, drop_last=False) by hand."""
+    """Exercise 2: DistributedSampler(shuffle=True, drop_last=False) by hand."""
     import torch
     g = torch.Generator()
     g.manual_seed(seed + epoch)
@@ -57,8 +47,6 @@ def check_shards(sizes=(1, 5, 10, 12, 13), worlds=(1, 2, 3, 4), epochs=(0, 1, 2)
 
 if __name__ == "__main__":
     import tempfile
-    for row in weak_scaling():
-        print(row)
     print("my_shards matches DistributedSampler:", check_shards())
     with tempfile.TemporaryDirectory() as tmp:
         ddp = several_devices("exercise_ddp", Path(tmp), quick="--quick" in sys.argv)

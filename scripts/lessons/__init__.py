@@ -12,9 +12,9 @@ checkpoint, devices, distributed...). Here:
   loaded machine)
 - machine: lesson 00, what this machine has (CPUs, GPUs, backends) and leftover training processes
 - gpu:     lessons 02-03, GPU runs here and reference logs: tables, sweeps, utilisation plots
-- ddp:     lesson 04, what each rank did, and scaling (throughput, speedup, efficiency)
-- collectives: lesson 04, inside DDP: collectives, all_reduce bandwidth, buckets, no_sync,
-  BatchNorm, errors
+- ddp:     lessons 04 to 04a3, what each rank did, and scaling (throughput, speedup, efficiency)
+- collectives: lessons 04a1 to 04a3, inside DDP: collectives, all_reduce bandwidth, buckets,
+  no_sync, BatchNorm, errors
 - slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
 - elastic: lesson 04c, elastic torchrun: two agents as two nodes, one lost and back; spot machines'
   cost

@@ -36,9 +36,10 @@ _ENTRIES = (
     # lesson 04's script joins and leaves in the open (init_process_group, set_device,
     # destroy_process_group): 7 lines each child replaces with its own framework's calls
     Script("_trainup_ddp.py", "04_ddp.ipynb", "_trainup_gpu.py", 87, DEVICE),
-    Script("_trainup_ddp_tuned.py", "04_ddp.ipynb", "_trainup_ddp.py", 78, DEVICE),
-    # the collectives one by one, over the --backend it names
-    Script("_trainup_collectives.py", "04_ddp.ipynb"),
+    # lesson 04a2: accumulation, the learning rate of a larger batch, SyncBatchNorm
+    Script("_trainup_ddp_tuned.py", "04a2_tuning_ddp.ipynb", "_trainup_ddp.py", 78, DEVICE),
+    # the collectives one by one, over the --backend it names (lesson 04a1, inside DDP)
+    Script("_trainup_collectives.py", "04a1_inside_ddp.ipynb"),
     Script("_trainup_ray.py", "04c_elastic.ipynb", "_trainup_ddp.py", 97),
     # Horovod's --accumulate (backward_passes_per_step) costs 10: the step only at the K-th
     # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)

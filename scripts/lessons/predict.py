@@ -246,10 +246,10 @@ def reliability(gpus_list, checkpoint_s, restart_s, rate=None):
     return pd.DataFrame(rows)
 
 
-# This machine: alpha and beta from lesson 04's all-reduce sweep
+# This machine: alpha and beta from lesson 04a1's all-reduce sweep
 
 def fit_alpha_beta(sweep, op="all_reduce"):
-    """alpha and beta of one collective on this machine from lesson 04's sweep (allreduce_bw
+    """alpha and beta of one collective on this machine from lesson 04a1's sweep (allreduce_bw
     records, or collective_bw's for the other ops): the op's formula (perfmodel.COLLECTIVES) is
     A(N) alpha + B(N) S / beta, a straight line in S, fitted to every size by least squares on
     the relative error (a 1 KB and a 4 MB message weigh alike). For the ring all-reduce A = 2(N-1)

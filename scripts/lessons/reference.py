@@ -5,7 +5,7 @@
 Made on a quiet machine, one job after another (two jobs side by side would time each other):
 lesson 04's DDP script on 1 and 2 processes, the sharding script's ZeRO stages on 1 and 2 (on the
 block stack 256 wide, and 1024 wide), the same jobs at 8 samples a rank on 2 processes and on 1
-(COMM: what a step communicates, measured in steps), and lesson 04's sweep of each collective, so
+(COMM: what a step communicates, measured in steps), and lesson 04a1's sweep of each collective, so
 the model's alpha and beta come from the same machine and day. Each job's runs follow one another
 (job_runs): the runs a prediction compares are minutes apart, not a quarter of an hour.
 The 1-process runs are made at the global batch (the scaling report's strong-scaling baseline)

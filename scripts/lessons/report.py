@@ -74,6 +74,20 @@ def load_epochs(runs, log_dir=LOG_DIR):
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def left_here(name, checkpoint=True, quick=None, log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
+    """Whether an earlier lesson's run can be read here: its log says it finished, in this mode
+    (quick or full, so that a comparison pairs runs of one length), and its checkpoint is there.
+    A lesson that compares with another lesson's run reads it where that lesson left it, and makes
+    it where it is missing: on Colab, or in a fresh clone, each notebook runs alone."""
+    quick = QUICK if quick is None else quick
+    path = Path(log_dir) / f"{name}.jsonl"
+    if not path.exists() or (checkpoint and not (Path(checkpoint_dir) / f"{name}.pt").exists()):
+        return False
+    r = read_run(path)
+    done = r["summary"] is not None and r["summary"].get("status") == "finished"
+    return done and not r["problems"] and bool(r["config"]["args"].get("quick")) == bool(quick)
+
+
 def check(name, log_dir=LOG_DIR):
     """One sentence that holds whatever the timings: finished, loss fell, log follows the schema."""
     r = read_run(Path(log_dir) / f"{name}.jsonl")

@@ -94,7 +94,7 @@ def _ddp(n):
                     made_by="notebooks/04_ddp.ipynb (or this notebook)", dropout_off="always")
 
 
-# lesson 04's two scripts: the tuned one without --accumulate trains as plain DDP does
+# the DDP scripts of lessons 04 and 04a2: the tuned one without --accumulate trains as plain DDP does
 DDP_SCRIPTS = ("_trainup_ddp.py", "_trainup_ddp_tuned.py")
 ONE_SHARDING = dict(script="_trainup_fsdp.py", shard="none", devices=1)
 ONE_TP = dict(script="_trainup_tp.py", devices=1)
@@ -120,7 +120,7 @@ STRATEGIES = [
     _ddp(1), _ddp(2), _ddp(4),
     Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp_tuned.py",
                                                               accumulate=ABOVE_1),
-             ONE_DEVICE, made_by="notebooks/04_ddp.ipynb", dropout_off="always"),
+             ONE_DEVICE, made_by="notebooks/04a2_tuning_ddp.ipynb", dropout_off="always"),
     Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE,
              (("module", "horovod"),), "notebooks/05_horovod.ipynb", dropout_off="always"),
     Strategy("Ray Train (a worker killed, restarted)", "Ray", dict(script="_trainup_ray.py"),

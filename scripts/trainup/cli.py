@@ -219,7 +219,7 @@ def writable(folder):
 
 PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
 # gloo's, and NCCL's watchdog, when a collective waited --timeout for a rank that stalled
-# (gloo's own words whole: lesson 04 teaches a learner to find them)
+# (gloo's own words whole: lesson 04a3 teaches a learner to find them)
 TIMED_OUT = re.compile(r"Timed out waiting \d+ms for \w+ operation to complete"
                        r"|Watchdog caught collective operation timeout")
 

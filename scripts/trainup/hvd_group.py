@@ -82,7 +82,7 @@ class Accumulation:
     fewer (an epoch's short end) is scaled up after: the mean over the whole step, as one process's
     batch gives. Weighing before the all-reduce keeps what it carries at a mean gradient's size:
     --fp16-allreduce casts it to float16 (at most 65504), and GradScaler has already multiplied
-    it by its scale (65536 at first). (DDP's no_sync, lesson 04, is the same idea:
+    it by its scale (65536 at first). (DDP's no_sync, lesson 04a2, is the same idea:
     _trainup_ddp_tuned.py.)
     With K = 1 it steps every batch and weighs nothing."""
 

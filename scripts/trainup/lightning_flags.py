@@ -35,7 +35,7 @@ def add(p):
                         "nvitop's readings, on GPUs)")
     t.add_argument("--accumulate-grad-batches", type=cli.positive(int), default=1, metavar="K",
                    help="one optimizer step every K batches, --batch-size split into them "
-                        "(lesson 04's --accumulate: the K-1 others skip DDP's all-reduce)")
+                        "(lesson 04a2's --accumulate: the K-1 others skip DDP's all-reduce)")
     t.add_argument("--gradient-clip-val", type=float, default=None, metavar="NORM",
                    help="clip the gradients' total norm to NORM before each step")
     t.add_argument("--sync-batchnorm", action="store_true",

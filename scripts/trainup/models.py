@@ -28,7 +28,7 @@ class Net(nn.Module):
 
 class NetBN(Net):
     """The same CNN with a BatchNorm after each convolution. Its statistics come from the batch, so under
-    DDP they depend on how the batch is split over the processes (lesson 04: SyncBatchNorm)."""
+    DDP they depend on how the batch is split over the processes (lesson 04a2: SyncBatchNorm)."""
     def __init__(self, shape=(1, 28, 28), num_classes=10, dropout=0.25):
         super().__init__(shape, num_classes, dropout)
         self.bn1, self.bn2 = nn.BatchNorm2d(32), nn.BatchNorm2d(64)
