@@ -431,6 +431,13 @@ LESSONS = {
         ],
         True,
     ),
+    "09f_compile": (
+        [
+            whole("from lessons import checks, launch, report"),
+            call('launch.run("_trainup_compile.py", *SAME, *CAP, name="compile_eager", nproc=2)'),
+        ],
+        True,
+    ),
 }
 
 

@@ -304,3 +304,14 @@ def test_11b_padding_at_8192_ranks_and_bf16_against_fp32():
     assert changed["All Gather"] == (4 * model.layer_params(), 2 * model.layer_params())
     assert set(changed) == {"Unsharded Param", "Unsharded Grad", "Activation", "Temp", "All Gather"}
     assert set(sw.CATEGORIES) > set(changed)  # every other category is the same in both
+
+
+def test_09f_buckets_and_when_compiling_pays():
+    answers = solution("09f_compile")
+    first_bucket = [["fc2", "fc1"], ["conv2", "conv1"]]  # fc1 alone passes 1 MiB
+    assert answers.buckets(1) == answers.buckets(25) == first_bucket
+    # a bucket that holds exactly the cap is full: 1 MiB each for a and b, then c alone
+    assert answers.buckets(1, sizes={"a": 2**17, "b": 2**17, "c": 1}) == [["a"], ["b"], ["c"]]
+    steps = answers.steps_to_pay()
+    saved = (steps - 1) * (0.75 - 0.70)
+    assert saved >= 150.0 - 0.75 > saved - 0.05  # the first step after which it has paid

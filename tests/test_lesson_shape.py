@@ -101,6 +101,7 @@ USES_ONE_GPU = {
     "09d_context_parallel": (False, "no GPU is used"),
     "09e_experts": (False, "no GPU is used"),
     "11b_simulated_world": (False, "no GPU is used"),
+    "09f_compile": (False, "no GPU is used"),
 }
 
 

@@ -78,5 +78,9 @@ _ENTRIES = (
     # gradients summed over the ranks; every rank holds the whole model, so rank 0 alone saves
     # it (checkpoint.save), where the parent's ranks save their slices by DCP
     Script("_trainup_cp.py", "09d_context_parallel.ipynb", "_trainup_tp_sp.py", 96),
+    # torch.compile on lesson 04's DDP model: the wrap after DDP, the bucket cap that sets its
+    # graphs, the first step timed apart (trainup/compiled.py); 13 of _trainup_ddp.py's lines
+    # over 100 columns wrapped (about 30 changed lines), as tests/test_style.py asks of new code
+    Script("_trainup_compile.py", "09f_compile.ipynb", "_trainup_ddp.py", 75, DEVICE),
 )
 SCRIPTS = {s.name: s for s in _ENTRIES}

@@ -53,6 +53,9 @@ SCHEMA = {
                  "meta_init", "built_bytes", "replicate"),
     "shard_memory": ("shard", "world_size", "parameters", "param_bytes", "grad_bytes", "optim_bytes", "expected_bytes"),
     "shard_comm": ("shard", "world_size", "parameters", "ops"),
+    "compile": ("epoch", "compiled", "mode", "bucket_cap_mb", "steps", "first_step_s", "step_s",
+                "step_quartiles_s", "graphs", "compiled_graphs", "graph_breaks", "recompiles",
+                "compile_s"),
 }
 COMMON = ("type", "run", "time")
 
@@ -108,6 +111,9 @@ TYPES_IN = {
     "cp": dict(cp=INT, causal=("bool",), tokens=INT, positions=("list",), visible_scores=("list",)),
     "cp_comm": dict(epoch=INT, sent_bytes=("list",), expected_bytes=("dict",)),
     "pipeline": dict(split=TEXT, recompute=("bool",)),
+    "compile": dict(epoch=INT, compiled=("bool",), mode=TEXT, bucket_cap_mb=NUMBER, steps=INT,
+                    first_step_s=NUMBER, step_s=NUMBER, step_quartiles_s=("list",), graphs=INT,
+                    compiled_graphs=INT, graph_breaks=INT, recompiles=INT, compile_s=NUMBER),
 }
 
 
