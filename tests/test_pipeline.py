@@ -355,6 +355,28 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(log_dir, monkeypatch, caps
     assert not log_dir.exists() or not list(log_dir.iterdir())  # nothing half-written
 
 
+def test_a_v_schedule_over_gloo_on_a_torch_that_cannot_is_one_sentence(
+    log_dir, monkeypatch, capsys
+):
+    """torch 2.11's pipelining sends to a V stage's neighbour on the same rank while warming up, and
+    gloo refuses ("Pair is not connected", seen under torch 2.11): refused before anyone waits."""
+    import _trainup_pipeline
+    from trainup import devices
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.setenv(k, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}[k])
+    monkeypatch.setattr(devices, "torch_release", lambda version=None: (2, 11))
+    for schedule in ("zbv", "dualpipev", "1f1b,zbv"):
+        done = in_process(
+            _trainup_pipeline.main,
+            ["--quick", "--schedule", schedule, "--log-dir", log_dir],
+            capsys,
+        )
+        assert done.returncode == 2, schedule
+        assert_clean_error(done, "needs torch 2.13 or newer over gloo", "Pair is not connected")
+    assert not log_dir.exists() or not list(log_dir.iterdir())
+
+
 @pytest.mark.parametrize(
     "flags,words",
     [

@@ -32,6 +32,12 @@ TORCH_OLDEST = (2, 11)
 TORCH_PINNED = (2, 13)
 
 
+def torch_release(version=None):
+    """(major, minor) of this torch, or of `version`."""
+    text = torch.__version__ if version is None else version
+    return tuple(int(p) for p in re.match(r"(\d+)\.(\d+)", text).groups())
+
+
 def torch_sentence(version=None):
     """One sentence when this torch is older than the course supports, else None."""
     text = torch.__version__ if version is None else version

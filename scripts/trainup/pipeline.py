@@ -34,6 +34,11 @@ SCHEDULES = {
 }
 
 
+# torch 2.11's schedules warm their stages up by sending to each neighbour stage, its own rank's
+# too; 2.13's PipelineStage votes instead (schedules.py's warm-up protocol). Measured on 2.11.
+V_OVER_GLOO = (2, 13)
+
+
 def check_shape(args, world_size):
     """The bad inputs that would otherwise fail deep inside torch or hang: one sentence each."""
     per_rank = SCHEDULES[args.schedule][1]
@@ -50,6 +55,12 @@ def check_shape(args, world_size):
             raise UserError(f"--microbatches {m} does not divide the {per_pipeline} samples each pipeline takes "
                             f"a step (--batch-size {args.batch_size} / --data-parallel {args.data_parallel}); "
                             f"use a divisor of {per_pipeline}")
+    if (SCHEDULES[args.schedule][2] == "v" and args.stages > 1 and args.device != "cuda"
+            and devices.torch_release() < V_OVER_GLOO):
+        raise UserError(f"--schedule {args.schedule} needs torch 2.13 or newer over gloo, and this "
+                        f"is torch {torch.__version__}: its pipelining first sends to a V stage's "
+                        "neighbour on the same rank, which gloo refuses (Pair is not connected); "
+                        "choose another schedule, or a newer torch")
     if world_size != args.stages * args.data_parallel:
         raise UserError(f"--stages {args.stages} x --data-parallel {args.data_parallel} needs "
                         f"{args.stages * args.data_parallel} processes, and this job has {world_size}; start it "
