@@ -389,7 +389,12 @@ def self_check(world_rows=24, batch=2, heads_per_rank=2, head_dim=8, seed=0):
 if __name__ == "__main__":
     # torchrun --nproc-per-node 2 -m trainup.context_parallel: the self-check on gloo
     import json
+    import os
+    import sys
     dist.init_process_group("gloo")
-    print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(),
-                      "differences": self_check()}), flush=True)
+    line = json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(),
+                       "differences": self_check()}) + "\n"
+    # one write of the whole line: the ranks share one pipe, and print() writes the text and the
+    # newline apart (unbuffered), so another rank's line could land between them
+    os.write(sys.stdout.fileno(), line.encode())
     dist.destroy_process_group()
