@@ -119,8 +119,11 @@ def uneven_join(batches=(3, 5)):
     ratios = []
     for _ in range(batches[rank % len(batches)]):
         optimizer.zero_grad()
-        model(torch.randn(8, 4, generator=gen, dtype=torch.float64)).pow(2).mean().backward()
-        own = model.weight.grad.clone()  # this rank's gradient, before the all-reduce replaces it
+        loss = model(torch.randn(8, 4, generator=gen, dtype=torch.float64)).pow(2).mean()
+        # this rank's own gradient, computed apart: backward's hook starts the all-reduce of .grad
+        # in place at once, so a copy of .grad taken after backward may already be the average
+        own = torch.autograd.grad(loss, model.weight, retain_graph=True)[0]
+        loss.backward()
         optimizer.synchronize()
         ratios.append((model.weight.grad / own).mean().item())
         with optimizer.skip_synchronize():
