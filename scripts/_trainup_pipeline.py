@@ -27,7 +27,8 @@ from trainup import (checkpoint, cli, data, distributed, metrics, models, pipeli
 def train_epoch(model, pipe, layout, loader, optimizer, epoch, show_progress, device, log_steps):
     model.train()
     meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
-    for step, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress), 1):
+    batches = metrics.progress(loader, f"epoch {epoch}", show_progress)
+    for step, (x, y) in enumerate(batches, preempt.first_step(loader)):  # on after a resume
         x, y = x.to(device), y.to(device)
         tick = pipeline.begin_step(pipe, layout)  # the stages start a measured step together
         logits, loss = train_step(model, pipe, layout, optimizer, x, y)

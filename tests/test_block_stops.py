@@ -9,6 +9,7 @@ torchrun's whole process group (a scheduler's time limit; torchrun passes it on 
 --stop-signal USR1 to rank 1 alone. The same file notes the id of every Python process of the job.
 """
 
+import json
 import os
 import re
 from pathlib import Path
@@ -208,6 +209,7 @@ def test_a_block_stack_job_stopped_inside_an_epoch_resumes_to_a_run_never_stoppe
         assert position["step"] == STOP_AT + preempt.STOP_CHECK["cpu"][1]
     if SCRIPT_FLAGS[script][1] == ".ranks":  # each rank its own stages or experts
         assert {"rank0.pt", "rank1.pt", "run.pt"} <= set(job.files), job.files
+    _per_step_records_go_on(tmp_path / "logs", position["step"])
     resumed = torch.load(job.ckpts / "s.pt", weights_only=True)["model"]
     never = torch.load(job.ckpts / "straight.pt", weights_only=True)["model"]
     assert resumed.keys() == never.keys()
@@ -215,6 +217,29 @@ def test_a_block_stack_job_stopped_inside_an_epoch_resumes_to_a_run_never_stoppe
         assert torch.equal(resumed[k], never[k]), k
     for done in (job.straight, job.stopped, job.resumed):
         assert not done.left, f"processes outlived their job: {done.left}"
+
+
+def _records(log_dir, run, kind):
+    """The run's records of this kind, without the run's name and the time of writing."""
+    lines = (log_dir / f"{run}.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, lines) if r["type"] == kind]
+    return [{k: v for k, v in r.items() if k not in ("run", "time")} for r in records]
+
+
+def _per_step_records_go_on(log_dir, stopped_after):
+    """The records a resumed run writes of the epoch it resumed inside: the pipeline's per-step
+    records number on from the step after the stop, and the experts' load record of that epoch
+    counts every step of it, as the run never stopped counts them."""
+    steps = {(r["epoch"], r["rank"], r["step"]) for r in _records(log_dir, "s", "pipe_step")}
+    if steps:
+        straight = {
+            (r["epoch"], r["rank"], r["step"]) for r in _records(log_dir, "straight", "pipe_step")
+        }
+        lost = {(e, rank, n) for e, rank, n in straight if e == 1 and n <= stopped_after}
+        assert steps == straight - lost  # those before the stop were left unwritten by it
+    load = _records(log_dir, "s", "expert_load")
+    if load:
+        assert load == _records(log_dir, "straight", "expert_load")
 
 
 # --- A checkpoint of another layout, or torn: one sentence (in this interpreter, a group of one)

@@ -283,6 +283,21 @@ def epoch_load(model, world, epoch, tokens_per_step):
                 capacity=capacity(tokens_per_step, first.num_experts, first.top_k, first.factor))
 
 
+def counts(model):
+    """Each MoE layer's counters of the epoch so far (routed, dropped, received), for a checkpoint:
+    a run resumed inside an epoch goes on counting where the stop left them."""
+    return [dict(routed=m.routed.clone(), dropped=m.dropped, received=m.received)
+            for m in moes(model)]
+
+
+def set_counts(model, saved):
+    layers = moes(model)
+    if len(saved) != len(layers):
+        raise ValueError("another number of MoE layers")
+    for m, c in zip(layers, saved):
+        m.routed, m.dropped, m.received = c["routed"].clone(), c["dropped"], c["received"]
+
+
 def gathered(value, world):
     """One value from every rank, in rank order."""
     if world == 1:
@@ -302,7 +317,7 @@ def save(folder, model, optimizer, scheduler, epoch, args, world, position=None)
     optimizer's and the scheduler's state (checkpoint.save_ranks); position: where a stop left the
     epoch (preempt.Stopper)."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict()}
+             "scheduler": scheduler.state_dict(), "counts": counts(model)}
     checkpoint.save_ranks(folder, state, epoch, args, _layout(args, world), position)
 
 
@@ -323,6 +338,7 @@ def load(folder, model, optimizer, scheduler, args, world):
         model.load_state_dict(mine["model"])
         optimizer.load_state_dict(mine["optimizer"])
         scheduler.load_state_dict(mine["scheduler"])
+        set_counts(model, mine["counts"])  # a stop's epoch: its load record counts every step
     except (KeyError, RuntimeError, ValueError):
         raise UserError(f"checkpoint {folder} holds weights that do not fit this run's model "
                         f"(--blocks, --width, --heads, --hidden); resume with the flags it was "

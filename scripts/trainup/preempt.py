@@ -384,8 +384,20 @@ def _skipped(loader, skip):
     return itertools.islice(loader, skip, None)
 
 
-def meter(loader):
-    """The Meter a training epoch adds its steps to: a stopped run's sums so far when it resumes mid-epoch."""
+def _steps(loader):
     while not isinstance(loader, Steps) and hasattr(loader, "loader"):
         loader = loader.loader  # through wrappers such as the profiler's steps
-    return loader.meter if isinstance(loader, Steps) else Meter()
+    return loader if isinstance(loader, Steps) else None
+
+
+def meter(loader):
+    """The Meter a training epoch adds its steps to: a stopped run's sums so far when it resumes mid-epoch."""
+    steps = _steps(loader)
+    return steps.meter if steps is not None else Meter()
+
+
+def first_step(loader):
+    """The number of an epoch's first step in this run: 1, or the step after the one a stopped run
+    took last, when it resumes mid-epoch (so that per-step records number on, not from 1 again)."""
+    steps = _steps(loader)
+    return steps.skip + 1 if steps is not None else 1
