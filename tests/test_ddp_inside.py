@@ -257,3 +257,23 @@ def test_bad_flags_are_one_sentence_and_a_nonzero_exit(tmp_path, monkeypatch, ca
         assert done.returncode == 2, cmd
         assert_clean_error(done, *words)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_the_ring_drawn_is_a_ring_all_reduce(world):
+    """Lesson 04a1's picture of the ring: each step every rank sends one chunk to the next rank;
+    after the reduce-scatter rank r holds chunk r + 1 summed over all ranks (as NCCL's ring), after
+    the all-gather every rank holds every chunk summed, in 2(N-1) steps."""
+    steps = collectives.ring_allreduce(world)
+    assert len(steps) == 1 + 2 * (world - 1)
+    everyone = set(range(world))
+    for step in steps[1:]:
+        assert sorted((src, dst) for src, dst, _ in step["sends"]) == [
+            (r, (r + 1) % world) for r in range(world)
+        ]
+    scattered = steps[world - 1]["held"]
+    for r in range(world):
+        assert scattered[r][(r + 1) % world] == everyone
+        assert sum(chunk == everyone for chunk in scattered[r]) == 1
+    assert all(chunk == everyone for rank in steps[-1]["held"] for chunk in rank)

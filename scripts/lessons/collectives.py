@@ -332,3 +332,51 @@ def about_lr(t):
                                     "a longer run ends." if min(scaled["loss"], warm["loss"])
                                     > small["loss"] else "Scaled, the large batch caught up with the small one.")
             + " Each run is one seed: another seed can reverse differences this small.")
+
+
+def ring_allreduce(world=4):
+    """The ring all-reduce of `world` ranks, simulated chunk by chunk: each rank's tensor cut into
+    `world` chunks; world - 1 steps of reduce-scatter (rank r sends chunk (r - s) mod N to rank
+    r + 1, which adds it to its own), then world - 1 of all-gather (the summed chunks passed on and
+    kept). Returns the steps, each with its phase, the sends (source, destination, chunk) and which
+    ranks' values each rank's chunks then hold; checked: every rank ends with the sum of all, and
+    each sent 2(N-1)/N of its tensor."""
+    held = [[{r} for _ in range(world)] for r in range(world)]  # held[rank][chunk]: ranks summed
+    steps, sent = [dict(phase="start", sends=[], held=[[set(c) for c in r] for r in held])], 0
+    for phase, first in (("reduce-scatter", 0), ("all-gather", 1)):
+        for s in range(world - 1):
+            sends = [(r, (r + 1) % world, (r + first - s) % world) for r in range(world)]
+            incoming = [(dst, chunk, set(held[src][chunk])) for src, dst, chunk in sends]
+            for dst, chunk, values in incoming:  # every rank sends at once: read, then write
+                held[dst][chunk] = held[dst][chunk] | values if first == 0 else values
+            sent += 1
+            steps.append(dict(phase=phase, sends=sends, held=[[set(c) for c in r] for r in held]))
+    everyone = set(range(world))
+    assert all(chunk == everyone for rank in held for chunk in rank), held
+    assert sent / world == ring_factor(world)  # chunks each rank sent, as a share of its tensor
+    return steps
+
+
+def ring_plot(steps, name):
+    """One small grid a step: a row a rank, a column a chunk, the shade how many ranks' values the
+    chunk holds; the chunks sent in that step outlined."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+    world = len(steps[0]["held"])
+    fig, axes = plt.subplots(1, len(steps), figsize=(1.55 * len(steps), 2.6), sharey=True)
+    for n, (ax, step) in enumerate(zip(axes, steps)):
+        counts = [[len(c) for c in rank] for rank in step["held"]]
+        ax.imshow(counts, cmap="Blues", vmin=0, vmax=world + 1)
+        for r in range(world):
+            for c in range(world):
+                ax.text(c, r, counts[r][c], ha="center", va="center", fontsize=8)
+        for _, dst, chunk in step["sends"]:  # outlined where it arrives
+            ax.add_patch(Rectangle((chunk - 0.5, dst - 0.5), 1, 1, fill=False, lw=2, ec="C3"))
+        ax.set_title(f"{step['phase']}" if n == 0 else f"{n}: {step['phase']}", fontsize=8)
+        ax.set_xticks(range(world), [str(c) for c in range(world)], fontsize=7)
+        ax.set_yticks(range(world), [f"rank {r}" for r in range(world)], fontsize=7)
+        ax.set_xlabel("chunk", fontsize=7)
+    fig.suptitle(f"A ring all-reduce of {world} ranks takes {2 * (world - 1)} steps; each rank "
+                 f"sends 2(N-1)/N = {ring_factor(world):.2f} times its tensor", fontsize=9)
+    save(fig, name)
+    return fig
