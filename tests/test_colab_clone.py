@@ -406,6 +406,24 @@ LESSONS = {
         ],
         True,
     ),
+    # arithmetic over published runs: the published times read from the copy, no job
+    "11a1_published_runs": (
+        [
+            whole("from lessons import checks, hardware, predict, predict_plots, slurm"),
+            whole("runs = slurm.published_times()"),
+        ],
+        False,
+    ),
+    # the planner's arithmetic, and a checkpoint written where the copy's lessons put them
+    "11a2_planner": (
+        [
+            whole("from lessons import checks, hardware, predict, report"),
+            whole(
+                'c = predict.checkpoint_seconds(facts["resnet50"]["params"], report.CHECKPOINT_DIR)'
+            ),
+        ],
+        False,
+    ),
     "09d_context_parallel": (
         [
             whole("from lessons import checks, launch, report"),

@@ -235,12 +235,10 @@ def test_09b_longest_sequence_and_crossover():
     assert s.crossover() == 256 and 4 * 256 * 256 == 16 * 256 * 64  # a*s*s = 16*s*h there
 
 
-def test_11_cluster_crossover_and_checkpoint_budget():
-    from lessons import hardware, perfmodel as pm, predict
+def test_11_crossover_and_even_size():
+    from lessons import hardware, perfmodel as pm
 
     s = solution("11_predict_the_cluster")
-    row = s.my_cluster(64).iloc[0]
-    assert row["gpus"] == 64 and 0 < row["efficiency"] < 1
     link = hardware.LINKS["ib_hdr"]
     for p in (8, 64):
         n = s.crossover(p, link)
@@ -253,12 +251,30 @@ def test_11_cluster_crossover_and_checkpoint_budget():
         assert pm.tree_all_reduce(n / 2, p, link.alpha_s, link.beta) < pm.ring_all_reduce(
             n / 2, p, link.alpha_s, link.beta
         )
+        # where latency and bytes are even, the ring takes twice its latency alone
+        even = s.even_size(p, link.alpha_s, link.beta)
+        assert math.isclose(
+            pm.ring_all_reduce(even, p, link.alpha_s, link.beta),
+            2 * pm.ring_all_reduce(0, p, link.alpha_s, link.beta),
+            rel_tol=1e-9,
+        )
+    assert s.even_size(2, 1e-5, 1e9) == pytest.approx(2e4)  # 2 x 10 us x 1 GB/s, by hand
+
+
+def test_11a1_my_cluster():
+    s = solution("11a1_published_runs")
+    row = s.my_cluster(64).iloc[0]
+    assert row["gpus"] == 64 and 0 < row["efficiency"] < 1
+
+
+def test_11a2_checkpoint_budget_and_fewest_gpus():
+    from lessons import hardware, perfmodel as pm, planner, predict
+
+    s = solution("11a2_planner")
     c = s.checkpoint_budget(16_384, 120.0, 0.10)
     mtbf = pm.mtbf_hours(16_384, pm.failure_rate_per_gpu_hour(**predict.LLAMA3)) * 3600
     lost = pm.expected_overhead(pm.young_daly_interval(c, mtbf), c, mtbf, 120.0)
     assert 0 < c and math.isclose(lost, 0.10, rel_tol=1e-6)
-    from lessons import planner
-
     node, model = hardware.NODES["juwels_booster"], planner.llama_shaped(5120)
     n, row = s.fewest_gpus(model, 128, node, 40)
     assert row["fits"] and row["total_gb"] <= 40

@@ -98,6 +98,8 @@ USES_ONE_GPU = {
     "09c_tensor_parallel": (False, "no GPU run of this lesson is stored"),
     "10_scaling_report": (False, "GPU runs appear where reference logs of GPUs are committed"),
     "11_predict_the_cluster": (False, "no GPU is used"),
+    "11a1_published_runs": (False, "no GPU is used"),
+    "11a2_planner": (False, "no GPU is used"),
     "09d_context_parallel": (False, "no GPU is used"),
     "09e_experts": (False, "no GPU is used"),
     "11b_simulated_world": (False, "no GPU is used"),
@@ -185,7 +187,6 @@ LONGER = {
     "09_sharding": 18.2,
     "09c_tensor_parallel": 15.7,
     "10_scaling_report": 14.8,
-    "11_predict_the_cluster": 18.0,
 }
 
 

@@ -1028,12 +1028,18 @@ def test_exercises_10(full_set):
 
 def test_the_course_command_ends_with_the_report():
     """run_course.sh executes notebooks/[0-9]*.ipynb in order: the report comes after every training run;
-    only lessons 11 and 11b follow it, and they train nothing (11's one job is lesson 04's
-    all-reduce sweep; 11b simulates its world in the notebook's own process)."""
+    only lessons 11 to 11b follow it, and they train nothing (11's one job is lesson 04a1's
+    all-reduce sweep; 11a1 and 11a2 are arithmetic and one checkpoint written; 11b simulates its
+    world in the notebook's own process)."""
     assert "notebooks/[0-9]*.ipynb" in (ROOT / "run_course.sh").read_text()
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
-    after = {"11_predict_the_cluster.ipynb": ["collectives"], "11b_simulated_world.ipynb": []}
-    assert names[-3:] == ["10_scaling_report.ipynb", *after]
+    after = {
+        "11_predict_the_cluster.ipynb": ["collectives"],
+        "11a1_published_runs.ipynb": [],
+        "11a2_planner.ipynb": [],
+        "11b_simulated_world.ipynb": [],
+    }
+    assert names[-len(after) - 1 :] == ["10_scaling_report.ipynb", *after]
     for name, jobs in after.items():
         code = "".join(
             "".join(c["source"])

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from lessons import planner, simulated_world as sw
 
-# Lesson 11's Llama-shaped 7B layer (planner.llama_shaped(4096)): 4096 wide, 32 heads, 4096
+# Lesson 11a2's Llama-shaped 7B layer (planner.llama_shaped(4096)): 4096 wide, 32 heads, 4096
 # tokens; two layers of it, since every term grows with the layers alike and each costs seconds
 WIDE = planner.Transformer(layers=2, hidden=4096, heads=32, seq=4096)
 STATES = ("param", "grad", "optim")

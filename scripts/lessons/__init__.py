@@ -33,10 +33,9 @@ checkpoint, devices, distributed...). Here:
 - equivalence: lesson 10, the proof: float64 runs against one process, one tolerance, the noise
   floor
 - activations: lesson 09b, a transformer layer's activation bytes measured, and recomputation
-- perfmodel, hardware, predict, predict_plots: lesson 11, a step's time as arithmetic, published
-  links and
-  machines, the fits and predictions against published runs
-- planner: lesson 11 (with 09's and 09b's formulas), the layouts that fit a GPU's memory, the
+- perfmodel, hardware, predict, predict_plots: lessons 11 to 11a2, a step's time as arithmetic,
+  published links and machines, the fits and predictions against published runs
+- planner: lesson 11a2 (with 09's and 09b's formulas), the layouts that fit a GPU's memory, the
   fastest first
 - jobs, log_reader, placement: plumbing (one job runner, one log reader, the one device decision)
 """

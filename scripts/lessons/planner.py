@@ -1,6 +1,7 @@
-"""A planner (lessons 09, 09b and 11): for a transformer, a global batch and some GPUs, every
-layout (data x tensor x pipeline parallel, a ZeRO stage, activation checkpointing) with its bytes
-per GPU term by term, whether it fits, and its predicted step time; the fastest that fits first.
+"""A planner (lesson 11a2, with 09's and 09b's formulas): for a transformer, a global batch and
+some GPUs, every layout (data x tensor x pipeline parallel, a ZeRO stage, activation
+checkpointing) with its bytes per GPU term by term, whether it fits, and its predicted step time;
+the fastest that fits first.
 
     from lessons import planner, hardware
     model = planner.Transformer(layers=32, hidden=4096, heads=32, seq=4096)

@@ -1,6 +1,6 @@
-"""Lesson 11: the performance model (lessons/perfmodel.py) fitted on published runs, its
-predictions checked against the runs it was not fitted on, and the failures a run of many GPUs
-must expect.
+"""Lessons 11 to 11a2: the performance model (lessons/perfmodel.py) fitted on this machine's
+all-reduce sweep (11) and on published runs (11a1), its predictions checked against the runs it
+was not fitted on, and the failures a run of many GPUs must expect (11a2).
 
 Every published number here carries its source; every prediction is computed, and so is its error.
 """

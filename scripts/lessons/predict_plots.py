@@ -1,5 +1,6 @@
-"""Lesson 11's figures: predictions beside what was published, and the what-if curves. Each is
-saved to images/<name>.png and returned closed: end the cell with it."""
+"""The figures of lessons 11 and 11a1: this machine's alpha-beta fit, predictions beside what was
+published, and the what-if curves. Each is saved to images/<name>.png and returned closed: end
+the cell with it."""
 from .report import save
 
 

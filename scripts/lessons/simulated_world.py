@@ -1,4 +1,4 @@
-"""Lesson 11b: a big world, simulated. The planner's bytes per GPU (lesson 11) set term by term
+"""Lesson 11b: a big world, simulated. The planner's bytes per GPU (lesson 11a2) set term by term
 beside what torch's own FSDPMemTracker counts when one rank of a FSDP2 job of `world` ranks runs
 a training step, in this one process, with nothing allocated.
 

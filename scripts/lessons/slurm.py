@@ -340,7 +340,7 @@ def template_table():
 
 def published_times():
     """The supercomputer course's published ResNet-50/ImageNet runs (not measured here): nodes, GPUs,
-    per-GPU batch and minutes, as published (lesson 11 fits its model on them)."""
+    per-GPU batch and minutes, as published (lesson 11a1 fits its model on them)."""
     import pandas as pd
     df = pd.read_csv(PUBLISHED, comment="#")
     df["gpus"] = df["nodes"] * df["gpus_per_node"]
