@@ -456,6 +456,13 @@ LESSONS = {
         ],
         True,
     ),
+    "09g_four_dimensions": (
+        [
+            whole("from lessons import checks, launch, report"),
+            call('report.run("_trainup_4d.py", "--threads", 1, *FOURD_SIZE, name="fourd_one")'),
+        ],
+        True,
+    ),
 }
 
 

@@ -104,6 +104,7 @@ USES_ONE_GPU = {
     "09e_experts": (False, "no GPU is used"),
     "11b_simulated_world": (False, "no GPU is used"),
     "09f_compile": (False, "no GPU is used"),
+    "09g_four_dimensions": (False, "no GPU is used"),
 }
 
 

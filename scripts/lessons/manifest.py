@@ -82,5 +82,10 @@ _ENTRIES = (
     # graphs, the first step timed apart (trainup/compiled.py); 13 of _trainup_ddp.py's lines
     # over 100 columns wrapped (about 30 changed lines), as tests/test_style.py asks of new code
     Script("_trainup_compile.py", "09f_compile.ipynb", "_trainup_ddp.py", 75, DEVICE),
+    # the four dimensions on one mesh: 09c's transformer in pipeline stages (06), its layers cut
+    # (09c), its rows cut (09d), sharded by FSDP2 (09); the layout checked once
+    # (trainup/parallel_dims.py), the stage, its parallelization and the counted bytes in
+    # trainup/four_d.py; the parent's DCP saves, stop signal and loss_parallel go (no --resume)
+    Script("_trainup_4d.py", "09g_four_dimensions.ipynb", "_trainup_tp_sp.py", 130),
 )
 SCRIPTS = {s.name: s for s in _ENTRIES}
