@@ -366,6 +366,23 @@ LESSONS = {
         ],
         True,
     ),
+    "08a_profiling_ddp": (
+        [
+            whole("from lessons import checks, launch, traces"),
+            call('launch.run("_trainup_ddp.py", "--profile", STEPS, name="prof_ddp", nproc=2)'),
+        ],
+        True,
+    ),
+    # its first cell of jobs remakes lessons 08 and 08a's runs where the copy lacks them (run alone,
+    # as on Colab; after those lessons' tests it reads theirs), then its own first job
+    "08b_tensorboard": (
+        [
+            whole("from lessons import checks, launch, report, traces"),
+            whole('if not report.left_here("prof_cpu", checkpoint=False):'),
+            call('report.run("_trainup_lightning.py", "--monitor", name="pl_monitor")'),
+        ],
+        True,
+    ),
     "09_sharding": (
         [
             whole("from lessons import checks, claims, launch, zero_stages as lesson"),

@@ -297,17 +297,27 @@ def test_bad_profile_flags_are_one_sentence(capsys, tmp_path):
     assert_clean_error(short, "--profile 3", "only 2 training steps")
 
 
-def test_the_exercise_solutions(runs, tmp_path):
-    path = ROOT / "notebooks" / "solutions" / "08_monitoring_and_profiling.py"
-    spec = importlib.util.spec_from_file_location("solution_08", path)
-    s = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(s)
+def solution(name):
+    """notebooks/solutions/<name>.py, imported (its name starts with a digit, so not with `import`)."""
+    path = ROOT / "notebooks" / "solutions" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"solution_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_exercise_solutions_of_lesson_08a(runs):
+    s = solution("08a_profiling_ddp")
     assert s.communication_share(HAND_MADE) == pytest.approx(70 / 200)
     assert s.exposed_communication(HAND_MADE) == pytest.approx(0.16)
     real = traces.split(traces.load(traces.traces("ddp", runs)[0]))  # the same on a real trace
     trace = traces.load(traces.traces("ddp", runs)[0])
     assert s.communication_share(trace) == pytest.approx(real["communication"], abs=1e-9)
     assert s.exposed_communication(trace) == pytest.approx(real["communication only"], abs=1e-9)
+
+
+def test_the_exercise_solution_of_lesson_08(runs):
+    s = solution("08_monitoring_and_profiling")
     cpu = traces.load(traces.traces("cpu", runs)[0])
     shares, table = s.phase_shares(cpu), traces.phase_table(cpu)
     assert list(shares) == list(profiling.PHASES)
@@ -316,5 +326,9 @@ def test_the_exercise_solutions(runs, tmp_path):
         assert p["share"] == pytest.approx(table[f"{phase}_ms"].sum() / total, rel=1e-9)
     kept = traces.memory_by_phase(cpu).set_index("phase")["kept_mb"] * 2**20
     assert {p: v["kept_bytes"] for p, v in shares.items()} == pytest.approx(kept.to_dict())
+
+
+def test_the_exercise_solution_of_lesson_08b(runs, tmp_path):
+    s = solution("08b_tensorboard")
     back = s.ranks_to_tensorboard("ddp", tmp_path / "tb", runs)
     assert sorted(back) == [0, 1] and all(len(points) == 1 for points in back.values())

@@ -23,8 +23,8 @@ checkpoint, devices, distributed...). Here:
   memory
 - lightning: lesson 07, Lightning beside the course's DDP script: what the Trainer chose,
   sync_dist, old 1.x flags
-- traces:  lesson 08, profiler traces read back (top operators, computation/communication overlap),
-  TensorBoard
+- traces:  lessons 08 to 08b, profiler traces read back (top operators; 08a: computation and
+  communication overlap), TensorBoard (08b)
 - zero_stages: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas,
   collectives, the largest model
 - tp_runs: lesson 09, tensor parallelism and the 2-D mesh: bytes per rank, collectives per step

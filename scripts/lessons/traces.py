@@ -1,6 +1,6 @@
-"""Lesson 08 (monitoring and profiling): profiler traces read back (top operators; for DDP, how much of a
-step is computation, communication and both at once), TensorBoard scalars written and read back, and the
-GPU samples of the course's logs beside the training statistics.
+"""Lessons 08 to 08b (monitoring and profiling): profiler traces read back (08: top operators; 08a, for
+DDP: how much of a step is computation, communication and both at once), TensorBoard scalars written and
+read back, and the GPU samples of the course's logs beside the training statistics (08b).
 
     from lessons import traces
     traces.top_operators("prof_cpu")       # the operators that took the most time, per step
