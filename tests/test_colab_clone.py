@@ -359,6 +359,27 @@ LESSONS = {
         ],
         True,
     ),
+    # its first cell of jobs remakes lesson 07's runs where they are missing, as in a fresh clone
+    "07b_lightning_launch_and_log": (
+        [
+            whole("from lessons import checks, launch, lightning, report, slurm"),
+            call(
+                'report.run("_trainup_gpu.py", "--device", "cpu", "--threads", 1, *COMMON,\n'
+                '                           "--no-progress", name="l_one")'
+            ),
+        ],
+        True,
+    ),
+    "07c_lightning_options": (
+        [
+            whole("from lessons import checks, launch, lightning, report"),
+            call(
+                'report.run("_trainup_gpu.py", "--device", "cpu", "--threads", 1, *COMMON, '
+                '"--no-progress",\n               name="l_one")'
+            ),
+        ],
+        True,
+    ),
     "08_monitoring_and_profiling": (
         [
             whole("from lessons import checks, claims, launch, report, traces"),

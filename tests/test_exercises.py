@@ -1,7 +1,7 @@
 """The exercises' solutions (notebooks/solutions/) run and give the right answers, on CPU, quickly.
 
 Two real runs (a one-device run and a 2-process torchrun job) plus three tiny CPU runs for lesson 01;
-lessons 07-10 check their solutions in their own test files, against the runs those files make;
+lessons 07b-10 check their solutions in their own test files, against the runs those files make;
 everything else is computed without training.
 """
 
@@ -220,6 +220,39 @@ def test_06_bubble_activations_and_memory():
         head = 32 * 8 * 8  # what autograd saved for its backward
         assert stages[1].meter.bytes == s.kept_per_microbatch(2, 32, 8, recompute, 8) + head
         out.sum().backward()
+
+
+def test_07_steps_per_epoch_and_the_padded_test_set():
+    s = solution("07_lightning")
+    assert s.steps_per_epoch(4000, 48, 6) == (667, 84) and s.steps_per_epoch(512, 64, 2) == (256, 8)
+    with pytest.raises(ValueError, match="evenly"):
+        s.steps_per_epoch(4000, 64, 6)  # 64 samples over 6 processes
+    from torch.utils.data import DistributedSampler
+
+    for n, world in ((257, 2), (257, 4), (256, 4), (3, 4)):
+        real = [
+            list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))
+            for r in range(world)
+        ]
+        assert s.padded_shares(n, world) == real
+        assert s.overcount(n, world) == sum(map(len, real)) - n
+
+
+def test_07c_lightning2_flags_and_what_bfloat16_rounds_away():
+    import torch
+
+    s = solution("07c_lightning_options")
+    assert s.to_lightning2(dict(gpus=4, num_nodes=2, precision=16)) == dict(
+        devices=4, accelerator="gpu", num_nodes=2, precision="16-mixed"
+    )
+    with pytest.raises(ValueError, match="dp"):
+        s.to_lightning2(dict(strategy="dp"))
+    for dtype, bits in ((torch.bfloat16, 7), (torch.float16, 10), (torch.float32, 23)):
+        assert s.spacing_above_one(bits) == torch.finfo(dtype).eps
+    # a step of 0.001 on a weight of 1.0: lost in bfloat16 (spacing 1/128), kept in the others
+    kinds = (torch.bfloat16, torch.float16, torch.float32)
+    assert [s.update_kept(d, 1.0, 1e-3) for d in kinds] == [False, True, True]
+    assert s.update_kept(torch.bfloat16, 1.0, 2**-7)  # one whole spacing is kept
 
 
 def test_09b_longest_sequence_and_crossover():

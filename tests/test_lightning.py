@@ -26,7 +26,9 @@ FSDP_SCRIPT = str(SCRIPTS / "_trainup_lightning_fsdp.py")  # ModelParallelStrate
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--batch-size", "64", *checks.PROOF]
 # SLURM is installed here (lesson 04b): Lightning warns that srun exists but was not used, in every run outside a job
 pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")
-READS_NOTEBOOK = "notebooks/07_lightning.ipynb"  # its SLURM job: the test's, where it ran
+# the notebooks whose runs a test reads where this session ran them: the SLURM job, the FSDP2 run
+READS_SLURM = "notebooks/07b_lightning_launch_and_log.ipynb"
+READS_SHARDED = "notebooks/07c_lightning_options.ipynb"
 TOLERANCE = (
     checks.FLOAT64_ATOL
 )  # float64 sums in another order: about 1e-16; a wrong sampler is above 1e-2
@@ -256,7 +258,7 @@ def test_inside_a_notebook_ddp_is_refused_in_one_sentence_that_names_ddp_noteboo
     main, capsys, log_dir, monkeypatch
 ):
     """A kernel has no script to run again for rank 1: Lightning refuses 'ddp' in an interactive
-    session (as it finds a Jupyter kernel: sys.ps1). Notebook 07 runs ddp_notebook there."""
+    session (as it finds a Jupyter kernel: sys.ps1). Notebook 07b runs ddp_notebook there."""
     from pytorch_lightning.trainer.connectors import accelerator_connector
 
     monkeypatch.setattr(accelerator_connector, "_IS_INTERACTIVE", True)
@@ -330,7 +332,7 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, 
 
 @pytest.fixture(scope="module")
 def sharded(request, runs, tmp_path_factory):
-    """_trainup_lightning_fsdp.py on 2 processes under torchrun: notebook 07's run (the same
+    """_trainup_lightning_fsdp.py on 2 processes under torchrun: notebook 07c's run (the same
     flags) where this session ran it, else this module's own beside its baseline."""
     log_dir, _ = runs
 
@@ -359,7 +361,7 @@ def sharded(request, runs, tmp_path_factory):
         found = (ROOT / "logs" / "l_fsdp.jsonl").exists()
         return found and (ROOT / "logs", "l_fsdp", ROOT / "checkpoints", "l_one")
 
-    return notebook_or_own(request, READS_NOTEBOOK, load, own)
+    return notebook_or_own(request, READS_SHARDED, load, own)
 
 
 def test_fsdp2_under_the_trainer_ends_like_one_process_and_saves_shards_and_a_whole_model(sharded):
@@ -380,7 +382,7 @@ def test_fsdp2_under_the_trainer_ends_like_one_process_and_saves_shards_and_a_wh
 
 
 def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(request, runs, tmp_path):
-    """Notebook 07's job where this session ran the notebook (the same template, flags and proof),
+    """Notebook 07b's job where this session ran the notebook (the same template, flags and proof),
     else this test's own on the local SLURM."""
 
     def load():
@@ -388,7 +390,7 @@ def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(reques
         return found and (ROOT / "logs", "l_slurm", ROOT / "checkpoints", "l_one")
 
     folder, name, ckpts, one = notebook_or_own(
-        request, READS_NOTEBOOK, load, lambda: _slurm_job(request, runs, tmp_path)
+        request, READS_SLURM, load, lambda: _slurm_job(request, runs, tmp_path)
     )
     assert slurm.check_counts(ROOT / "slurm" / "lightning" / "cpu.sbatch")[1] == []
     setup = records(folder, name, "lightning")[0]
@@ -427,23 +429,18 @@ def _slurm_job(request, runs, tmp_path):
     return tmp_path, "pl_slurm", tmp_path / "checkpoints", "one"
 
 
-# --- The exercises' solutions (no training: checked against the fixture's log) --------------------------
+# --- Lesson 07b's exercise (no training: checked against the fixture's log) ---------------------------
+# (the solutions of lessons 07 and 07c need no run: tests/test_exercises.py checks them)
 
 
-def test_the_exercise_solutions_give_the_right_answers(runs):
+def test_the_sync_dist_exercise_solution_gives_what_lightning_logged(runs):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "solution_07", ROOT / "notebooks" / "solutions" / "07_lightning.py"
+        "solution_07b", ROOT / "notebooks" / "solutions" / "07b_lightning_launch_and_log.py"
     )
     s = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s)
-    assert s.to_lightning2(dict(gpus=4, num_nodes=2, precision=16)) == dict(
-        devices=4, accelerator="gpu", num_nodes=2, precision="16-mixed"
-    )
-    with pytest.raises(ValueError, match="dp"):
-        s.to_lightning2(dict(strategy="dp"))
-    assert s.steps_per_epoch(4000, 48, 6) == (667, 84) and s.steps_per_epoch(512, 64, 2) == (256, 8)
     means, counts = [2.0, 1.0], [256, 64]
     assert s.mean_of_means(means) == 1.5 and s.job_mean(means, counts) == pytest.approx(1.8)
     assert s.lightning_synced(means, counts) == pytest.approx(1.8)
@@ -451,15 +448,6 @@ def test_the_exercise_solutions_give_the_right_answers(runs):
     assert (
         s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < TOLERANCE
     )  # float64 runs
-    from torch.utils.data import DistributedSampler
-
-    for n, world in ((257, 2), (257, 4), (256, 4), (3, 4)):
-        real = [
-            list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))
-            for r in range(world)
-        ]
-        assert s.padded_shares(n, world) == real
-        assert s.overcount(n, world) == sum(map(len, real)) - n
 
 
 def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it_cannot():

@@ -356,7 +356,7 @@ slurm.done_with(here)
 def test_two_notebooks_side_by_side_each_start_and_stop_a_slurm_of_their_own(
     local_slurm, tmp_path, request
 ):
-    """Lessons 04b and 07 open at once (two kernels; the suite's two notebook units) with no SLURM
+    """Lessons 04b and 07b open at once (two kernels; the suite's two notebook units) with no SLURM
     running: each starts its own (a folder of its own under .slurm/), runs a job on it and stops
     it, and neither stops the other's. One shared folder had them start it twice (a new munge key
     under the first's daemons) and stop it under the other's jobs."""

@@ -21,8 +21,8 @@ checkpoint, devices, distributed...). Here:
 - horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
 - schedules: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation
   memory
-- lightning: lesson 07, Lightning beside the course's DDP script: what the Trainer chose,
-  sync_dist, old 1.x flags
+- lightning: lessons 07 to 07c, Lightning beside the course's DDP script: what the Trainer
+  chose, sync_dist, old 1.x flags
 - traces:  lessons 08 to 08b, profiler traces read back (top operators; 08a: computation and
   communication overlap), TensorBoard (08b)
 - zero_stages: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas,

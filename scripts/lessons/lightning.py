@@ -1,5 +1,6 @@
-"""Lesson 07 (PyTorch Lightning): what Lightning took over from the plain DDP script, read from the scripts and
-the runs' logs; the 1.x flags answered by the script itself; sync_dist on and off; TensorBoard read back.
+"""Lessons 07 to 07c (PyTorch Lightning): what Lightning took over from the plain DDP script, read
+from the scripts and the runs' logs; the 1.x flags answered by the script itself; sync_dist on and
+off; TensorBoard read back.
 
     from lessons import lightning
     lightning.who_does_what()              # each distributed chore: where _trainup_ddp.py does it, if Lightning's script does

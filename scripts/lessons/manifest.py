@@ -59,9 +59,10 @@ _ENTRIES = (
     # the Trainer replaces Fabric's loop; torchmetrics' Metric for the test accuracy; the stop
     # signal is a Trainer callback's (lightning_ckpt.StopSignal), not preempt's lines of Fabric's
     Script("_trainup_lightning.py", "07_lightning.ipynb", "_trainup_fabric.py", 164, ACCELERATOR),
-    # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3)
-    Script("_trainup_lightning_fsdp.py", "07_lightning.ipynb", "_trainup_lightning.py", 45,
-           ACCELERATOR),
+    # ModelParallelStrategy and configure_model's fully_shard (FSDP2, lesson 09's ZeRO-3), in
+    # lesson 07c with Lightning's other options
+    Script("_trainup_lightning_fsdp.py", "07c_lightning_options.ipynb", "_trainup_lightning.py",
+           45, ACCELERATOR),
     # --profile (08's flag) came in with FSDP2's prefetch, whose overlap a trace shows; the stop
     # signal saves DCP shards from every rank, where the block stack's rank 0 saves the replica
     Script("_trainup_fsdp.py", "09_sharding.ipynb", "_trainup_blocks.py", 100, DEVICE),

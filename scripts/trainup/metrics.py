@@ -31,7 +31,7 @@ def machine_load():
 def gpu_names():
     """The names of the GPUs torch sees, without starting CUDA where it has not started: a process
     that started it cannot fork ranks that use it (Lightning's ddp_notebook refuses), and a process
-    forked after it started cannot start it again (on an H100, lesson 07's CPU ranks
+    forked after it started cannot start it again (on an H100, lesson 07b's CPU ranks
     forked from a kernel failed here). NVML names them (nvitop, CUDA_VISIBLE_DEVICES respected)."""
     if not torch.cuda.is_available():
         return []
