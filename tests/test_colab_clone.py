@@ -349,6 +349,30 @@ LESSONS = {
         ],
         True,
     ),
+    # its first job remakes lesson 06's runs where they are missing, as in a fresh clone: two of
+    # its schedules here (a job of one schedule names its run without the schedule)
+    "06b_pipeline_schedules": (
+        [
+            whole("from lessons import checks, report, schedules"),
+            glue('SCHEDULES = ["gpipe", "1f1b"]'),
+            call(
+                'schedules.run("_trainup_pipeline.py", "--microbatches", 4, *SIZE, *checks.PROOF, '
+                'name="pp",\n                  schedules=SCHEDULES)'
+            ),
+        ],
+        True,
+    ),
+    # its first job remakes lesson 06's one-process run where it is missing, as in a fresh clone
+    "06c_bubble_and_memory": (
+        [
+            whole("from lessons import checks, report, schedules"),
+            call(
+                'report.run("_trainup_pipeline.py", "--stages", 1, *SIZE, *checks.PROOF, '
+                'name="pp_one")'
+            ),
+        ],
+        True,
+    ),
     "07_lightning": (
         [
             whole("from lessons import checks, claims, launch, lightning, report"),

@@ -194,8 +194,32 @@ def test_05_learning_rate_ring_and_timeline(tmp_path):
     assert s.micro_weights([16, 16, 4]) == [16 / 36, 16 / 36, 4 / 36]
 
 
-def test_06_bubble_activations_and_memory():
+def test_06_placement_and_stage_memory():
     s = solution("06_pipeline_parallel")
+    assert s.check_placement()
+    # by hand: lesson 06's 2 processes, 2 stages each; a V brings the last stage back to rank 0
+    assert s.stages_of(0, 2, 2, "loop") == [0, 2] and s.stages_of(0, 2, 2, "v") == [0, 3]
+    assert s.stages_of(2, 4, 2, "v") == [2, 5] and s.stages_of(1, 4, 1, "loop") == [1]
+    mem = s.stage_memory_mb(blocks=4, width=10, stages=2)
+    assert (
+        abs(mem["parameters_mb"] - 2 * 110 * 4 / 1e6) < 1e-12
+        and mem["with_grads_and_adam_mb"] == 4 * mem["parameters_mb"]
+    )
+
+
+def test_06b_1f1b_order_and_the_gpipe_step():
+    s = solution("06b_pipeline_schedules")
+    assert s.check_order() and s.check_gpipe()
+    # by hand: rank 0 of 2 warms up with one forward; the last rank alternates from the start
+    assert s.one_f_one_b(2, 4, 0) == [
+        ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)
+    ]
+    assert s.one_f_one_b(2, 2, 1) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    assert s.gpipe_step(4, 8, 1.0, 2.0) == 33.0 and s.idle_share(4, 8) == pytest.approx(3 / 11)
+
+
+def test_06c_bubble_activations_and_memory():
+    s = solution("06c_bubble_and_memory")
     for p in (2, 4, 8):
         m = s.microbatches_for(p)
         assert s.bubble(p, m) <= 0.10 < s.bubble(p, m - 1)
@@ -203,12 +227,7 @@ def test_06_bubble_activations_and_memory():
     assert s.activations_held(4, 8, "1f1b") == [4, 3, 2, 1] and s.activations_held(
         4, 2, "1f1b"
     ) == [2, 2, 2, 1]
-    mem = s.stage_memory_mb(blocks=4, width=10, stages=2)
-    assert (
-        abs(mem["parameters_mb"] - 2 * 110 * 4 / 1e6) < 1e-12
-        and mem["with_grads_and_adam_mb"] == 4 * mem["parameters_mb"]
-    )
-    # exercise 4 against the stages' own activation meter: the last of 2 stages holds 2 blocks and
+    # exercise 3 against the stages' own activation meter: the last of 2 stages holds 2 blocks and
     # the head, which keeps its input (width values a sample) besides
     import torch
     from trainup import models, pipeline

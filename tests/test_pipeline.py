@@ -377,6 +377,31 @@ def test_a_v_schedule_over_gloo_on_a_torch_that_cannot_is_one_sentence(
     assert not log_dir.exists() or not list(log_dir.iterdir())
 
 
+def test_a_lesson_leaves_the_v_schedules_out_on_a_torch_that_cannot_run_them(
+    monkeypatch, capsys
+):
+    """Lessons 06 and 06b run the schedules schedules.runnable keeps: on a torch older than
+    pipeline.V_OVER_GLOO (Colab's 2.11) every schedule but zbv and dualpipev, and one sentence
+    saying why; on a newer one all of them, and nothing printed (the stored outputs stay)."""
+    from trainup import devices
+
+    names = list(pipeline.SCHEDULES)
+    for release in ((2, 13), (2, 14), (3, 0)):
+        monkeypatch.setattr(devices, "torch_release", lambda version=None, r=release: r)
+        assert lesson.runnable(names) == names, release
+        assert capsys.readouterr().out == ""
+    monkeypatch.setattr(devices, "torch_release", lambda version=None: (2, 11))
+    assert lesson.runnable(names) == [s for s in names if s not in ("zbv", "dualpipev")]
+    said = capsys.readouterr().out.strip()
+    assert len(said.splitlines()) == 1 and "zbv and dualpipev need torch 2.13" in said, said
+    assert lesson.runnable(["1f1b", "dualpipev"]) == ["1f1b"]
+    assert "dualpipev needs torch 2.13" in capsys.readouterr().out
+    assert lesson.runnable(["gpipe", "1f1b"]) == ["gpipe", "1f1b"]
+    assert capsys.readouterr().out == ""  # nothing to leave out, nothing said
+    assert pipeline.runs_over_gloo("zbv", (2, 12)) is False
+    assert pipeline.runs_over_gloo("interleaved_zb", (2, 11)) is True
+
+
 @pytest.mark.parametrize(
     "flags,words",
     [

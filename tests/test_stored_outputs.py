@@ -168,12 +168,12 @@ def test_every_cell_that_draws_a_figure_shows_it(path):
         )
 
 
-def test_notebook_06s_stored_sweep_states_each_bubble_against_the_formula_as_its_steps_show():
+def test_notebook_06cs_stored_sweep_states_each_bubble_against_the_formula_as_its_steps_show():
     """The stored sweep: every row of the bubble table (measured, its steps' lowest and highest, the
     formula) has its sentence, and the sentence's side of the formula is the one every step lies on
     ("above/below it in every step"), or says the steps do not decide; no remainder is given as a
     cause ("because"); interleaved 1F1B at m = 1 is held to (p-1)/p = 50 %, not (p-1)/(v+p-1)."""
-    cells = json.loads((ROOT / "notebooks" / "06_pipeline_parallel.ipynb").read_text())["cells"]
+    cells = json.loads((ROOT / "notebooks" / "06c_bubble_and_memory.ipynb").read_text())["cells"]
     out = next(
         "".join("".join(o.get("text", "")) for o in c["outputs"])
         for c in cells

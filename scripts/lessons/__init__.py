@@ -19,8 +19,10 @@ checkpoint, devices, distributed...). Here:
 - elastic: lesson 04c, elastic torchrun: two agents as two nodes, one lost and back; spot machines'
   cost
 - horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
-- schedules: lesson 06, pipeline schedules: Gantt charts, the bubble against theory, activation
-  memory
+- schedules: lessons 06 to 06c, pipeline schedules: Gantt charts, the bubble against theory,
+  activation memory
+- zero_bubble: lesson 06b, the zero-bubble schedules and looped BFS, read from their order
+- recompute: lesson 06c, recomputing activations, measured and counted by hand
 - lightning: lessons 07 to 07c, Lightning beside the course's DDP script: what the Trainer
   chose, sync_dist, old 1.x flags
 - traces:  lessons 08 to 08b, profiler traces read back (top operators; 08a: computation and

@@ -1,4 +1,4 @@
-"""Lesson 06: recomputing activations in a pipeline (_trainup_pipeline.py --recompute), measured by
+"""Lesson 06c: recomputing activations in a pipeline (_trainup_pipeline.py --recompute), measured by
 the stages' activation meter and counted by hand from the model's code.
 
     from lessons import recompute

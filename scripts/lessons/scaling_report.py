@@ -574,7 +574,7 @@ def model_sizes(runs, checkpoint_dir=CHECKPOINT_DIR):
 def memory_records(runs):
     """What each device held, from the lessons' own memory records, not the process's resident memory:
     'shard_memory' (parameters, gradients, optimizer state per rank; lesson 09), 'tp' (parameters per rank;
-    lesson 09) and 'pipe_step' (activations kept for backward, per stage; lesson 06). One row per run and
+    lesson 09) and 'pipe_step' (activations kept for backward, per stage; lesson 06c). One row per run and
     part: MB on the rank that held the most."""
     import pandas as pd
     rows = []

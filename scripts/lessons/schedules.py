@@ -1,6 +1,6 @@
-"""Lesson 06 (pipeline parallelism): the measured schedule, the bubble against theory, throughput and
-activation memory against the number of micro-batches, read from the 'pipeline' and 'pipe_step'
-records of _trainup_pipeline.py and _trainup_pipeline_manual.py (logs/README.md).
+"""Lessons 06 to 06c (pipeline parallelism): the measured schedule, the bubble against theory,
+throughput and activation memory against the number of micro-batches, read from the 'pipeline' and
+'pipe_step' records of _trainup_pipeline.py and _trainup_pipeline_manual.py (logs/README.md).
 
     from lessons import schedules
     schedules.gantt("pp_gpipe_m4", "gantt_gpipe")     # the schedule as it ran, stages x time
@@ -434,6 +434,24 @@ def about_memory(t):
                    f"({r['one_f_one_b_alive']:.1f}; at most {int(r['one_f_one_b_theory'])} in theory): "
                    + ("1F1B lower" if r["one_f_one_b_mb"] < r["gpipe_mb"] else "1F1B NOT lower"))
     return out
+
+
+def runnable(names):
+    """The schedules of `names` that this torch runs on CPU processes over gloo, in their order
+    (trainup.pipeline.runs_over_gloo): on a torch older than pipeline.V_OVER_GLOO the V-shaped ones
+    are left out, and one printed sentence says which and why; on a newer one nothing is printed."""
+    import torch
+    from trainup import pipeline
+    kept = [s for s in names if pipeline.runs_over_gloo(s)]
+    left = [s for s in names if s not in kept]
+    if left:
+        newer = ".".join(map(str, pipeline.V_OVER_GLOO))
+        one = len(left) == 1
+        print(f"This is torch {torch.__version__}, and {' and '.join(left)} "
+              f"{'needs' if one else 'need'} torch {newer} or newer over gloo (its pipelining "
+              "first sends to a V stage's neighbour on the same rank, which gloo refuses), so "
+              f"this lesson leaves {'it' if one else 'them'} out.")
+    return kept
 
 
 def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):

@@ -1,4 +1,4 @@
-"""Lesson 06's zero-bubble schedules and looped BFS, read from the order their steps ran in.
+"""Lesson 06b's zero-bubble schedules and looped BFS, read from the order their steps ran in.
 
     a stage's backward = I (the gradient for its input: the stage before waits for it)
                        + W (the gradients for its weights: only the optimizer step waits for them)

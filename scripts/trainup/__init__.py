@@ -12,8 +12,8 @@
 - dataparallel, distributed: the plumbing of nn.DataParallel and of DDP (ranks, backends, ports, failures)
 - one module per lesson's mechanism, so that a script's diff against its parent is its lesson:
   workers (Hogwild's processes), tuning (lesson 04a2's tuned DDP), hvd_group (Horovod's job),
-  lightning_* (Lightning's flags, run, log, checkpoint), pipeline and pipeline_runs (lesson 06),
-  sharding and tensor_parallel (lesson 09), experts (lesson 09e: mixture of experts),
+  lightning_* (Lightning's flags, run, log, checkpoint), pipeline and pipeline_runs (lessons 06
+  to 06c), sharding and tensor_parallel (lesson 09), experts (lesson 09e: mixture of experts),
   compiled (lesson 09f: torch.compile on DDP)
 
 What only the notebooks use (running lessons, tables, plots, one module per lesson) is the package

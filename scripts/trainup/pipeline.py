@@ -39,6 +39,13 @@ SCHEDULES = {
 V_OVER_GLOO = (2, 13)
 
 
+def runs_over_gloo(schedule, release=None):
+    """Whether torch `release` (this one's by default) runs `schedule` with its stages on CPU
+    processes over gloo: every schedule but the V-shaped ones always, those from V_OVER_GLOO on."""
+    release = devices.torch_release() if release is None else release
+    return SCHEDULES[schedule][2] != "v" or release >= V_OVER_GLOO
+
+
 def check_shape(args, world_size):
     """The bad inputs that would otherwise fail deep inside torch or hang: one sentence each."""
     per_rank = SCHEDULES[args.schedule][1]
@@ -55,8 +62,7 @@ def check_shape(args, world_size):
             raise UserError(f"--microbatches {m} does not divide the {per_pipeline} samples each pipeline takes "
                             f"a step (--batch-size {args.batch_size} / --data-parallel {args.data_parallel}); "
                             f"use a divisor of {per_pipeline}")
-    if (SCHEDULES[args.schedule][2] == "v" and args.stages > 1 and args.device != "cuda"
-            and devices.torch_release() < V_OVER_GLOO):
+    if args.stages > 1 and args.device != "cuda" and not runs_over_gloo(args.schedule):
         raise UserError(f"--schedule {args.schedule} needs torch 2.13 or newer over gloo, and this "
                         f"is torch {torch.__version__}: its pipelining first sends to a V stage's "
                         "neighbour on the same rank, which gloo refuses (Pair is not connected); "
