@@ -431,6 +431,24 @@ LESSONS = {
     "09_sharding": (
         [
             whole("from lessons import checks, claims, launch, zero_stages as lesson"),
+            glue("n = 1"),
+            call('lesson.run(n, f"fsdp_n{n}")'),
+        ],
+        True,
+    ),
+    # its first job remakes lesson 09's runs where they are missing, as in a fresh clone
+    "09a1_sharding_costs": (
+        [
+            whole("from lessons import checks, zero_stages as lesson"),
+            glue("n = 2"),
+            call('lesson.made_here(n, f"fsdp_n{n}")'),
+        ],
+        True,
+    ),
+    # its own first job: lesson 09's runs it reads may be in the copy already (09's test made them)
+    "09a2_fsdp_at_scale": (
+        [
+            whole("from lessons import checks, zero_stages as lesson"),
             call('lesson.run(2, "fsdp_save2", modes=("parameters",), epochs=1)'),
         ],
         True,

@@ -212,7 +212,14 @@ def test_06b_1f1b_order_and_the_gpipe_step():
     assert s.check_order() and s.check_gpipe()
     # by hand: rank 0 of 2 warms up with one forward; the last rank alternates from the start
     assert s.one_f_one_b(2, 4, 0) == [
-        ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)
+        ("F", 0),
+        ("F", 1),
+        ("B", 0),
+        ("F", 2),
+        ("B", 1),
+        ("F", 3),
+        ("B", 2),
+        ("B", 3),
     ]
     assert s.one_f_one_b(2, 2, 1) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
     assert s.gpipe_step(4, 8, 1.0, 2.0) == 33.0 and s.idle_share(4, 8) == pytest.approx(3 / 11)
@@ -272,6 +279,37 @@ def test_07c_lightning2_flags_and_what_bfloat16_rounds_away():
     kinds = (torch.bfloat16, torch.float16, torch.float32)
     assert [s.update_kept(d, 1.0, 1e-3) for d in kinds] == [False, True, True]
     assert s.update_kept(torch.bfloat16, 1.0, 2**-7)  # one whole spacing is kept
+
+
+def test_09a1_bytes_sent_and_accumulation():
+    s = solution("09a1_sharding_costs")
+    ddp = s.ring_bytes("none", 10, 4)
+    assert ddp == 2 * 10 * 4 * 3 / 4  # an all-reduce: 2Ψ(N-1)/N values of 4 bytes
+    assert s.ring_bytes("gradients", 10, 4) == ddp  # reduce-scatter + all-gather
+    assert s.ring_bytes("parameters", 10, 4) / ddp == pytest.approx(1.5)  # gathered twice
+    assert s.ring_bytes("optimizer", 10, 4) / ddp == pytest.approx(1.5)  # + the broadcasts
+    for mode in ("none", "gradients", "parameters"):  # one micro-batch: exercise 1's step
+        assert s.accumulated_bytes(mode, 10, 4, 1) == s.ring_bytes(mode, 10, 4)
+    assert s.accumulated_bytes("none", 10, 4, 8) == ddp  # no_sync: one all-reduce a step
+    assert s.accumulated_bytes("gradients", 10, 4, 4) == pytest.approx(2.5 * ddp)  # 4 RS + 1 AG
+    assert s.six_times_ddp() == 4  # 3K/2 = 6
+
+
+def test_09a2_hybrid_sharding_and_resharding():
+    s = solution("09a2_fsdp_at_scale")
+    layouts = s.hybrid(1000)
+    assert layouts["fsdp"] == (16 * 1000 / 8, ("all_gather", "reduce_scatter"))
+    assert layouts["hsdp"] == (16 * 1000 / 4, ("all_reduce",))  # a replica's 4 GPUs share it
+    # by hand: torch.chunk cuts 10 rows into 5 + 5 (saved by 2) and 3 + 3 + 3 + 1 (loaded by 4)
+    assert s.pieces(10, 2, 4) == {
+        0: [(0, 0, 3)],
+        1: [(0, 3, 5), (1, 5, 6)],
+        2: [(1, 6, 9)],
+        3: [(1, 9, 10)],
+    }
+    assert s.pieces(10, 2, 3) == {0: [(0, 0, 4)], 1: [(0, 4, 5), (1, 5, 8)], 2: [(1, 8, 10)]}
+    assert s.pieces(10, 2, 1) == {0: [(0, 0, 5), (1, 5, 10)]}  # one process reads both files
+    assert s.pieces(5, 4, 2) == {0: [(0, 0, 2), (1, 2, 3)], 1: [(1, 3, 4), (2, 4, 5)]}  # 2+2+1
 
 
 def test_09b_longest_sequence_and_crossover():

@@ -345,10 +345,7 @@ def test_09_solutions_agree_with_the_lesson():
     assert fits["none"] == pytest.approx(24e9 / 16) and fits["parameters"] == pytest.approx(
         8 * 24e9 / 16
     )
-    assert s.ring_bytes("parameters", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(1.5)
-    assert s.ring_bytes("optimizer", 10, 4) / s.ring_bytes("none", 10, 4) == pytest.approx(
-        1.5
-    )  # + broadcasts
+    # the bytes each stage sends: lesson 09a1's solutions, tests/test_exercises.py
 
 
 def test_the_traffic_is_counted_in_values_whatever_the_dtype_on_the_wire(tmp_path):

@@ -100,6 +100,8 @@ USES_ONE_GPU = {
     "08a_profiling_ddp": (False, "with 2 or more NVIDIA GPUs the DDP profile runs on them"),
     "08b_tensorboard": (True, "the Lightning run uses a GPU where there is one"),
     "09_sharding": (False, "described, not run: no GPU run of this lesson is stored"),
+    "09a1_sharding_costs": (False, "reading lesson 09's runs uses no GPU"),
+    "09a2_fsdp_at_scale": (False, "described, not run: no GPU run of this lesson is stored"),
     "09b_activations": (False, "a laptop CPU (one process, a small layer)"),
     "09c_tensor_parallel": (False, "no GPU run of this lesson is stored"),
     "10_scaling_report": (False, "GPU runs appear where reference logs of GPUs are committed"),
@@ -188,7 +190,6 @@ LONGER = {
     "04b_slurm": 12.0,
     "04c_elastic": 10.9,
     "05_horovod": 14.9,
-    "09_sharding": 18.2,
     "09c_tensor_parallel": 15.7,
     "10_scaling_report": 14.8,
 }

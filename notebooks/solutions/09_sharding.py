@@ -14,18 +14,8 @@ def largest_model(memory_gb, n, per_param=MIXED_ADAM):
     return {mode: memory_gb * 1e9 / sum(expected(mode, 1, n, per_param)) for mode in STAGES}
 
 
-def ring_bytes(mode, psi, n, bytes_per_value=4):
-    """Exercise 2: bytes one rank sends in a step with ring collectives: an all-reduce 2Ψ(N-1)/N, an all-gather
-    or reduce-scatter or the broadcasts of every tensor Ψ(N-1)/N each. DDP and ZeRO-2 (reduce-scatter +
-    all-gather) send 2Ψ(N-1)/N; ZeRO-1 as PyTorch's ZeroRedundancyOptimizer does it keeps DDP's all-reduce and
-    then broadcasts each updated tensor from its owner: 3Ψ(N-1)/N (the paper's ZeRO-1 would send 2); ZeRO-3
-    gathers twice (forward, backward) and reduce-scatters once: 3Ψ(N-1)/N. Both 1.5× DDP."""
-    share = psi * bytes_per_value * (n - 1) / n
-    return {"none": 2, "optimizer": 3, "gradients": 2, "parameters": 3}[mode] * share
-
-
 def zero1_imbalance(log_dir, name="ex09_z1", nproc=4, blocks=8, width=512):
-    """Exercise 3: run ZeRO-1 at nproc processes on a wider model; the largest rank's Adam state against an even share."""
+    """Exercise 2: run ZeRO-1 at nproc processes on a wider model; the largest rank's Adam state against an even share."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "scripts/_trainup_fsdp.py", "--quick", "--shard", "optimizer", "--blocks", str(blocks), "--width", str(width),
            "--epochs", "1", "--train-size", "64", "--test-size", "64", "--batch-size", "16", "--no-progress",
@@ -40,6 +30,5 @@ def zero1_imbalance(log_dir, name="ex09_z1", nproc=4, blocks=8, width=512):
 if __name__ == "__main__":
     for mode, psi in largest_model(24, 8).items():
         print(f"{mode:>10}: {psi / 1e9:.1f} billion parameters fit in 24 GB x 8 (model states only)")
-    print(f"ZeRO-3 / DDP bytes sent: {ring_bytes('parameters', 1e9, 8) / ring_bytes('none', 1e9, 8):.2f}")
     if "--run" in sys.argv:
         print(f"ZeRO-1's largest rank: {zero1_imbalance(ROOT / 'logs'):.2f}x an even share")

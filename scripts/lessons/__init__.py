@@ -27,8 +27,8 @@ checkpoint, devices, distributed...). Here:
   chose, sync_dist, old 1.x flags
 - traces:  lessons 08 to 08b, profiler traces read back (top operators; 08a: computation and
   communication overlap), TensorBoard (08b)
-- zero_stages: lesson 09, ZeRO stages and FSDP: bytes each rank holds against the formulas,
-  collectives, the largest model
+- zero_stages: lessons 09 to 09a2, ZeRO stages and FSDP: bytes each rank holds against the
+  formulas, collectives (09a1), the largest model; later lessons read lesson 09's runs
 - tp_runs: lesson 09, tensor parallelism and the 2-D mesh: bytes per rank, collectives per step
 - scaling_report: lesson 10, every run in one table, the equivalence table, the computed
   recommendation

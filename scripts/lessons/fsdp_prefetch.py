@@ -1,4 +1,4 @@
-"""Lesson 09's prefetch section: FSDP2's all-gathers against the blocks' compute, read from the
+"""Lesson 09a2's prefetch section: FSDP2's all-gathers against the blocks' compute, read from the
 profiler traces of _trainup_fsdp.py --shard parameters --profile STEPS, with and without
 --prefetch.
 

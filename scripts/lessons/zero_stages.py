@@ -1,5 +1,6 @@
-"""Lesson 09 (sharding: ZeRO and FSDP): run _trainup_fsdp.py with several --shard modes, and read its
-'sharding', 'shard_memory' and 'shard_comm' records (logs/README.md) into tables beside the ZeRO formulas.
+"""Lessons 09 to 09a2 (sharding: ZeRO and FSDP): run _trainup_fsdp.py with several --shard modes,
+and read its 'sharding', 'shard_memory' and 'shard_comm' records (logs/README.md) into tables beside
+the ZeRO formulas. Lessons 09a1 and 09a2 read lesson 09's runs where it left them (made_here).
 
     from lessons import zero_stages
     names = sharding.run(2, "fsdp_n2")                  # one torchrun job, every mode: fsdp_n2_none, ...
@@ -13,7 +14,7 @@ from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, SHARDED, STAGES, ZERO
 
 from . import checks, jobs, launch
 from .log_reader import records as _records
-from .report import QUICK, check, failed, read_run, save
+from .report import QUICK, check, failed, left_here, read_run, save
 
 TOLERANCE = 0.10  # measured within 10 % of the formula
 STATES = ("param", "grad", "optim")
@@ -40,6 +41,22 @@ def run(nproc, name, *args, modes=MODES, epochs=None):
             print(check(n))
         else:  # one epoch (a checkpoint saved, or a resumed run): no loss trend to state
             print(f"{n}: finished, epoch {run['epochs'][-1]['epoch']} trained, the log follows the schema.")
+    return names
+
+
+def made_here(nproc, name, modes=MODES):
+    """The runs <name>_<mode> of lesson 09's job of nproc processes, for a later lesson: read where
+    lesson 09 left them (finished, in this mode, their checkpoints there), made here where not, with
+    lesson 09's flags (on Colab, or in a fresh clone, each notebook runs alone). Their names."""
+    names = [f"{name}_{m}" for m in modes]
+    missing = [m for m, n in zip(modes, names) if not left_here(n)]
+    if len(missing) == 1:  # a job of one mode names its run as it is told, without the mode
+        run(nproc, f"{name}_{missing[0]}", modes=missing)
+    elif missing:
+        run(nproc, name, modes=missing)
+    kept = [m for m in modes if m not in missing]
+    if kept:
+        print(f"{name}: read where lesson 09 left it ({', '.join(kept)})")
     return names
 
 
