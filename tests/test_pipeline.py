@@ -377,9 +377,7 @@ def test_a_v_schedule_over_gloo_on_a_torch_that_cannot_is_one_sentence(
     assert not log_dir.exists() or not list(log_dir.iterdir())
 
 
-def test_a_lesson_leaves_the_v_schedules_out_on_a_torch_that_cannot_run_them(
-    monkeypatch, capsys
-):
+def test_a_lesson_leaves_the_v_schedules_out_on_a_torch_that_cannot_run_them(monkeypatch, capsys):
     """Lessons 06 and 06b run the schedules schedules.runnable keeps: on a torch older than
     pipeline.V_OVER_GLOO (Colab's 2.11) every schedule but zbv and dualpipev, and one sentence
     saying why; on a newer one all of them, and nothing printed (the stored outputs stay)."""
@@ -526,3 +524,18 @@ def test_the_bubble_sentences_give_a_side_only_where_every_step_lies_on_it():
     assert "higher again at m = 16" in lesson.about_sweep(t)[0]
     both = lesson.compare_schedules(t, "gpipe", "1f1b")
     assert both == ["m = 4: gpipe's bubble 27% is above 1f1b's 12%"]
+
+
+@pytest.mark.fast
+def test_the_lesson_reads_the_runs_a_job_of_one_or_several_schedules_writes():
+    """schedules.run reads back the runs the script names: <name>_<schedule> for a job of several
+    schedules, <name> for a job of one (as runnable() may leave on an older torch)."""
+    import argparse
+
+    from trainup import pipeline_runs
+
+    for schedules in (["gpipe"], ["gpipe", "1f1b", "zbv"]):
+        job = argparse.Namespace(run_name="pp", schedules=schedules, microbatches=4)
+        written = [a.run_name for a in pipeline_runs.runs(job)]
+        assert lesson.run_names("pp", schedules) == written
+    assert written == ["pp_gpipe", "pp_1f1b", "pp_zbv"]

@@ -454,11 +454,18 @@ def runnable(names):
     return kept
 
 
+def run_names(name, schedules):
+    """The runs a job of these schedules writes, as the script names them (pipeline_runs)."""
+    from trainup.pipeline_runs import run_name
+    return [run_name(name, s, schedules) for s in schedules]
+
+
 def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
     """A torchrun job of a pipeline script (launch.run's command), then one sentence checked from its log.
 
     With schedules=[...], ONE job runs each in turn (--schedule a,b,...: one start-up, not one per schedule),
-    each its own run <name>_<schedule>; a sentence for each, and their names are returned."""
+    each its own run <name>_<schedule> (one schedule: <name>); a sentence for each, and their names
+    are returned."""
     from . import jobs
     from .launch import command, environment
     if schedules:
@@ -468,7 +475,7 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
     proc = jobs.run(argv, timeout=timeout, env=environment())
     if proc.returncode != 0:
         raise failed("torchrun", proc.stdout[-1000:] + proc.stderr, proc.returncode)
-    names = [f"{name}_{s}" for s in schedules] if schedules else [name]
+    names = run_names(name, schedules) if schedules else [name]
     for n in names:
         print(check(n))
     return names if schedules else name

@@ -56,13 +56,19 @@ def check_flags(p, args):
     return args
 
 
+def run_name(run_name, schedule, schedules):
+    """The run of one schedule of a job's --schedule list: <run-name>_<schedule> when the job runs
+    several, <run-name> when it runs one."""
+    return run_name if len(schedules) == 1 else f"{run_name}_{schedule}"
+
+
 def runs(args):
     """One set of arguments per schedule: several schedules run in turn, each its own run
-    <run-name>_<schedule>."""
+    (run_name)."""
     for name in args.schedules:
         yield argparse.Namespace(**{
             **vars(args), "schedule": name,
-            "run_name": args.run_name if len(args.schedules) == 1 else f"{args.run_name}_{name}",
+            "run_name": run_name(args.run_name, name, args.schedules),
             # naive: the whole batch is one micro-batch
             "microbatches": 1 if name == "naive" else args.microbatches})
 
