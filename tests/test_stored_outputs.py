@@ -329,3 +329,17 @@ def test_the_diff_check_finds_an_old_diff_and_the_tool_stores_todays(tmp_path):
     )
     test_every_stored_diff_is_the_scripts_diff_as_they_are(path)
     assert "+import torch" not in json.loads(path.read_text())["cells"][0]["source"][0]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_stored_output_belongs_to_a_cell_that_ran(path):
+    """nbval fails a cell that holds outputs but no execution count ("Unrun reference cell has
+    outputs"): a cell stored by hand must carry the count a run would give it."""
+    notebook = json.loads(path.read_text())
+    unrun = [
+        i
+        for i, cell in enumerate(notebook["cells"])
+        if cell["cell_type"] == "code" and cell["outputs"] and cell["execution_count"] is None
+    ]
+    assert not unrun, f"{path.name}: cells {unrun} hold outputs but never ran"
