@@ -7,6 +7,7 @@ what the lesson claims, or shown in an untagged cell that asserts. The tolerance
 constants, and may be shown, as may a value rounded to its power of ten (a gap "about 1e-02").
 """
 
+import ast
 import configparser
 import json
 import os
@@ -343,3 +344,39 @@ def test_every_stored_output_belongs_to_a_cell_that_ran(path):
         if cell["cell_type"] == "code" and cell["outputs"] and cell["execution_count"] is None
     ]
     assert not unrun, f"{path.name}: cells {unrun} hold outputs but never ran"
+
+
+def bare_values(notebook):
+    """(cell index, text) of each result that is only a Python literal (a name, a number): what a
+    call's return value leaves under a cell when it ends the cell, not something the lesson shows."""
+    for index, cell in enumerate(notebook["cells"]):
+        for output in cell.get("outputs", []):
+            if output["output_type"] != "execute_result" or set(output["data"]) != {"text/plain"}:
+                continue
+            text = "".join(output["data"]["text/plain"])
+            try:
+                ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                continue
+            yield index, text
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_stored_output_is_a_stray_return_value(path):
+    stray = list(bare_values(json.loads(path.read_text())))
+    assert not stray, f"{path.name}: cells end with a call whose value is shown: {stray}"
+
+
+@pytest.mark.fast
+def test_the_stray_value_check_finds_a_name_and_leaves_a_table():
+    def result(text):
+        return {"output_type": "execute_result", "data": {"text/plain": [text]}}
+
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "outputs": [result("'fourd_16'")]},
+            {"cell_type": "code", "outputs": [result("   N  bytes\n0  2  401408")]},
+        ]
+    }
+    assert list(bare_values(notebook)) == [(0, "'fourd_16'")]
