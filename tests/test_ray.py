@@ -171,12 +171,35 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
     with pytest.raises(UserError, match=f"^Ray's node {ray_run.NODE_LATE} 2 times .* quieter$"):
         ray_run.start({})
 
+    def dashboard_late(**kwargs):  # as Ray's services.start_api_server raises it
+        raise Exception(
+            "\nThe last 20 lines of /tmp/ray/session/logs/dashboard.log (it contains the error "
+            "message from the dashboard): \n..."
+        )
+
+    monkeypatch.setattr(ray_run.ray, "init", dashboard_late)
+    with pytest.raises(UserError, match="^Ray's dashboard did not start 2 times .* quieter$"):
+        ray_run.start({})
+
     def other(**kwargs):
         raise Exception("something else")
 
     monkeypatch.setattr(ray_run.ray, "init", other)
     with pytest.raises(Exception, match="something else"):
         ray_run.start({})
+
+
+def test_the_words_of_a_late_start_are_rays_own():
+    """ray_run and the drill (which cannot import Ray) look for Ray's words in its errors: they
+    must be the words of the Ray installed."""
+    import inspect
+
+    from ray._private import node, services
+    from trainup import ray_run
+
+    assert ray_drill.NODE_LATE == ray_run.NODE_LATE and ray_run.NODE_LATE in inspect.getsource(node)
+    assert ray_drill.DASHBOARD_LATE == ray_run.DASHBOARD_LATE
+    assert ray_run.DASHBOARD_LATE in inspect.getsource(services)
 
 
 def test_a_node_late_on_a_loaded_machine_runs_again_once_the_load_falls(monkeypatch, tmp_path):
@@ -198,7 +221,8 @@ def test_a_node_late_on_a_loaded_machine_runs_again_once_the_load_falls(monkeypa
         return d
 
     late = (1, f"Exception: The current node {ray_drill.NODE_LATE}. This could happen ...")
-    outcomes = [late, late, (0, "")]
+    dashboard = (1, f"Exception: The last 20 lines of dashboard.log {ray_drill.DASHBOARD_LATE}")
+    outcomes = [late, dashboard, (0, "")]
     monkeypatch.setattr(ray_drill, "_attempt", lambda *a: attempt(*a, outcomes))
     monkeypatch.setattr(ray_drill, "calm", lambda: waits.append(1) or (12.0, 1.5, 2))
     monkeypatch.setattr(ray_drill, "failed", lambda *a: RuntimeError("exited with status 1"))

@@ -52,12 +52,19 @@ class Drill:
     left: list = field(default_factory=list)  # processes of the run still there after its end
 
 
-# Ray gives a new node's raylet 30 s, its own constant, to register; its agents (Python processes)
-# start first, and on a loaded machine (2 cores running the test suite) that takes longer, start
-# after start (trainup/ray_run.start). The drill then waits for the load to fall and runs again.
+# Ray gives a new node's raylet 30 s, its own constant, to register, and its dashboard 60 s to
+# start; its agents (Python processes) start first, and on a loaded machine (2 cores running the
+# test suite) that takes longer, start after start (trainup/ray_run.start). The drill then waits
+# for the load to fall and runs again.
 NODE_LATE = "timed out during startup"  # ray_run.NODE_LATE (importing it imports Ray)
+DASHBOARD_LATE = "(it contains the error message from the dashboard)"  # ray_run.DASHBOARD_LATE
 STARTS = 3
 CALM_WAIT_S = 120
+
+
+def late(output):
+    """Whether the driver's output says Ray's start missed one of Ray's own waits."""
+    return NODE_LATE in output or DASHBOARD_LATE in output
 
 
 def calm(wait_s=CALM_WAIT_S, poll_s=5):
@@ -118,7 +125,7 @@ def drill(run, log_dir="logs", checkpoint_dir="checkpoints", quick=None, show=pr
                        if not elastic.records(d.log) else
                        f"the run wrote nothing for {QUIET_S} s: Ray's restart stalled")
             show(f"{stalled} (a loaded machine); its processes ended, the run started once more")
-        elif d.returncode not in (None, 0) and NODE_LATE in d.output and attempt < STARTS:
+        elif d.returncode not in (None, 0) and late(d.output) and attempt < STARTS:
             waited, load, cores = calm()
             show(f"Ray's node did not start in time (a loaded machine); after {waited:.0f} s "
                  f"waiting for the load ({load:.1f}) to fall below the cores ({cores}), "

@@ -110,33 +110,46 @@ def cluster(args, gpus=0):
 
 
 NODE_LATE = "timed out during startup"  # Ray's words (ray/_private/node.py)
+# Ray's heading above the last lines of dashboard.log, raised when its dashboard did not come up
+# within RAY_DASHBOARD_STARTUP_TIMEOUT_S (60 s) or exited (ray/_private/services.py)
+DASHBOARD_LATE = "(it contains the error message from the dashboard)"
+# for each start Ray gave up on: what to say once, and for good
+LATE = {
+    NODE_LATE: ("Ray's node did not register within Ray's 30 s",
+                f"Ray's node {NODE_LATE} {{tries}} times (Ray waits 30 s for it to register): "
+                "this machine is too busy; run again once it is quieter"),
+    DASHBOARD_LATE: ("Ray's dashboard did not start within Ray's 60 s",
+                     "Ray's dashboard did not start {tries} times (Ray waits 60 s for it, "
+                     "RAY_DASHBOARD_STARTUP_TIMEOUT_S): this machine is too busy, or the "
+                     "dashboard fails; run again once it is quieter"),
+}
 
 
 def start(init, tries=2):
     """ray.init. Ray waits 30 s (its own constant) for a local node's raylet to register with
-    the GCS; on a loaded machine that can pass (seen with the test suite and two
-    more jobs on 2 cores: "The current node timed out during startup"). Then the processes that
-    start began are ended, and the cluster started again, up to `tries` times (the lessons' drill
-    waits for the load to fall, and runs again: lessons/ray_drill.py)."""
+    the GCS, and 60 s for its dashboard to start; on a loaded machine either can pass (seen with
+    the test suite and more jobs on 2 cores: "The current node timed out during startup", "Failed
+    to start the dashboard"). Then the processes that start began are ended, and the cluster
+    started again, up to `tries` times (the lessons' drill waits for the load to fall, and runs
+    again: lessons/ray_drill.py)."""
     import psutil
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     for attempt in range(tries):
         try:
             return ray.init(**init)
-        except Exception as e:  # noqa: BLE001  Ray raises a plain Exception for this
-            if NODE_LATE not in str(e):
+        except Exception as e:  # noqa: BLE001  Ray raises a plain Exception for these
+            late = next((LATE[words] for words in LATE if words in str(e)), None)
+            if late is None:
                 raise
             if attempt == tries - 1:
-                raise UserError(f"Ray's node {NODE_LATE} {tries} times (Ray waits 30 s for it to "
-                                "register): this machine is too busy; run again once it is "
-                                "quieter") from None
+                raise UserError(late[1].format(tries=tries)) from None
             began = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
             for p in began:
                 p.kill()
             psutil.wait_procs(began, timeout=30)
             ray.shutdown()
-            print("note: Ray's node did not register within Ray's 30 s (a loaded machine); "
-                  "its processes ended, Ray started again", file=sys.stderr)
+            print(f"note: {late[0]} (a loaded machine); its processes ended, Ray started again",
+                  file=sys.stderr)
 
 
 def init_args(args, gpus, temp, address=None):
