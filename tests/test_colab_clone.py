@@ -286,6 +286,15 @@ LESSONS = {
         ],
         True,
     ),
+    # its first job remakes lesson 02's CPU run where it is missing, as in a fresh clone
+    "02b_feeding_the_gpu": (
+        [
+            whole("from lessons import checks, claims, gpu, launch, report"),
+            glue('cpu_run = "gpu_cpu"'),
+            call('report.run("_trainup_gpu.py", "--device", "cpu", name=cpu_run)'),
+        ],
+        True,
+    ),
     "03_data_parallel": (
         [
             whole("from trainup import LOG_DIR, dataparallel"),
@@ -339,6 +348,7 @@ LESSONS = {
     ),
     # Horovod's probe, a fresh interpreter importing horovod.torch: what Colab, without it, runs
     "05_horovod": ([whole("HOROVOD, about = horovod.available()")], False),
+    "05b_inside_horovod": ([whole("HOROVOD, about = horovod.available()")], False),
     "06_pipeline_parallel": (
         [
             whole("from lessons import checks, launch, report, schedules"),

@@ -55,11 +55,14 @@ def test_01_dropout_and_threads(tmp_path):
     )
 
 
-def test_02_one_device_and_dashboard(tmp_path):
+def test_02_one_device_and_02b_dashboard(tmp_path):
     import json
 
-    s = solution("02_single_gpu")
-    log = s.train("ex02", tmp_path, extra=["--train-size", 256, "--test-size", 256])
+    # lesson 02's exercise makes the run whose log lesson 02b's dashboard draws
+    log = solution("02_single_gpu").train(
+        "ex02", tmp_path, extra=["--train-size", 256, "--test-size", 256]
+    )
+    s = solution("02b_feeding_the_gpu")
     fig = s.dashboard(log, tmp_path / "dashboard.png")
     assert len(fig.axes) >= 3 and (tmp_path / "dashboard.png").stat().st_size > 0
     # the same dashboard with GPU samples, as a GPU run logs them (logs/README.md, 'gpu' records)
@@ -153,15 +156,24 @@ def test_04b_template_and_amdahl(tmp_path):
     assert ("BETTER" in verdict) == (a["published_speedup"] > 1.1 * a["predicted_speedup"])
 
 
-def test_05_learning_rate_ring_and_timeline(tmp_path):
-    import json
-
+def test_05_learning_rate_and_micro_weights():
     s = solution("05_horovod")
     assert s.scaled_lr(0.1, 4, 0) == 0.1 and abs(s.scaled_lr(0.1, 4, 5) - 0.4) < 1e-12
     assert (
         abs(s.scaled_lr(0.1, 4, 2.5) - 0.25) < 1e-12
         and s.scaled_lr(0.1, 4, 0, warmup_epochs=0) == 0.4
     )
+    # by hand: equal micro-batches weigh alike either way; a short last one (4 of 36 samples) gets
+    # 1/3 when each loss is divided by K, 3 times its share of 1/9
+    assert s.micro_weights([16] * 4, "divide_by_k") == s.micro_weights([16] * 4) == [0.25] * 4
+    assert s.micro_weights([16, 16, 4], "divide_by_k") == [1 / 3] * 3
+    assert s.micro_weights([16, 16, 4]) == [16 / 36, 16 / 36, 4 / 36]
+
+
+def test_05b_ring_and_timeline(tmp_path):
+    import json
+
+    s = solution("05b_inside_horovod")
     assert s.ring_bytes(1000, 2) == 4000 and s.ring_bytes(1000, 4) == 6000
     assert s.ring_bytes(1000, 4, fp16_allreduce=True) == 3000
 
@@ -187,11 +199,6 @@ def test_05_learning_rate_ring_and_timeline(tmp_path):
         "MEMCPY_IN_FUSION_BUFFER": 0.125,
         "MEMCPY_OUT_FUSION_BUFFER": 0.125,
     }
-    # by hand: equal micro-batches weigh alike either way; a short last one (4 of 36 samples) gets
-    # 1/3 when each loss is divided by K, 3 times its share of 1/9
-    assert s.micro_weights([16] * 4, "divide_by_k") == s.micro_weights([16] * 4) == [0.25] * 4
-    assert s.micro_weights([16, 16, 4], "divide_by_k") == [1 / 3] * 3
-    assert s.micro_weights([16, 16, 4]) == [16 / 36, 16 / 36, 4 / 36]
 
 
 def test_06_placement_and_stage_memory():

@@ -82,6 +82,7 @@ USES_ONE_GPU = {
     "00_environment": (True, "on a machine with NVIDIA GPUs it also lists them"),
     "01_cpu_baseline": (False, "no GPU is used"),
     "02_single_gpu": (True, "where an NVIDIA GPU is present the GPU cells run on it"),
+    "02b_feeding_the_gpu": (True, "where an NVIDIA GPU is present the GPU cells run on it"),
     "03_data_parallel": (True, "the runs on 1 to N GPUs and the phase timings need NVIDIA GPUs"),
     "04_ddp": (False, "no GPU is used here"),
     "04a1_inside_ddp": (False, "no GPU is used."),
@@ -90,6 +91,7 @@ USES_ONE_GPU = {
     "04b_slurm": (False, "The GPU templates are checked, not run."),
     "04c_elastic": (False, "No GPU is used."),
     "05_horovod": (False, "GPUs are described, not used."),
+    "05b_inside_horovod": (False, "GPUs are described, not used."),
     "06_pipeline_parallel": (False, "no GPU is used"),
     "06b_pipeline_schedules": (False, "no GPU is used"),
     "06c_bubble_and_memory": (False, "one cell uses 2 or more GPUs where present"),
@@ -185,11 +187,9 @@ AUTO_SCROLL, SCROLL_BOX = 100, 20  # a cell's text output longer than this shows
 MOST_SCREENS = 10
 # Lessons already longer than MOST_SCREENS, each held to its own length until it is split.
 LONGER = {
-    "02_single_gpu": 14.7,
     "03_data_parallel": 10.8,
     "04b_slurm": 12.0,
     "04c_elastic": 10.9,
-    "05_horovod": 14.9,
     "09c_tensor_parallel": 15.7,
     "10_scaling_report": 14.8,
 }

@@ -18,7 +18,7 @@ checkpoint, devices, distributed...). Here:
 - slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
 - elastic: lesson 04c, elastic torchrun: two agents as two nodes, one lost and back; spot machines'
   cost
-- horovod: lesson 05, Horovod against DDP, tensor fusion, its timeline
+- horovod: lessons 05 and 05b, Horovod against DDP, tensor fusion, its timeline
 - schedules: lessons 06 to 06c, pipeline schedules: Gantt charts, the bubble against theory,
   activation memory
 - zero_bubble: lesson 06b, the zero-bubble schedules and looped BFS, read from their order

@@ -23,7 +23,7 @@ def has_gpu():
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
-# What lesson 02 measures on the GPU it finds: DataLoader workers and pinned memory, then fp32 against fp16
+# What lesson 02b measures on the GPU it finds: DataLoader workers and pinned memory, then fp32 against fp16
 # and bf16 on the same resident sweep (bf16 only where the GPU has it: compute capability 8.0 on).
 HERE_ON_GPU = {"gpu_here_workers0": ("--workers", 0), "gpu_here_workers2": ("--workers", 2),
                "gpu_here_workers2_nopin": ("--workers", 2, "--no-pin-memory")}
@@ -31,7 +31,7 @@ HERE_PRECISIONS = {"gpu_here_sweep_fp32": "32", "gpu_here_sweep_fp16": "16", "gp
 
 
 def measure_on_this_gpu(quick=report.QUICK):
-    """Lesson 02's GPU measurements on this machine's GPU 0; the run names (workers, then precision sweeps)."""
+    """Lesson 02b's GPU measurements on this machine's GPU 0; the run names (workers, then precision sweeps)."""
     import torch
     from trainup import devices
     names = []

@@ -1,4 +1,4 @@
-"""Lesson 05 (Horovod): horovodrun jobs from a notebook, Horovod against DDP, fusion, the timeline.
+"""Lessons 05 and 05b (Horovod): horovodrun jobs, Horovod against DDP, fusion, the timeline.
 
     from lessons import horovod
     ok, sentence = horovod.available()                  # built and importable? one sentence either way
