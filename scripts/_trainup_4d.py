@@ -93,7 +93,8 @@ def main(argv=None):
     # equal test shards, whole micro-batches: every rank runs as many forward passes
     test_loader = DataLoader(test_set, batch_size=per_rank, drop_last=True,
                              sampler=range(where["dp"], len(test_set), dims.dp))
-    counter = four_d.Counter(mesh, shard_over, step=min(2, steps))  # a step's collectives
+    counter = four_d.Counter(mesh, shard_over, step=min(2, steps),  # a step's collectives,
+                             holds=(stage, optimizer))  # and the bytes each rank then holds
     expected = four_d.expected(stage, dims, where, per_rank, train_set.shape[1], args.width,
                                train_set.num_classes, torch.get_default_dtype().itemsize)
     counted = where["tp"] == where["cp"] == 0 and where["pp"] == dims.pp - 1  # a replica's scores

@@ -2,7 +2,9 @@
 mesh of pipeline 2 x data 2 (FSDP2) x context 2 x tensor 2, and on 4 (data 2 x context 2, no
 pipeline). Each must end with the parameters of one process (float64), and every rank's counted
 step must move, per mesh dimension and collective, the bytes the formulas give, and nothing
-else. Bad layouts: one sentence, exit status 2, checked in this process (no job started)."""
+else; every rank must hold, of its layers, the bytes lesson 11a2's planner predicts for the
+layout, within 10 % per term. Bad layouts: one sentence, exit status 2, checked in this process
+(no job started)."""
 
 import importlib.util
 import sys
@@ -11,7 +13,8 @@ import pytest
 import torch
 
 from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import checks, launch, report
+from lessons import checks, launch, planner, report
+from trainup import sharding
 
 SCRIPT = str(SCRIPTS / "_trainup_4d.py")
 TRAIN, TEST = 64, 32  # two steps of 32 (the second one counted), one test batch per replica
@@ -30,7 +33,7 @@ SIZE = [
     "--width",
     16,
     "--hidden",
-    32,
+    64,  # the MLP 4 x width: the planner's transformer (lessons/planner.py)
     "--heads",
     4,
     "--microbatches",
@@ -130,6 +133,53 @@ def test_every_rank_moves_the_bytes_the_formulas_give_per_dimension(runs, name):
             dimensions.add(dim)
     expected = {"pp", "dp_cp", "cp", "tp"} if "pp2" in name else {"dp_cp", "cp"}
     assert dimensions == expected
+
+
+def planned(flags):
+    """lessons/planner's bytes per GPU (param, grad, optim) for a job's layout and the model of
+    SIZE: FSDP2 is ZeRO-3 over dp x cp; every state in float64 (sharding.expected's rule for a
+    --precision 64 run: FP32_ADAM's bytes doubled; Adadelta, like Adam, keeps two values a
+    parameter)."""
+    def option(flag):
+        return SIZE[SIZE.index(flag) + 1]
+
+    model = planner.Transformer(layers=option("--blocks"), hidden=option("--width"),
+                                heads=option("--heads"), seq=28)  # an image's 28 rows
+    degree = {name: 1 for name in ("dp", "tp", "pp", "cp")} | dict(
+        zip((f[2:] for f in flags[::2]), flags[1::2])
+    )
+    layout = planner.Layout(stage="parameters", **degree)
+    per_param = tuple(2 * b for b in sharding.FP32_ADAM)
+    return dict(zip(("param", "grad", "optim"), planner.states(model.params(), layout, per_param)))
+
+
+def held_as_planned(held, flags, rtol=0.10):
+    """The ranks (and terms) whose bytes in the layers are not within rtol of the planner's."""
+    want = planned(flags)
+    return {
+        (rank, term): (parts[0], want[term])
+        for rank, terms in enumerate(held)
+        for term, parts in terms.items()
+        if abs(parts[0] - want[term]) > rtol * want[term]
+    }
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_every_rank_holds_the_bytes_the_planner_predicts(runs, name):
+    """Of its layers (the planner's model: no embedding, norm or head), every rank holds within
+    10 % of lesson 11a2's bytes for the layout, parameters, gradients and optimizer state apart:
+    more by the biases and LayerNorms tensor parallelism replicates (the planner counts them cut)
+    and by Adadelta's step count. The embedding, norm and head add the rest: whole on every tp
+    rank of their stage, sharded over dp x cp."""
+    world, flags = JOBS[name]
+    memory = record(runs, name, "4d_memory")
+    assert memory["step"] == 2 and len(memory["ranks"]) == world
+    assert held_as_planned(memory["ranks"], flags) == {}
+    tp = record(runs, name, "4d")["mesh"]["tp"]
+    whole = record(runs, "fourd_one", "4d_memory")["ranks"][0]  # one process: the whole model
+    for term in ("param", "grad"):  # each tp rank's replica of the rest, its shards summed
+        rest = sum(held[term][1] for held in memory["ranks"])
+        assert rest == tp * whole[term][1], (term, rest, whole[term][1])
 
 
 @pytest.mark.parametrize(

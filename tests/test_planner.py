@@ -186,3 +186,23 @@ def test_a_llama_shaped_layout_counted_by_hand():
     assert planner.step(m, lay, batch, NODE)["compute"] == pytest.approx(
         batch * s * (6 * psi + 12 * L * h * s) / (8 * peak * mfu)
     )
+
+
+def test_context_parallel_shards_the_states_over_dp_x_cp_and_cuts_the_tokens():
+    """Layout.cp (lesson 09g's 4-D job): the cp ranks of a replica hold the same parameters, so
+    ZeRO-3 shards them over dp x cp (torchtitan's dp_shard_cp), and each GPU keeps the
+    activations of its seq / cp tokens; the step's time has no term for the ring and refuses."""
+    m = planner.Transformer(layers=8, hidden=1024, heads=8, seq=512)
+    psi = m.params()
+    flat = planner.Layout(dp=2, tp=2, pp=2, stage="parameters", micro=2)
+    cut = planner.Layout(dp=2, tp=2, pp=2, stage="parameters", micro=2, cp=2)
+    assert cut.gpus == 16 and cut.label() == "dp2 x cp2 x tp2 x pp2, ZeRO-3"
+    owned = psi / (2 * 2)  # tp 2, pp 2: a GPU owns a quarter of the layers' parameters
+    assert planner.states(psi, cut, (8, 8, 16)) == pytest.approx(
+        (8 * owned / 4, 8 * owned / 4, 16 * owned / 4)  # over dp 2 x cp 2
+    )
+    whole, halved = planner.memory(m, flat, 64), planner.memory(m, cut, 64)
+    assert halved["activations"] == pytest.approx(whole["activations"] / 2)
+    assert halved["param"] == pytest.approx(whole["param"] / 2)
+    with pytest.raises(ValueError, match="no term for context parallelism's ring"):
+        planner.step(m, cut, 64, NODE)

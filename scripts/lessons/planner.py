@@ -17,7 +17,7 @@ for a Llama-shaped layout and checks the activations against MemTracker's measur
   names (PER_PARAM): "32" fp32 with Adam, 4+4+8; "bf16" FSDP2's MixedPrecisionPolicy(bf16, reduce
   fp32), fp32 weight and gradient shards and fp32 Adam, 4+4+8 too; "16" the ZeRO paper's fp16
   weights and gradients beside an fp32 master copy and Adam, 2+2+12; of the parameters one GPU owns
-  (1/tp of each layer's matrices, 1/pp of the layers), the sharded states divided by dp;
+  (1/tp of each layer's matrices, 1/pp of the layers), the sharded states divided by dp x cp;
 - DDP's gradient buckets (DDP and ZeRO-1, which runs over DDP): a second copy of the gradients,
   in their reduction's precision, for as long as the DDP module lives (bucket_view=True counts
   gradient_as_bucket_view=True, where .grad is a view of the buckets and no copy is kept);
@@ -25,7 +25,8 @@ for a Llama-shaped layout and checks the activations against MemTracker's measur
   plus a s^2 b scores where attention is "unfused"); fused attention (F.scaled_dot_product_attention's
   flash and memory-efficient kernels, the default on recent GPUs) keeps no scores, only one fp32
   log-sum-exp a head and token (Dao et al. 2022), and recomputes the scores in backward;
-  divided by tp (tensor parallelism WITH sequence parallelism, Korthikanti et al. 2022), for the
+  divided by tp (tensor parallelism WITH sequence parallelism, Korthikanti et al. 2022) and by
+  cp (context parallelism: a GPU's seq / cp tokens), for the
   L/pp layers of a stage; 1F1B keeps pp micro-batches in flight on the first stage, so a stage
   holds L/pp x min(pp, m) = about L layers' worth; recomputation keeps less
   (lessons/activations.formula: selective drops the softmax, which fused attention never keeps;
@@ -106,14 +107,18 @@ class Layout:
     recompute: str = "none"  # lessons/activations: none, selective, full
     micro: int = 1  # samples a micro-batch (per data-parallel replica)
     attention: str = "fused"  # ATTENTION: fused keeps no s^2 scores; unfused keeps them
+    # context parallel (lesson 09g): each GPU holds seq / cp of the tokens; its ranks hold the
+    # same parameters, so ZeRO shards over dp x cp (torchtitan's dp_shard_cp). memory() only:
+    # step() has no term for the ring's sends and refuses it
+    cp: int = 1
 
     @property
     def gpus(self):
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def label(self):
-        parts = [f"dp{self.dp}"] + [f"tp{self.tp}"] * (self.tp > 1)
-        parts += [f"pp{self.pp}"] * (self.pp > 1)
+        parts = [f"dp{self.dp}"] + [f"cp{self.cp}"] * (self.cp > 1)
+        parts += [f"tp{self.tp}"] * (self.tp > 1) + [f"pp{self.pp}"] * (self.pp > 1)
         extra = [STAGE_LABEL[self.stage]] * (self.dp > 1) + [f"{self.recompute} recompute"] * (
             self.recompute != "none") + ["unfused attention"] * (self.attention == "unfused")
         return ", ".join([" x ".join(parts), *extra])
@@ -127,9 +132,11 @@ def micro_batches(global_batch, layout):
 
 def states(params, layout, per_param=FSDP2_BF16):
     """Bytes per GPU of (parameters, gradients, optimizer state): a GPU owns 1/tp of each layer's
-    weights and the layers of 1/pp of the stages; ZeRO shards its stage's states over dp (biases
-    and LayerNorms, replicated under tp, are counted as cut: 13h of a layer's 12h^2 + 13h)."""
-    return expected(layout.stage, params / (layout.tp * layout.pp), layout.dp, per_param)
+    weights and the layers of 1/pp of the stages; ZeRO shards its stage's states over dp x cp
+    (biases and LayerNorms, replicated under tp, are counted as cut: 13h of a layer's
+    12h^2 + 13h)."""
+    return expected(layout.stage, params / (layout.tp * layout.pp), layout.dp * layout.cp,
+                    per_param)
 
 
 def grad_value(precision):
@@ -147,7 +154,7 @@ def gather_value(precision):
 
 def activations_per_layer(model, layout, precision="bf16"):
     """Bytes one layer keeps for backward for one micro-batch, on one GPU (divided by tp: with
-    sequence parallelism)."""
+    sequence parallelism; by cp: a GPU's seq / cp tokens, their rows of the scores)."""
     value = 2 if precision in ("bf16", "16") else 4  # activations in the compute precision
     s, b, a = model.seq, layout.micro, model.heads
     kept = activation_formula(layout.recompute, 1, model.hidden, a, s, b, value)
@@ -155,7 +162,7 @@ def activations_per_layer(model, layout, precision="bf16"):
         # no a s^2 b scores (selective recomputation drops exactly those); the kernel keeps its
         # log-sum-exp, one fp32 value a head and token
         kept = activation_formula("selective", 1, model.hidden, a, s, b, value) + 4 * a * s * b
-    return kept / layout.tp
+    return kept / (layout.tp * layout.cp)
 
 
 def memory(model, layout, global_batch, precision="bf16", bucket_view=False):
@@ -228,6 +235,9 @@ def recompute_flops(model, layout):
 
 def step(model, layout, global_batch, node, precision="bf16", mfu=MFU):
     """Predicted seconds of one step: dict(compute, dp, tp, bubble, total)."""
+    if layout.cp > 1:
+        raise ValueError(f"the step's time has no term for context parallelism's ring (cp "
+                         f"{layout.cp}): use a layout with cp 1, or memory() for its bytes")
     peak = PEAK_TFLOPS[node.gpu]["bf16" if precision in ("bf16", "16") else "32"] * 1e12
     flops = global_batch * (model.flops_per_sample() + recompute_flops(model, layout))
     compute = flops / (layout.gpus * peak * mfu)

@@ -144,14 +144,22 @@ P2P = {"send": "send", "recv_": "recv"}
 
 class Counter(tpar.CommCounter):
     """lesson 09c's counter of collectives by mesh dimension, with the flattened FSDP dimension
-    named and the pipeline's and the ring's point-to-point sends counted too."""
+    named and the pipeline's and the ring's point-to-point sends counted too; with `holds`
+    (stage, optimizer), what the rank holds at the counted step's end (held) too."""
 
-    def __init__(self, mesh, shard_over, step=1):
+    def __init__(self, mesh, shard_over, step=1, holds=None):
         super().__init__(mesh)
         self.step = step  # the training step it counts
         if shard_over is not None:
             self.groups[shard_over.get_group().group_name] = shard_over.mesh_dim_names[0]
         self.phase = "step"
+        self.holds, self.held = holds, None
+
+    def __exit__(self, *exc):
+        out = super().__exit__(*exc)
+        if self.holds is not None:  # after optimizer.step, before zero_grad: all three held
+            self.held = held(*self.holds)
+        return out
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._overloadpacket.__name__
@@ -204,6 +212,30 @@ def expected(stage, dims, where, batch, rows, width, classes, element_size):
     return out
 
 
+TERMS = ("param", "grad", "optim")  # lessons/planner.states' terms, in its order
+
+
+def local_bytes(tensor):
+    """Bytes of this rank's part of a tensor: a DTensor's local shard (FSDP2's unpadded chunk of
+    its tp slice), else the whole tensor."""
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.numel() * local.element_size()
+
+
+def held(stage, optimizer):
+    """{term: [bytes in the layers, bytes in the embedding, norm and head]} this rank holds of its
+    stage's parameters, their gradients and the optimizer's state (Adadelta: two values a
+    parameter, and a step count per parameter tensor): the layers are what lessons/planner's
+    model counts, the rest it leaves out."""
+    out = {term: [0, 0] for term in TERMS}
+    for name, p in stage.named_parameters():
+        part = 0 if name.startswith("layers.") else 1
+        grads = [] if p.grad is None else [p.grad]
+        for term, tensors in zip(TERMS, ([p], grads, optimizer.state.get(p, {}).values())):
+            out[term][part] += sum(local_bytes(t) for t in tensors if torch.is_tensor(t))
+    return out
+
+
 def comm_table(counted, expected):
     """[mesh dimension, collective, calls, bytes, expected bytes] for this rank's counted step,
     every kind of collective the formulas or the count name."""
@@ -235,10 +267,13 @@ def log_layout(log, dims, args, rank):
 
 
 def log_comm(log, counter, expected, is_main):
-    """The "4d_comm" record (every rank's counted step against its formulas), and rank 0's table
-    printed: a row per mesh dimension and collective."""
+    """The "4d_comm" record (every rank's counted step against its formulas) and the
+    "4d_memory" record (every rank's bytes held at that step's end, Counter.held), and rank 0's
+    table printed: a row per mesh dimension and collective."""
     everyone = tpar.gathered(comm_table(counter.rows(), expected))
     log.write("4d_comm", step=counter.step, columns=COLUMNS, ranks=everyone)
+    if counter.holds is not None:
+        log.write("4d_memory", step=counter.step, ranks=tpar.gathered(counter.held))
     if is_main:
         print(f"rank 0, training step {counter.step}: collectives by mesh dimension")
         print("  ".join(f"{c:>14}" for c in COLUMNS))
