@@ -141,7 +141,7 @@ def record_outcome(report):
 # side by side on two workers: as one unit they were the longest of the suite. The second begins at
 # SECOND_UNIT, where the two take about as long. Lesson 10 (READS_EARLIER) reports the runs of every
 # lesson before it, so its cells wait until the first unit's notebooks have run
-# (wait_for_earlier_notebooks).
+# (wait_for_earlier_notebooks). Lesson 10a reads the same runs; it follows 10 in the same unit.
 SECOND_UNIT = "notebooks/05_horovod.ipynb"
 READS_EARLIER = "notebooks/10_scaling_report.ipynb"
 

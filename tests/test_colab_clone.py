@@ -478,8 +478,27 @@ LESSONS = {
         ],
         True,
     ),
+    # its first cell of jobs whole: the one-process baseline and two jobs of 2 processes, small
+    "09ca_tp_attention": (
+        [
+            whole("from lessons import checks, launch, report"),
+            whole('report.run("_trainup_tp_sp.py", "--threads", 1, *TPA_SIZE, name="tpa_one")'),
+        ],
+        True,
+    ),
     # the first of the five jobs sr.ensure_pair() starts
     "10_scaling_report": (
+        [
+            whole("from lessons import scaling_report as sr"),
+            glue(
+                "name, script, nproc, flags = sr.PAIR[0]\n"
+                "report.run(script, *sr.PAIR_FLAGS, *flags, name=name)"
+            ),
+        ],
+        True,
+    ),
+    # the same: it makes lesson 10's pair where the copy lacks it, as in a fresh clone
+    "10a_same_model": (
         [
             whole("from lessons import scaling_report as sr"),
             glue(

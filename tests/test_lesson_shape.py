@@ -106,7 +106,9 @@ USES_ONE_GPU = {
     "09a2_fsdp_at_scale": (False, "described, not run: no GPU run of this lesson is stored"),
     "09b_activations": (False, "a laptop CPU (one process, a small layer)"),
     "09c_tensor_parallel": (False, "no GPU run of this lesson is stored"),
+    "09ca_tp_attention": (False, "no GPU is used"),
     "10_scaling_report": (False, "GPU runs appear where reference logs of GPUs are committed"),
+    "10a_same_model": (False, "no GPU is used"),
     "11_predict_the_cluster": (False, "no GPU is used"),
     "11a1_published_runs": (False, "no GPU is used"),
     "11a2_planner": (False, "no GPU is used"),
@@ -190,8 +192,6 @@ LONGER = {
     "03_data_parallel": 10.8,
     "04b_slurm": 12.0,
     "04c_elastic": 10.9,
-    "09c_tensor_parallel": 15.7,
-    "10_scaling_report": 14.8,
 }
 
 

@@ -1000,11 +1000,11 @@ def test_the_lessons_pair_is_made_again_unless_float64(tmp_path):
     assert not sr._made(name, flags, tmp_path, ckpt)
 
 
-def _solution():
+def _solution(name="10_scaling_report"):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "solution_10", ROOT / "notebooks" / "solutions" / "10_scaling_report.py"
+        f"solution_{name}", ROOT / "notebooks" / "solutions" / f"{name}.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -1016,6 +1016,7 @@ def test_exercises_10(full_set):
     assert s.serial_fraction(2.0, 2) == 0 and s.serial_fraction(1.0, 4) == pytest.approx(1.0)
     assert s.predicted_speedup(s.serial_fraction(1.6, 2), 2) == pytest.approx(1.6)
     assert s.predicted_speedup(0.25, 8) == pytest.approx(1 / (0.25 + 0.75 / 8))
+    s = _solution("10a_same_model")  # lesson 10a's exercises: the proof's registry and its noise
     row = s.with_ddp8(full_set, full_set / "checkpoints")
     assert row["result"] == "skipped" and "no run of it" in row["reason"]
     write_run(
@@ -1027,10 +1028,10 @@ def test_exercises_10(full_set):
 
 
 def test_the_course_command_ends_with_the_report():
-    """run_course.sh executes notebooks/[0-9]*.ipynb in order: the report comes after every training run;
-    only lessons 11 to 11b follow it, and they train nothing (11's one job is lesson 04a1's
-    all-reduce sweep; 11a1 and 11a2 are arithmetic and one checkpoint written; 11b simulates its
-    world in the notebook's own process)."""
+    """run_course.sh executes notebooks/[0-9]*.ipynb in order: the report (10, then its proof and
+    recommendation, 10a) comes after every training run; only lessons 11 to 11b follow it, and they
+    train nothing (11's one job is lesson 04a1's all-reduce sweep; 11a1 and 11a2 are arithmetic and
+    one checkpoint written; 11b simulates its world in the notebook's own process)."""
     assert "notebooks/[0-9]*.ipynb" in (ROOT / "run_course.sh").read_text()
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
     after = {
@@ -1039,7 +1040,8 @@ def test_the_course_command_ends_with_the_report():
         "11a2_planner.ipynb": [],
         "11b_simulated_world.ipynb": [],
     }
-    assert names[-len(after) - 1 :] == ["10_scaling_report.ipynb", *after]
+    report = ["10_scaling_report.ipynb", "10a_same_model.ipynb"]
+    assert names[-len(after) - len(report) :] == [*report, *after]
     for name, jobs in after.items():
         code = "".join(
             "".join(c["source"])
@@ -1048,15 +1050,14 @@ def test_the_course_command_ends_with_the_report():
         )
         runners = re.findall(r"\b(\w+)\.run\(", code)  # the Colab cell's subprocess.run aside
         assert [r for r in runners if r != "subprocess"] == jobs and "_trainup_" not in code, name
-    text = "".join(
-        "".join(c["source"])
-        for c in json.loads((ROOT / "notebooks" / "10_scaling_report.ipynb").read_text())["cells"]
-        if c["cell_type"] == "markdown"
-    )
-    assert (
-        "## Exercises" in text
-        and (ROOT / "notebooks" / "solutions" / "10_scaling_report.py").exists()
-    )
+    for name in report:
+        text = "".join(
+            "".join(c["source"])
+            for c in json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+            if c["cell_type"] == "markdown"
+        )
+        solved = (ROOT / "notebooks" / "solutions" / name).with_suffix(".py")
+        assert "## Exercises" in text and solved.exists(), name
 
 
 def test_layout_from_lesson_records(tmp_path):
@@ -1075,10 +1076,12 @@ def test_layout_from_lesson_records(tmp_path):
 
 
 def test_no_stored_sentence_of_notebook_10_claims_an_efficiency_above_120_percent():
-    """What notebook 10 shows a learner, stored: every efficiency it states is one a baseline can give."""
-    stored = (ROOT / "notebooks" / "10_scaling_report.ipynb").read_text()
-    claimed = [int(m) for m in re.findall(r"(\d+)% efficiency", stored)]
-    assert all(e <= 100 * sr.COMPARABLE_EFFICIENCY for e in claimed), claimed
+    """What notebooks 10 and 10a show a learner, stored: every efficiency they state is one a
+    baseline can give (10a holds the recommendation, whose sentences state them)."""
+    for name in ("10_scaling_report.ipynb", "10a_same_model.ipynb"):
+        stored = (ROOT / "notebooks" / name).read_text()
+        claimed = [int(m) for m in re.findall(r"(\d+)% efficiency", stored)]
+        assert all(e <= 100 * sr.COMPARABLE_EFFICIENCY for e in claimed), (name, claimed)
 
 
 def test_one_log_reader_strict_for_the_lessons_tolerant_for_the_report(tmp_path):

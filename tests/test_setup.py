@@ -596,7 +596,7 @@ def test_readme_colab_section_matches_the_cell():
 
 
 def test_readme_states_the_torch_range_the_code_uses():
-    m = re.search(r"torch (\d+)\.(\d+) to (\d+)\.(\d+)", README.split("## Which PyTorch", 1)[1])
+    m = re.search(r"torch (\d+)\.(\d+) to (\d+)\.(\d+)", README.split("**Which PyTorch**", 1)[1])
     assert (
         m
         and (int(m[1]), int(m[2])) == devices.TORCH_OLDEST

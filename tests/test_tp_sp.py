@@ -25,7 +25,7 @@ from trainup import transformer
 
 SCRIPT = str(SCRIPTS / "_trainup_tp_sp.py")
 LAYERS, WIDTH, HIDDEN, HEADS = 2, 16, 32, 4
-# notebook 09c's quick runs, the same flags: in a session that runs it, the tests read its runs
+# notebook 09ca's quick runs, the same flags: in a session that runs it, the tests read its runs
 SIZE = [
     "--quick",
     "--blocks",
@@ -39,7 +39,7 @@ SIZE = [
     *checks.PROOF,
     "--no-progress",
 ]
-READS_NOTEBOOK = "notebooks/09c_tensor_parallel.ipynb"
+READS_NOTEBOOK = "notebooks/09ca_tp_attention.ipynb"
 NOTEBOOK_RUNS = {"tpa_2": (2, []), "tpa_sp2": (2, ["--sequence-parallel"])}
 OWN_ONLY = {"tpa_dp2xsp2": (4, ["--tp", 2, "--sequence-parallel"])}  # no notebook makes it
 ATOL = checks.FLOAT64_ATOL
@@ -92,7 +92,7 @@ def make(log_dir, jobs, baseline):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, request):
-    """{run name: its log folder}: the notebook's runs where this session ran notebook 09c, else
+    """{run name: its log folder}: the notebook's runs where this session ran notebook 09ca, else
     this module's own; the 2-D mesh always this module's own."""
     own = tmp_path_factory.mktemp("tp_sp") / "logs"
 
@@ -178,8 +178,8 @@ def test_sequence_parallelism_sends_what_tensor_parallelism_sends_per_layer(runs
 
 
 def solution():
-    path = ROOT / "notebooks" / "solutions" / "09c_tensor_parallel.py"
-    spec = importlib.util.spec_from_file_location("solution_09c", path)
+    path = ROOT / "notebooks" / "solutions" / "09ca_tp_attention.py"
+    spec = importlib.util.spec_from_file_location("solution_09ca", path)
     s = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s)
     return s

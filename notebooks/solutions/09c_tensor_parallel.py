@@ -35,37 +35,9 @@ def largest_tp_that_fits(width, hidden, blocks, memory_bytes, bytes_per_value=4,
     return None
 
 
-# Sequence parallelism by hand
-def ring_bytes_per_step(batch, tokens, width, layers, tp, sequence_parallel, bytes_per_value=4):
-    """Part (a): bytes each rank sends in one step on a ring for the activation-sized collectives,
-    each of batch x tokens x width values. Tensor parallelism alone: 2 all-reduces a layer in
-    forward, 2 in backward and the head's input gradient, 2(tp-1)/tp of the message each. With
-    sequence parallelism every all-reduce becomes a reduce-scatter and an all-gather, (tp-1)/tp
-    each, the same bytes, and the model's two ends add one of each per direction (the
-    embedding's reduce-scatter, the head's all-gather)."""
-    if tp == 1:
-        return 0.0
-    message, share = batch * tokens * width * bytes_per_value, (tp - 1) / tp
-    if not sequence_parallel:
-        return (4 * layers + 1) * message * 2 * share
-    return 4 * (2 * layers + 1) * message * share
-
-
-def activation_saving(s, h, a, t):
-    """Part (b): a layer's activations with tensor parallelism alone over those with sequence
-    parallelism too, Korthikanti et al.'s counts (16-bit): s b h (10 + 24/t + 5 a s/(h t)) against
-    s b h (34 + 5 a s/h) / t; the batch cancels."""
-    alone = 10 + 24 / t + 5 * a * s / (h * t)
-    return alone / ((34 + 5 * a * s / h) / t)
-
-
 if __name__ == "__main__":
     print("one block, width 1024, hidden 4096:",
           {tp: block_bytes_per_rank(1024, 4096, tp) for tp in (1, 2, 4, 8)})
     print("tp all-reduces, batch 64, width 64, 2 blocks, tp 2:",
           allreduce_bytes_per_step(64, 64, 2, 2))
     print("48 blocks of 4096 x 16384 in 16 GB:", largest_tp_that_fits(4096, 16384, 48, 16e9))
-    for sp in (False, True):
-        print(f"ring bytes, sequence parallel {sp}:", ring_bytes_per_step(32, 28, 16, 2, 2, sp, 8))
-    saving = activation_saving(2048, 12288, 96, 8)
-    print(f"GPT-3 at t = 8: sequence parallelism keeps {saving:.2f}x fewer activation bytes")

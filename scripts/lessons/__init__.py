@@ -29,11 +29,12 @@ checkpoint, devices, distributed...). Here:
   communication overlap), TensorBoard (08b)
 - zero_stages: lessons 09 to 09a2, ZeRO stages and FSDP: bytes each rank holds against the
   formulas, collectives (09a1), the largest model; later lessons read lesson 09's runs
-- tp_runs: lesson 09, tensor parallelism and the 2-D mesh: bytes per rank, collectives per step
-- scaling_report: lesson 10, every run in one table, the equivalence table, the computed
-  recommendation
-- equivalence: lesson 10, the proof: float64 runs against one process, one tolerance, the noise
-  floor
+- tp_runs: lesson 09c, tensor parallelism and the 2-D mesh: bytes per rank, collectives per
+  step; tp_attention: lesson 09ca, the transformer cut by heads, sequence parallelism
+- scaling_report: lessons 10 and 10a, every run in one table (10), the equivalence table and
+  the computed recommendation (10a)
+- equivalence: lesson 10a, the proof: float64 runs against one process, one tolerance, the
+  noise floor
 - activations: lesson 09b, a transformer layer's activation bytes measured, and recomputation
 - perfmodel, hardware, predict, predict_plots: lessons 11 to 11a2, a step's time as arithmetic,
   published links and machines, the fits and predictions against published runs

@@ -1,4 +1,4 @@
-"""Lesson 10's proof: does each strategy train the same model as one process? The equivalence
+"""Lesson 10a's proof: does each strategy train the same model as one process? The equivalence
 table of the scaling report (scaling_report.equivalence gives it the registry and the runs).
 
     from lessons import equivalence as eq

@@ -69,8 +69,8 @@ _ENTRIES = (
     # each rank saves its slices (a DCP checkpoint, tensor_parallel.save) at a stop and at each
     # epoch's end, where the parent's rank 0 saves the whole replica
     Script("_trainup_tp.py", "09c_tensor_parallel.ipynb", "_trainup_blocks.py", 73, DEVICE, "cpu"),
-    # the transformer: attention cut by heads, sequence parallelism, loss_parallel
-    Script("_trainup_tp_sp.py", "09c_tensor_parallel.ipynb", "_trainup_tp.py", 54),
+    # the transformer (lesson 09ca): attention cut by heads, sequence parallelism, loss_parallel
+    Script("_trainup_tp_sp.py", "09ca_tp_attention.ipynb", "_trainup_tp.py", 54),
     # mixture of experts: the MLP becomes routed experts, held by their ranks (expert
     # parallelism), the tokens sent to them and back by all-to-all; the rest is data parallel;
     # each rank saves its own experts (experts.save) where the parent saves slices by DCP

@@ -1,5 +1,5 @@
-"""Lesson 10: the scaling report over every run the course made, and the proof that each strategy trains
-the same model as one process.
+"""Lessons 10 and 10a: the scaling report over every run the course made (10), and the proof that
+each strategy trains the same model as one process, with the recommendation (10a).
 
     cd scripts && python -m lessons.scaling_report        # tables, figures in images/, a recommendation
 
@@ -153,7 +153,7 @@ STRATEGIES = [
     Strategy("transformer, one process", "transformer TP", ONE_TP_SP),
     *[Strategy(f"transformer tensor parallel{' + sequence parallel' * sp}", "transformer TP",
                dict(script="_trainup_tp_sp.py", devices=ABOVE_1, sequence_parallel=sp),
-               ONE_TP_SP, (("script", "_trainup_tp_sp.py"),), "notebooks/09c_tensor_parallel.ipynb")
+               ONE_TP_SP, (("script", "_trainup_tp_sp.py"),), "notebooks/09ca_tp_attention.ipynb")
       for sp in (False, True)],
 ]
 

@@ -1,4 +1,4 @@
-"""Lesson 09c's transformer runs (_trainup_tp_sp.py): one step's collectives over tp against
+"""Lesson 09ca's transformer runs (_trainup_tp_sp.py): one step's collectives over tp against
 Megatron-LM's counts, with and without sequence parallelism, and the bytes a ring moves for them.
 
     from lessons import tp_attention as tpa
