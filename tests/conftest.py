@@ -540,3 +540,221 @@ def hold_lock(path):
     )
     assert proc.stdout.readline().strip() == "held", "the holder did not take the lock"
     return proc
+
+
+def start_run(script, nproc, args, log_dir, name, env=None, srun=False):
+    """scripts/<script> as a learner starts it: python for one process, torchrun for several (or,
+    srun=True, nproc fresh interpreters as srun starts them: Ranks); its log and checkpoint under
+    log_dir, named name; launch.environment(env) its variables."""
+    from lessons import launch
+
+    cmd = [
+        str(SCRIPTS / script),
+        *map(str, args),
+        "--run-name",
+        name,
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-dir",
+        str(Path(log_dir) / "checkpoints"),
+    ]
+    if srun:
+        return Ranks([sys.executable, *cmd], launch.environment(env), ntasks=nproc)
+    launcher = (
+        launch.TORCHRUN + launch.torchrun_flags(nproc=nproc) if nproc > 1 else [sys.executable]
+    )
+    return start_job([*launcher, *cmd], launch.environment(env))
+
+
+def finish_ok(proc, name="job"):
+    """finish_job, and its exit status 0 (else its output in the failure)."""
+    done = finish_job(proc)
+    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
+    return done
+
+
+# --- Stops at a known step: the stop-and-resume tests (test_preemption, test_block_stops,
+# test_lightning, test_faults_stops) stop a job from inside it, so that the stop lands at a known
+# step on any machine, fast or slow, and nothing in scripts/ carries a switch for tests.
+
+# 256 samples in batches of 32: 8 steps an epoch, 2 epochs; STOP_AT: step 3, inside epoch 1
+STOP_TINY = [
+    "--quick",
+    "--train-size",
+    "256",
+    "--test-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "2",
+    "--no-progress",
+]
+STOP_AT = 3
+
+# Put first on PYTHONPATH as sitecustomize.py: Python imports it at start-up in every process of
+# the job (torchrun's workers, Lightning's ranks, loader workers too).
+# TRAINUP_TEST_STOP_AT="RANK:STEP:SIGNAL:WHOM": the rank RANK (RANK, SLURM_PROCID or LOCAL_RANK;
+#   0 where none is set), after its STEP-th optimizer step, sends SIGNAL to WHOM: "self", "group"
+#   (its own process group: a job started in a session of its own, with its children), "launcher"
+#   (its parent's group: torchrun's, whose workers run in sessions of their own) or "agent"
+#   (SIGKILL to its parent, torchrun's agent, leaving its workers).
+# TRAINUP_TEST_TWICE=STEP: after the STEP-th optimizer step this process gets SIGTERM (the stop
+#   lands after that very step), a second one 0.1 s later (during the stop), and a third as the
+#   interpreter shuts down (atexit): the moment the stop has handed the caller's handlers back,
+#   where a second SIGTERM's default action ended the run -15.
+# TRAINUP_TEST_SIGTERM_IN_EVAL: SIGTERM to this process as its first evaluation starts.
+# TRAINUP_TEST_FROZEN_TIME: time.strftime frozen at that time, so that two runs surely start "in
+#   the same second".
+# TRAINUP_TEST_PIDS: a folder where every Python process of the job leaves a file named by its
+#   process id, holding its rank ("launcher" where RANK is unset), and " stopped" as it exits after
+#   a stop.
+_STOP_SITE = """import atexit, os, signal, sys, time
+_pids = os.environ.get("TRAINUP_TEST_PIDS")
+if _pids:
+    _mine = os.path.join(_pids, str(os.getpid()))
+    with open(_mine, "w") as f:
+        f.write(os.environ.get("RANK", "launcher"))
+    def _note_stop():
+        # a run that stopped (SystemExit 75 out of main) ignores the stop signals as it exits
+        # (cli.main_guard): noted, since torchrun, signalled itself, reports no rank's status
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            with open(_mine, "a") as f:
+                f.write(" stopped")
+    atexit.register(_note_stop)
+_frozen = os.environ.get("TRAINUP_TEST_FROZEN_TIME")
+if _frozen:
+    _strftime = time.strftime
+    time.strftime = lambda fmt, t=None: _strftime(fmt, time.localtime(float(_frozen)))
+_at = os.environ.get("TRAINUP_TEST_STOP_AT", "").split(":")
+_twice = os.environ.get("TRAINUP_TEST_TWICE")
+
+def _rank():  # read as the step ends: a launcher may set it after start-up
+    names = ("RANK", "SLURM_PROCID", "LOCAL_RANK")
+    return next((os.environ[k] for k in names if k in os.environ), "0")
+
+def _signal_after(step, send, rank=None):
+    def _hook(event, args, done=[0]):
+        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
+            return
+        done[0] = 1
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        steps = [0]
+        def count(opt, a, kw):
+            steps[0] += 1
+            if steps[0] == step and rank in (None, _rank()):
+                send()
+        register_optimizer_step_post_hook(count)
+    sys.addaudithook(_hook)
+
+def _send():
+    import subprocess
+    name, whom = _at[2], _at[3]
+    if whom == "agent":
+        os.kill(os.getppid(), signal.SIGKILL)
+    elif whom in ("group", "launcher"):  # from another process, as a scheduler signals
+        group = os.getpgid(0 if whom == "group" else os.getppid())
+        subprocess.run(["kill", f"-{name}", "--", f"-{group}"])
+    else:
+        os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+
+def _send_twice():
+    import subprocess
+    me = os.getpid()
+    os.kill(me, signal.SIGTERM)
+    subprocess.Popen(["sh", "-c", f"sleep 0.1; kill -TERM {me}"])
+    def again():
+        os.kill(me, signal.SIGTERM)
+        time.sleep(0.2)
+    atexit.register(again)
+
+if len(_at) == 4:
+    _signal_after(int(_at[1]), _send, rank=_at[0])
+if _twice:
+    _signal_after(int(_twice), _send_twice)
+if os.environ.get("TRAINUP_TEST_SIGTERM_IN_EVAL"):
+    def _eval_hook(event, args, done=[0]):
+        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
+            return
+        done[0] = 1
+        import torch
+        evaluate = torch.nn.Module.eval
+        def signalled(self, sent=[0]):
+            if not sent[0]:
+                sent[0] = 1
+                os.kill(os.getpid(), signal.SIGTERM)
+            return evaluate(self)
+        torch.nn.Module.eval = signalled
+    sys.addaudithook(_eval_hook)
+"""
+
+
+def stop_site(folder, **env):
+    """The variables that put _STOP_SITE (written into folder) first on PYTHONPATH, one thread a
+    process, unbuffered output, and env (TRAINUP_TEST_STOP_AT and the like): a job's extra
+    variables, for launch.environment or beside os.environ."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_STOP_SITE)
+    return {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p
+        ),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+
+
+def stop_at(rank, step, signal="TERM", whom="self"):
+    """TRAINUP_TEST_STOP_AT's value: rank `rank` sends SIG<signal> to whom after step `step`."""
+    return {"TRAINUP_TEST_STOP_AT": f"{rank}:{step}:{signal}:{whom}"}
+
+
+def torchrun_exit_codes(done):
+    """Each rank's exit status, from torchrun's table of failed workers."""
+    import re
+
+    return {
+        int(r): int(c)
+        for r, c in re.findall(
+            r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)",
+            done.stderr + done.stdout,
+        )
+    }
+
+
+def alive(pid):
+    """Whether process pid still runs (a zombie has ended; its parent has not yet collected it)."""
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+
+
+def stopped_params(path):
+    """The model's parameters in the course checkpoint at path."""
+    import torch
+
+    return torch.load(path, weights_only=True)["model"]
+
+
+def assert_same_params(mine, never):
+    """Every parameter of mine equal, bit for bit, to the never-stopped run's."""
+    import torch
+
+    assert mine.keys() == never.keys()
+    for k in never:
+        assert torch.equal(mine[k], never[k]), k
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real gloo group of one process, as a 1-process torchrun job has."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()

@@ -3,78 +3,35 @@ real 2-process torchrun job, signalled after a known optimizer step, exits 75 on
 checkpoint of what each rank holds, and `--resume` ends with the parameters of a run never stopped,
 bit for bit; no process of the job outlives it.
 
-The signal is sent from inside the job, by a sitecustomize.py put first on PYTHONPATH (as
-tests/test_preemption.py does), so that the stop lands at a known step on any machine: SIGTERM to
-torchrun's whole process group (a scheduler's time limit; torchrun passes it on to its ranks), or
---stop-signal USR1 to rank 1 alone. The same file notes the id of every Python process of the job.
+The signal is sent from inside the job, by conftest's sitecustomize.py put first on PYTHONPATH
+(stop_site), so that the stop lands at a known step on any machine: SIGTERM, or the course's
+default --stop-signal USR1, to torchrun's whole process group (a scheduler's time limit, `scancel
+--signal`; torchrun passes it on to its ranks), or USR1 to rank 1 alone. The same file notes the id
+of every Python process of the job.
 """
 
 import json
-import os
-import re
-from pathlib import Path
+import signal
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import SCRIPTS, finish_job, start_job
+from conftest import (
+    SCRIPTS,
+    STOP_AT,
+    STOP_TINY,
+    alive,
+    assert_same_params,
+    finish_job,
+    start_job,
+    stop_at,
+    stop_site,
+    stopped_params,
+    torchrun_exit_codes,
+)
 from lessons import launch
 from trainup import preempt
-
-# 256 samples in batches of 32: 8 steps an epoch; the signal comes after step 3 of epoch 1 (of 2)
-TINY = [
-    "--quick",
-    "--train-size",
-    "256",
-    "--test-size",
-    "64",
-    "--batch-size",
-    "32",
-    "--epochs",
-    "2",
-    "--no-progress",
-]
-STOP_AT = 3
-
-# TRAINUP_TEST_STOP_AT="RANK:STEP:SIGNAL:WHOM": rank RANK, after its STEP-th optimizer step, sends
-# SIGNAL to itself (WHOM "self") or to torchrun's process group ("group"). TRAINUP_TEST_PIDS: a
-# folder where every Python process of the job leaves a file named by its process id, holding its
-# rank (and " stopped" as it exits after a stop).
-_SITE = """import atexit, os, signal, sys
-_pids = os.environ.get("TRAINUP_TEST_PIDS")
-if _pids:
-    _mine = os.path.join(_pids, str(os.getpid()))
-    with open(_mine, "w") as f:
-        f.write(os.environ.get("RANK", "launcher"))
-    def _note_stop():
-        # a run that stopped (SystemExit 75 out of main) ignores the stop signals as it exits
-        # (cli.main_guard): noted, since torchrun, signalled itself, reports no rank's status
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-            with open(_mine, "a") as f:
-                f.write(" stopped")
-    atexit.register(_note_stop)
-_at = os.environ.get("TRAINUP_TEST_STOP_AT")
-if _at and os.environ.get("RANK") == _at.split(":")[0]:
-    def _hook(event, args, done=[0]):
-        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
-            return
-        done[0] = 1
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-        _, step, name, whom = _at.split(":")
-        steps = [0]
-        def count(opt, a, kw):
-            steps[0] += 1
-            if steps[0] != int(step):
-                return
-            import signal, subprocess
-            if whom == "group":
-                subprocess.run(["kill", f"-{name}", "--", f"-{os.getpgid(os.getppid())}"])
-            else:
-                os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
-        register_optimizer_step_post_hook(count)
-    sys.addaudithook(_hook)
-"""
 
 # script -> (its flags for a tiny model, the checkpoint a stop leaves: None for rank 0's <run>.pt)
 SCRIPT_FLAGS = {
@@ -94,21 +51,14 @@ SCRIPT_FLAGS = {
 
 
 def _torchrun(script, tmp, name, *extra, stop=None):
-    log_dir, site, pids = tmp / "logs", tmp / "site", tmp / f"pids_{name}{len(extra)}"
-    site.mkdir(parents=True, exist_ok=True)
+    log_dir, pids = tmp / "logs", tmp / f"pids_{name}{len(extra)}"
     pids.mkdir(parents=True, exist_ok=True)
-    (site / "sitecustomize.py").write_text(_SITE)
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    env = {
-        "PYTHONPATH": path,
-        "TRAINUP_TEST_PIDS": str(pids),
-        **({"TRAINUP_TEST_STOP_AT": stop} if stop else {}),
-    }
+    env = stop_site(tmp / "site", TRAINUP_TEST_PIDS=str(pids), **(stop or {}))
     command = [
         *launch.TORCHRUN,
         *launch.torchrun_flags(nproc=2),
         SCRIPTS / script,
-        *TINY,
+        *STOP_TINY,
         *SCRIPT_FLAGS[script][0],
         "--log-dir",
         log_dir,
@@ -125,7 +75,7 @@ def _torchrun(script, tmp, name, *extra, stop=None):
 
 def _finished(job):
     done = finish_job(job)
-    done.left = [p.name for p in job.pids.iterdir() if _alive(int(p.name))]
+    done.left = [p.name for p in job.pids.iterdir() if alive(int(p.name))]
     done.ranks = dict(
         p.read_text().split(" ", 1) if " " in p.read_text() else (p.read_text(), "")
         for p in job.pids.iterdir()
@@ -133,17 +83,30 @@ def _finished(job):
     return done
 
 
-def _alive(pid):
-    try:  # a zombie has ended; its parent has not yet collected it
-        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
+@pytest.fixture(scope="module")
+def never_stopped(tmp_path_factory):
+    """start(script): the script's run never stopped, in this module's folder, started once and
+    shared by every case of that script (the stop's signal and its sender change nothing in it);
+    finish(script): that run, finished, and the folder of its checkpoint."""
+    tmp = tmp_path_factory.mktemp("never_stopped")
+    jobs, done = {}, {}
+
+    def start(script):
+        if script not in jobs:
+            jobs[script] = _torchrun(script, tmp / script[: -len(".py")], "straight")
+
+    def finish(script):
+        if script not in done:
+            done[script] = _finished(jobs[script])
+        return done[script], tmp / script[: -len(".py")] / "logs" / "checkpoints"
+
+    return SimpleNamespace(start=start, finish=finish)
 
 
-def stopped_and_resumed(tmp, script, stop):
-    """A run never stopped, the same run stopped by `stop` (TRAINUP_TEST_STOP_AT), and its
-    --resume."""
-    straight = _torchrun(script, tmp, "straight")
+def stopped_and_resumed(tmp, script, stop, never_stopped):
+    """A run never stopped (never_stopped's), the same run stopped by `stop`
+    (TRAINUP_TEST_STOP_AT), and its --resume."""
+    never_stopped.start(script)
     stopped = _finished(_torchrun(script, tmp, "s", stop=stop))
     ckpts = tmp / "logs" / "checkpoints"
     suffix = SCRIPT_FLAGS[script][1]
@@ -154,8 +117,10 @@ def stopped_and_resumed(tmp, script, stop):
         at_stop = torch.load(saved / "run.pt" if suffix else saved, weights_only=True)["position"]
     files = sorted(p.name for p in saved.iterdir()) if saved.is_dir() else [saved.name]
     resumed = _finished(_torchrun(script, tmp, "s", "--resume"))
+    straight, straight_ckpts = never_stopped.finish(script)
     return SimpleNamespace(
-        straight=_finished(straight),
+        straight=straight,
+        straight_ckpts=straight_ckpts,
         stopped=stopped,
         resumed=resumed,
         at_stop=at_stop,
@@ -164,43 +129,38 @@ def stopped_and_resumed(tmp, script, stop):
     )
 
 
-def _exit_codes(done):
-    """Each rank's exit status, from torchrun's table of failed workers."""
-    return {
-        int(r): int(c)
-        for r, c in re.findall(
-            r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)",
-            done.stderr + done.stdout,
-        )
-    }
-
-
-CASES = [(script, "TERM", "group") for script in SCRIPT_FLAGS] + [
-    ("_trainup_pipeline.py", "USR1", "self")
-]
+# the blocks' job takes the course's default --stop-signal, USR1, to torchrun's group; the other
+# scripts SIGTERM; the pipeline's also USR1 to rank 1 alone, which then posts the stop for both
+CASES = [
+    (script, "USR1" if script == "_trainup_blocks.py" else "TERM", "launcher")
+    for script in SCRIPT_FLAGS
+] + [("_trainup_pipeline.py", "USR1", "self")]
 
 
 @pytest.mark.parametrize(
     "script, sig, whom", CASES, ids=[f"{s[len('_trainup_') : -3]}-{g}-{w}" for s, g, w in CASES]
 )
 def test_a_block_stack_job_stopped_inside_an_epoch_resumes_to_a_run_never_stopped(
-    tmp_path, script, sig, whom
+    tmp_path, script, sig, whom, never_stopped
 ):
     job = stopped_and_resumed(
-        tmp_path, script, f"{1 if whom == 'self' else 0}:{STOP_AT}:{sig}:{whom}"
+        tmp_path, script, stop_at(1 if whom == "self" else 0, STOP_AT, sig, whom), never_stopped
     )
     s = job.stopped
     out = s.stdout + s.stderr
     assert job.straight.returncode == 0, job.straight.stderr[-3000:]
     assert job.resumed.returncode == 0, job.resumed.stderr[-3000:]
-    assert s.returncode != 0, out[-3000:]  # torchrun reports its workers' 75 as a failure
+    # torchrun reports its workers' 75 as a failure of its own; it did not die of the signal
+    assert s.returncode not in (0, -getattr(signal, f"SIG{sig}")), out[-3000:]
     # rank 0 says who asked: torchrun passed the group's signal on to it, or rank 1 posted the stop
-    said = f"SIG{sig}" if whom == "group" else "a signal on another rank"
+    said = f"SIG{sig}" if whom == "launcher" else "a signal on another rank"
     assert f"{said}: stopped in epoch 1 after step" in s.stdout, out[-3000:]
     assert f'File "{SCRIPTS}' not in out, out[-3000:]  # no traceback from the course's code
+    errors = [line for line in s.stderr.splitlines() if line.startswith("error:")]
+    assert not any("torchrun" in e for e in errors), errors  # no rank blames its launcher
     if whom == "self":  # torchrun lists every worker's exit status
         codes = {0: preempt.STOPPED_EXIT, 1: preempt.STOPPED_EXIT}
-        assert _exit_codes(s) == codes, out[-3000:]
+        assert torchrun_exit_codes(s) == codes, out[-3000:]
     assert s.ranks == {"launcher": "", "0": "stopped", "1": "stopped"}, s.ranks
     position = job.at_stop
     assert (position["epoch"], position["world_size"], len(position["ranks"])) == (1, 2, 2)
@@ -209,12 +169,12 @@ def test_a_block_stack_job_stopped_inside_an_epoch_resumes_to_a_run_never_stoppe
         assert position["step"] == STOP_AT + preempt.STOP_CHECK["cpu"][1]
     if SCRIPT_FLAGS[script][1] == ".ranks":  # each rank its own stages or experts
         assert {"rank0.pt", "rank1.pt", "run.pt"} <= set(job.files), job.files
-    _per_step_records_go_on(tmp_path / "logs", position["step"])
-    resumed = torch.load(job.ckpts / "s.pt", weights_only=True)["model"]
-    never = torch.load(job.ckpts / "straight.pt", weights_only=True)["model"]
-    assert resumed.keys() == never.keys()
-    for k in never:
-        assert torch.equal(resumed[k], never[k]), k
+    summaries = [r["status"] for r in _records(tmp_path / "logs", "s", "summary")]
+    assert summaries == ["stopped", "finished"]
+    straight_logs = job.straight_ckpts.parent
+    _per_step_records_go_on(tmp_path / "logs", straight_logs, position["step"])
+    never = stopped_params(job.straight_ckpts / "straight.pt")
+    assert_same_params(stopped_params(job.ckpts / "s.pt"), never)
     for done in (job.straight, job.stopped, job.resumed):
         assert not done.left, f"processes outlived their job: {done.left}"
 
@@ -226,35 +186,24 @@ def _records(log_dir, run, kind):
     return [{k: v for k, v in r.items() if k not in ("run", "time")} for r in records]
 
 
-def _per_step_records_go_on(log_dir, stopped_after):
+def _per_step_records_go_on(log_dir, straight_logs, stopped_after):
     """The records a resumed run writes of the epoch it resumed inside: the pipeline's per-step
     records number on from the step after the stop, and the experts' load record of that epoch
     counts every step of it, as the run never stopped counts them."""
     steps = {(r["epoch"], r["rank"], r["step"]) for r in _records(log_dir, "s", "pipe_step")}
     if steps:
         straight = {
-            (r["epoch"], r["rank"], r["step"]) for r in _records(log_dir, "straight", "pipe_step")
+            (r["epoch"], r["rank"], r["step"])
+            for r in _records(straight_logs, "straight", "pipe_step")
         }
         lost = {(e, rank, n) for e, rank, n in straight if e == 1 and n <= stopped_after}
         assert steps == straight - lost  # those before the stop were left unwritten by it
     load = _records(log_dir, "s", "expert_load")
     if load:
-        assert load == _records(log_dir, "straight", "expert_load")
+        assert load == _records(straight_logs, "straight", "expert_load")
 
 
 # --- A checkpoint of another layout, or torn: one sentence (in this interpreter, a group of one)
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real gloo group of one process, as a 1-process torchrun job has."""
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 def _trained():

@@ -9,17 +9,16 @@ Inductor keeps what it compiled in /tmp/torchinductor_<user> and reuses it; thes
 pass where that cache is empty (a fresh machine, CI): their guard is sized for a cold compile."""
 
 import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_clean_error, in_process, kill_tree, start_job
-from lessons import checks, launch, report
+from conftest import assert_clean_error, in_process, kill_tree, start_run
+from lessons import checks, report
 from trainup import models
 
-SCRIPT = str(SCRIPTS / "_trainup_compile.py")
+SCRIPT = "_trainup_compile.py"  # under scripts/ (conftest.SCRIPTS)
 # 480 samples: each rank's last batch holds 16 samples, not 32, so the compiled forward meets a
 # second shape in epoch 1 and compiles again (a recompile, with that dimension dynamic from then
 # on); one process takes 7 batches of 64 and one of 32, the same samples and the same means.
@@ -46,27 +45,6 @@ CAP, BUCKETS = 1, 2
 COMPILE_GUARD_S = 900
 
 
-def job(log_dir, name, nproc, flags):
-    """The script as a learner starts it: python for one process, torchrun for several."""
-    launcher = (
-        launch.TORCHRUN + launch.torchrun_flags(nproc=nproc) if nproc > 1 else [sys.executable]
-    )
-    return start_job(
-        [
-            *launcher,
-            SCRIPT,
-            *map(str, SIZE + flags),
-            "--run-name",
-            name,
-            "--log-dir",
-            str(log_dir),
-            "--checkpoint-dir",
-            str(log_dir / "checkpoints"),
-        ],
-        launch.environment(),
-    )
-
-
 def finish(proc):
     try:
         out, err = proc.communicate(timeout=COMPILE_GUARD_S)
@@ -83,7 +61,10 @@ def runs(tmp_path_factory):
     processes with half each, side by side: their log folder."""
     log_dir = tmp_path_factory.mktemp("compile") / "logs"
     wanted = {"eager_one": (1, []), "compiled_two": (2, ["--compile", "--bucket-cap-mb", CAP])}
-    started = {name: job(log_dir, name, nproc, flags) for name, (nproc, flags) in wanted.items()}
+    started = {
+        name: start_run(SCRIPT, nproc, SIZE + flags, log_dir, name)
+        for name, (nproc, flags) in wanted.items()
+    }
     for name, proc in started.items():
         done = finish(proc)
         assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"

@@ -7,17 +7,25 @@ one sentence, exit status 2, checked in this process (no job started)."""
 
 import importlib.util
 import json
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
+from conftest import (
+    ROOT,
+    SCRIPTS,
+    assert_clean_error,
+    finish_job,
+    finish_ok,
+    in_process,
+    start_job,
+    start_run,
+)
 from lessons import checks, equivalence, launch, report
 from trainup import context_parallel as cp
 from trainup import transformer
 
-SCRIPT = str(SCRIPTS / "_trainup_cp.py")
+SCRIPT = "_trainup_cp.py"  # under scripts/ (conftest.SCRIPTS)
 LAYERS, WIDTH, HIDDEN, HEADS = 2, 16, 32, 4
 SIZE = [
     "--quick",
@@ -43,40 +51,18 @@ BASELINES = {"cp_one": [], "cp_one_causal": ["--causal"]}
 TOLERANCE = equivalence.TOLERANCE
 
 
-def command(log_dir, name, flags):
-    return [
-        SCRIPT,
-        *map(str, SIZE + flags),
-        "--run-name",
-        name,
-        "--log-dir",
-        str(log_dir),
-        "--checkpoint-dir",
-        str(log_dir / "checkpoints"),
-    ]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The folder of every run: the jobs under torchrun, the baselines as `python script`, each a
     fresh interpreter, side by side."""
     log_dir = tmp_path_factory.mktemp("cp") / "logs"
-    env = launch.environment()
     procs = {
-        name: start_job(
-            launch.TORCHRUN + launch.torchrun_flags(nproc=2) + command(log_dir, name, flags), env
-        )
-        for name, flags in JOBS.items()
+        name: start_run(SCRIPT, nproc, SIZE + flags, log_dir, name)
+        for nproc, jobs in ((2, JOBS), (1, BASELINES))
+        for name, flags in jobs.items()
     }
-    procs.update(
-        {
-            name: start_job([sys.executable, *command(log_dir, name, flags)], env)
-            for name, flags in BASELINES.items()
-        }
-    )
     for name, proc in procs.items():
-        done = finish_job(proc)
-        assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
+        finish_ok(proc, name)
     return log_dir
 
 

@@ -6,18 +6,17 @@ process (no job started). The layer itself on one process: which assignments a c
 the outputs they leave, and the Switch load-balancing loss on hand-made examples."""
 
 import math
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import checks, launch, report
+from conftest import assert_clean_error, finish_ok, in_process, start_run
+from lessons import checks, report
 from trainup import experts as moe
 from trainup import transformer
 
-SCRIPT = str(SCRIPTS / "_trainup_experts.py")
+SCRIPT = "_trainup_experts.py"  # under scripts/ (conftest.SCRIPTS)
 LAYERS, WIDTH, HIDDEN, HEADS, EXPERTS, TOP_K = 2, 16, 32, 4, 4, 2
 TRAIN, BATCH, ROWS = 256, 64, 28  # an image's rows are its tokens
 SIZE = [
@@ -50,37 +49,18 @@ SMALL = ["--capacity-factor", 0.5, "--top-k", 1]  # half the tokens at most: man
 ATOL = checks.FLOAT64_ATOL
 
 
-def job(log_dir, name, nproc, flags):
-    """The script as a learner starts it: python for one process, torchrun for several."""
-    launcher = (
-        launch.TORCHRUN + launch.torchrun_flags(nproc=nproc) if nproc > 1 else [sys.executable]
-    )
-    return start_job(
-        [
-            *launcher,
-            SCRIPT,
-            *map(str, SIZE + flags),
-            "--run-name",
-            name,
-            "--log-dir",
-            str(log_dir),
-            "--checkpoint-dir",
-            str(log_dir / "checkpoints"),
-        ],
-        launch.environment(),
-    )
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The one-process baseline, its 2-process twin, and a 2-process run that drops tokens, side
     by side: {name: log folder}."""
     log_dir = tmp_path_factory.mktemp("experts") / "logs"
     wanted = {"moe_one": (1, NO_DROPS), "moe_ep2": (2, NO_DROPS), "moe_drops": (2, SMALL)}
-    started = {name: job(log_dir, name, nproc, flags) for name, (nproc, flags) in wanted.items()}
+    started = {
+        name: start_run(SCRIPT, nproc, SIZE + flags, log_dir, name)
+        for name, (nproc, flags) in wanted.items()
+    }
     for name, proc in started.items():
-        done = finish_job(proc)
-        assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
+        finish_ok(proc, name)
     return log_dir
 
 

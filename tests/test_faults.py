@@ -10,7 +10,6 @@ import traceback
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from conftest import assert_clean_error, run_script
 from trainup import UserError, checkpoint, cli, sharding
@@ -67,9 +66,14 @@ FAULTS = [
         "test_a_signal_to_the_whole_group_stops_a_run_with_loader_workers",
     ),
     (
-        "SIGTERM to torchrun's whole group",
+        "SIGTERM or USR1 to torchrun's whole group",
+        "test_block_stops.py",
+        "test_a_block_stack_job_stopped_inside_an_epoch",
+    ),
+    (
+        "SIGTERM to one rank's group, loader workers: the others stop at the step it posted",
         "test_preemption.py",
-        "test_a_signal_to_torchruns_whole_group",
+        "test_one_ranks_group_signalled_stops_every_rank_at_the_step_it_posted",
     ),
     (
         "SIGTERM to Hogwild's whole group",
@@ -97,9 +101,9 @@ FAULTS = [
         "test_the_manual_halves_refuse_flags",
     ),
     (
-        "Lightning stopped by SIGTERM",
+        "Lightning stopped by SIGTERM or --stop-signal, on 1 or 2 ranks",
         "test_lightning.py",
-        "test_sigterm_saves_a_checkpoint_exits_75",
+        "test_a_signal_inside_an_epoch_saves_exits_75",
     ),
     (
         "a damaged Lightning checkpoint resumed",
@@ -209,16 +213,6 @@ def test_a_full_disk_while_logging_is_one_sentence(capsys):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: no space left to write logs/r.jsonl (No space left on device)")
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real gloo group of one process, as a 1-process torchrun job has."""
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 def _trained():

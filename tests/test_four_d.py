@@ -7,16 +7,15 @@ layout, within 10 % per term. Bad layouts: one sentence, exit status 2, checked 
 (no job started)."""
 
 import importlib.util
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, assert_clean_error, finish_job, in_process, start_job
-from lessons import checks, launch, planner, report
+from conftest import ROOT, assert_clean_error, finish_ok, in_process, start_run
+from lessons import checks, planner, report
 from trainup import sharding
 
-SCRIPT = str(SCRIPTS / "_trainup_4d.py")
+SCRIPT = "_trainup_4d.py"  # under scripts/ (conftest.SCRIPTS)
 TRAIN, TEST = 64, 32  # two steps of 32 (the second one counted), one test batch per replica
 SIZE = [
     "--quick",
@@ -50,35 +49,18 @@ JOBS = {
 ATOL = checks.FLOAT64_ATOL
 
 
-def command(log_dir, name, flags):
-    return [
-        SCRIPT,
-        *map(str, SIZE + flags),
-        "--run-name",
-        name,
-        "--log-dir",
-        str(log_dir),
-        "--checkpoint-dir",
-        str(log_dir / "checkpoints"),
-    ]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The folder of every run: the jobs under torchrun, the baseline as `python script`, each a
     fresh interpreter, side by side."""
     log_dir = tmp_path_factory.mktemp("four_d") / "logs"
-    env = launch.environment()
     procs = {
-        name: start_job(
-            launch.TORCHRUN + launch.torchrun_flags(nproc=n) + command(log_dir, name, flags), env
-        )
-        for name, (n, flags) in JOBS.items()
+        name: start_run(SCRIPT, nproc, SIZE + flags, log_dir, name)
+        for name, (nproc, flags) in JOBS.items()
     }
-    procs["fourd_one"] = start_job([sys.executable, *command(log_dir, "fourd_one", [])], env)
+    procs["fourd_one"] = start_run(SCRIPT, 1, SIZE, log_dir, "fourd_one")
     for name, proc in procs.items():
-        done = finish_job(proc)
-        assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
+        finish_ok(proc, name)
     return log_dir
 
 
@@ -140,11 +122,13 @@ def planned(flags):
     SIZE: FSDP2 is ZeRO-3 over dp x cp; every state in float64 (sharding.expected's rule for a
     --precision 64 run: FP32_ADAM's bytes doubled; Adadelta, like Adam, keeps two values a
     parameter)."""
+
     def option(flag):
         return SIZE[SIZE.index(flag) + 1]
 
-    model = planner.Transformer(layers=option("--blocks"), hidden=option("--width"),
-                                heads=option("--heads"), seq=28)  # an image's 28 rows
+    model = planner.Transformer(
+        layers=option("--blocks"), hidden=option("--width"), heads=option("--heads"), seq=28
+    )  # an image's 28 rows
     degree = {name: 1 for name in ("dp", "tp", "pp", "cp")} | dict(
         zip((f[2:] for f in flags[::2]), flags[1::2])
     )

@@ -25,10 +25,10 @@ from lessons import checks, launch, report
 from trainup import distributed
 
 SCRIPT = str(SCRIPTS / "_trainup_ddp.py")
-# Short runs: float64 noise does not grow with steps the way a defect does; 4 steps of 64 samples.
+# Short runs: float64 noise does not grow with steps the way a defect does; 2 steps of 64 samples.
 SHORT = [
     "--train-size",
-    "256",
+    "128",
     "--test-size",
     "64",
     "--epochs",

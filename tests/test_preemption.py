@@ -1,10 +1,11 @@
 """Runs that lose nothing: default names that cannot collide, one writer per run, and a run stopped by SIGTERM
 in the middle of an epoch that resumes to the very parameters of a run never stopped (plain and 2-process DDP).
 
-The signal is sent from inside the job, by a sitecustomize.py put first on PYTHONPATH (as conftest's
-rename_watch does): an optimizer step hook that sends SIGTERM to its own process after global step N, on
-one rank only. So the stop lands at a known step on any machine, fast or slow, and nothing in scripts/
-carries a switch for tests. The real-SLURM requeue test is in tests/test_slurm.py's style, below.
+The signal is sent from inside the job, by conftest's sitecustomize.py put first on
+PYTHONPATH (stop_site): an optimizer step hook that sends SIGTERM after global step N, on one
+rank only, to its own process or its group. So the stop lands at a known step on any machine, fast
+or slow, and nothing in scripts/ carries a switch for tests. Lightning's stops are in
+tests/test_lightning.py. The real-SLURM requeue test is in tests/test_slurm.py's style, below.
 """
 
 import json
@@ -13,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,91 +22,20 @@ import torch
 from conftest import (
     ROOT,
     SCRIPTS,
+    STOP_AT,
+    STOP_TINY,
     assert_clean_error,
     finish_job,
     hold_lock,
     in_process,
     start_job,
+    stop_at,
+    stop_site,
+    torchrun_exit_codes,
     wanted_jobs,
 )
 from lessons import launch, report
-from trainup import distributed, metrics, preempt
-
-# 256 samples in batches of 32: 8 steps an epoch; the stop comes after step 3 of epoch 1 (of 2).
-TINY = [
-    "--quick",
-    "--train-size",
-    "256",
-    "--test-size",
-    "64",
-    "--batch-size",
-    "32",
-    "--epochs",
-    "2",
-    "--no-progress",
-]
-STOP_AT = 3
-
-# Imported by every Python process of the job: after each optimizer step, count; at step N send this process
-# SIGTERM (on the rank named). Also freezes time.strftime, so that two runs surely start "in the same second".
-_SITE = """import os, sys, time
-_at = os.environ.get("TRAINUP_TEST_SIGTERM_AT")
-_frozen = os.environ.get("TRAINUP_TEST_FROZEN_TIME")
-if _frozen:
-    _strftime = time.strftime
-    time.strftime = lambda fmt, t=None: _strftime(fmt, time.localtime(float(_frozen)))
-if _at:
-    rank, step = (int(v) for v in _at.split(":"))
-    def _hook(event, args, done=[0]):
-        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
-            return
-        done[0] = 1
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-        steps = [0]
-        def count(opt, a, kw):
-            steps[0] += 1
-            me = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID",
-                                                           os.environ.get("LOCAL_RANK", "0"))))
-            if steps[0] == step and me == rank:
-                import signal
-                if os.environ.get("TRAINUP_TEST_KILL_AGENT"):  # torchrun's agent killed, its workers left
-                    os.kill(os.getppid(), signal.SIGKILL)
-                elif os.environ.get("TRAINUP_TEST_SIGTERM_GROUP"):  # as SLURM's time limit: the whole group,
-                    import subprocess  # from another process (a worker's parent's signal is told apart)
-                    subprocess.run(["kill", "-TERM", "--", f"-{os.getpgid(0)}"])
-                else:
-                    os.kill(os.getpid(), signal.SIGTERM)
-        register_optimizer_step_post_hook(count)
-    sys.addaudithook(_hook)
-if os.environ.get("TRAINUP_TEST_SIGTERM_IN_EVAL"):  # SIGTERM as the first evaluation starts
-    def _eval_hook(event, args, done=[0]):
-        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
-            return
-        done[0] = 1
-        import signal, torch
-        evaluate = torch.nn.Module.eval
-        def signalled(self, sent=[0]):
-            if not sent[0]:
-                sent[0] = 1
-                os.kill(os.getpid(), signal.SIGTERM)
-            return evaluate(self)
-        torch.nn.Module.eval = signalled
-    sys.addaudithook(_eval_hook)
-"""
-
-
-def site(folder, **env):
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(_SITE)
-    return {
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p
-        ),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        **env,
-    }
+from trainup import metrics, preempt
 
 
 def python(script, *flags, log_dir, env):
@@ -148,9 +77,10 @@ def dead_lock(path):
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory, request):
-    """_trainup_cpu.py: straight; stopped by SIGTERM after step 3 and resumed (over a dead run's
-    lock); and two runs without --run-name started in the same (frozen) second. Those the selected
-    tests read (their jobs marks) only: a test alone, as the breakages run it, makes its own."""
+    """_trainup_cpu.py: straight; stopped by SIGTERM after step 3 (then twice more: conftest's
+    TRAINUP_TEST_TWICE) and resumed (over a dead run's lock); and two runs without --run-name
+    started in the same (frozen) second. Those the selected tests read (their jobs marks) only: a
+    test alone, as the breakages run it, makes its own."""
     want = wanted_jobs(request)
 
     def wanted(name):
@@ -158,12 +88,12 @@ def plain(tmp_path_factory, request):
 
     tmp = tmp_path_factory.mktemp("pre")
     log_dir = tmp / "logs"
-    env = site(tmp / "site")
+    env = stop_site(tmp / "site")
 
     def cpu(name, *flags, **extra):
         return python(
             "_trainup_cpu.py",
-            *TINY,
+            *STOP_TINY,
             "--run-name",
             name,
             *flags,
@@ -174,7 +104,7 @@ def plain(tmp_path_factory, request):
     dead_lock(log_dir / "stopped.lock")
     starts = {
         "straight": lambda: cpu("straight"),
-        "stopped": lambda: cpu("stopped", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}"),
+        "stopped": lambda: cpu("stopped", TRAINUP_TEST_TWICE=str(STOP_AT)),
         "in_eval": lambda: cpu("in_eval", TRAINUP_TEST_SIGTERM_IN_EVAL="1"),
     }
     jobs = {k: start() for k, start in starts.items() if wanted(k)}
@@ -212,8 +142,11 @@ def plain(tmp_path_factory, request):
 
 @pytest.mark.jobs("stopped")
 def test_sigterm_stops_after_the_step_in_progress_saves_and_exits_75(plain):
+    """A second SIGTERM during the stop, and a third as the interpreter shuts down (the caller's
+    handlers handed back), change nothing: exit 75, nothing on stderr."""
     ok(plain.stopped, preempt.STOPPED_EXIT)
     assert f"SIGTERM: stopped in epoch 1 after step {STOP_AT}" in plain.stopped.stdout
+    assert not plain.stopped.stderr, plain.stopped.stderr[-3000:]
     run = report.read_run(plain.log_dir / "stopped.jsonl")
     assert run["problems"] == []
     saved = plain.at_stop
@@ -361,84 +294,8 @@ def test_reusing_a_run_name_on_purpose_says_what_it_replaces(tmp_path, capsys):
     assert not list(tmp_path.glob("*.lock"))
 
 
-# --- 2 DDP processes, started as srun starts them (SLURM signals every task) -------------------------------
-
-
-def _ddp_pair(log_dir, name, env, *extra):
-    port = distributed.free_port()
-    return [
-        python(
-            "_trainup_ddp.py",
-            *TINY,
-            "--device",
-            "cpu",
-            "--run-name",
-            name,
-            *extra,
-            log_dir=log_dir,
-            env={
-                **launch.environment(env),
-                "SLURM_PROCID": str(r),
-                "SLURM_NTASKS": "2",
-                "SLURM_LOCALID": str(r),
-                "SLURM_NNODES": "1",
-                "SLURM_NODEID": "0",
-                "SLURM_JOB_ID": "1",
-                "SLURM_STEP_ID": "0",
-                "MASTER_PORT": str(port),
-            },
-        )
-        for r in (0, 1)
-    ]
-
-
-@pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
-    """2 ranks straight; 2 ranks of which rank 1 alone gets SIGTERM after step 3, then --resume."""
-    tmp = tmp_path_factory.mktemp("preddp")
-    log_dir, env = tmp / "logs", site(tmp / "site")
-    straight = _ddp_pair(log_dir, "straight", env)
-    stopped = _ddp_pair(log_dir, "stopped", {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"})
-    straight, stopped = [finish_job(p) for p in straight], [finish_job(p) for p in stopped]
-    at_stop = torch.load(
-        log_dir / "checkpoints" / "stopped.pt", weights_only=True
-    )  # before --resume replaces it
-    resumed = [finish_job(p) for p in _ddp_pair(log_dir, "stopped", env, "--resume")]
-    return SimpleNamespace(
-        log_dir=log_dir, straight=straight, stopped=stopped, resumed=resumed, at_stop=at_stop
-    )
-
-
-def test_ddp_ranks_all_stop_after_the_step_one_of_them_posted_and_resume_to_the_same_parameters(
-    ddp,
-):
-    for p in ddp.straight + ddp.resumed:
-        ok(p)
-    for (
-        p
-    ) in ddp.stopped:  # rank 0 got no signal, yet stopped at the same step, through the posted step
-        ok(p, preempt.STOPPED_EXIT)
-    # rank 1, signalled in step 3, posts "stop after step 4": the other rank may already be inside step 4
-    after = STOP_AT + preempt.STOP_CHECK["cpu"][1]
-    assert (
-        f"a signal on another rank: stopped in epoch 1 after step {after}" in ddp.stopped[0].stdout
-    )
-    position = ddp.at_stop["position"]
-    assert (
-        position["epoch"],
-        position["step"],
-        position["world_size"],
-        len(position["ranks"]),
-    ) == (1, after, 2, 2)
-    resumed, straight = params(ddp.log_dir, "stopped"), params(ddp.log_dir, "straight")
-    for k in straight:
-        assert torch.equal(resumed[k], straight[k]), k
-    summaries = [r["status"] for r in lines(ddp.log_dir, "stopped") if r["type"] == "summary"]
-    assert summaries == ["stopped", "finished"]
-
-
 def _torchrun(script, log_dir, name, env, *extra):
-    flags = [*TINY, "--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
+    flags = [*STOP_TINY, "--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
     command = [
         *launch.TORCHRUN,
         "--standalone",
@@ -458,14 +315,14 @@ def fabric(tmp_path_factory):
     """Lesson 07's Fabric script under torchrun: 2 ranks straight; 2 ranks of which rank 1 alone
     gets SIGTERM after step 3, then --resume."""
     tmp = tmp_path_factory.mktemp("prefabric")
-    log_dir, env = tmp / "logs", site(tmp / "site")
+    log_dir, env = tmp / "logs", stop_site(tmp / "site")
     jobs = {
         "straight": _torchrun("_trainup_fabric.py", log_dir, "straight", env),
         "stopped": _torchrun(
             "_trainup_fabric.py",
             log_dir,
             "stopped",
-            {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"},
+            {**env, **stop_at(1, STOP_AT)},
         ),
     }
     done = {k: finish_job(p) for k, p in jobs.items()}
@@ -493,7 +350,7 @@ def fsdp(tmp_path_factory):
     """Lesson 09's FSDP2 (--shard parameters) under torchrun: 2 ranks straight; 2 ranks of which
     rank 1 alone gets SIGTERM after step 3, then --resume from the shards every rank wrote."""
     tmp = tmp_path_factory.mktemp("prefsdp")
-    log_dir, env = tmp / "logs", site(tmp / "site")
+    log_dir, env = tmp / "logs", stop_site(tmp / "site")
     flags = ["--shard", "parameters", "--blocks", "2", "--width", "32", "--dropout", "0.2"]
     jobs = {
         "straight": _torchrun("_trainup_fsdp.py", log_dir, "straight", env, *flags),
@@ -501,7 +358,7 @@ def fsdp(tmp_path_factory):
             "_trainup_fsdp.py",
             log_dir,
             "stopped",
-            {**env, "TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"},
+            {**env, **stop_at(1, STOP_AT)},
             *flags,
         ),
     }
@@ -526,56 +383,15 @@ def test_fsdp_ranks_save_their_shards_at_a_stop_and_resume_to_a_run_never_stoppe
     assert summaries == ["stopped", "finished"]
 
 
-@pytest.mark.parametrize("signalled", ["group", "rank 1"])
-def test_lightning_ranks_it_started_stop_at_one_step_and_resume_exactly(tmp_path, signalled):
-    """Lightning's own launcher (--devices 2, strategy ddp): SIGTERM to the job's whole group (a
-    scheduler's way), or to rank 1 alone, after step 3: every rank stops before the same step and
-    exits 75 (Lightning's handler would hang the first and miss the second); --resume ends with
-    the parameters of a run never stopped."""
-    log_dir, env = tmp_path / "logs", site(tmp_path / "site")
-    flags = [*TINY, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp"]
-    hit = (
-        {"TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
-        if signalled == "group"
-        else {"TRAINUP_TEST_SIGTERM_AT": f"1:{STOP_AT}"}
-    )
-    straight = python(
-        "_trainup_lightning.py", *flags, "--run-name", "straight", log_dir=log_dir, env=env
-    )
-    stopped = finish_job(
-        python(
-            "_trainup_lightning.py", *flags, "--run-name", "s", log_dir=log_dir, env={**env, **hit}
-        )
-    )
-    ok(stopped, preempt.STOPPED_EXIT)
-    assert "at epoch 1, step" in stopped.stderr and "Traceback" not in stopped.stderr
-    ok(
-        finish_job(
-            python(
-                "_trainup_lightning.py",
-                *flags,
-                "--run-name",
-                "s",
-                "--resume",
-                log_dir=log_dir,
-                env=env,
-            )
-        )
-    )
-    ok(finish_job(straight))
-    resumed, never = params(log_dir, "s"), params(log_dir, "straight")
-    for k in never:
-        assert torch.equal(resumed[k], never[k]), k
-
-
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     """SIGTERM to the whole process group (what SLURM's time limit and scancel --signal do) while DataLoader
-    workers run: lesson 02's script with 2 workers, and Hogwild's 2 worker processes."""
+    workers run: lesson 02's script with 2 workers, Hogwild's 2 worker processes, and rank 1 of a
+    torchrun DDP job with 2 workers a rank."""
     tmp = tmp_path_factory.mktemp("group")
-    log_dir, env = tmp / "logs", site(tmp / "site")
-    workers = [*TINY, "--device", "cpu", "--workers", "2"]
-    hit = {**env, "TRAINUP_TEST_SIGTERM_AT": f"0:{STOP_AT}", "TRAINUP_TEST_SIGTERM_GROUP": "1"}
+    log_dir, env = tmp / "logs", stop_site(tmp / "site")
+    workers = [*STOP_TINY, "--device", "cpu", "--workers", "2"]
+    hit = {**env, **stop_at(0, STOP_AT, "TERM", "group")}
     jobs = {
         "straight": python(
             "_trainup_gpu.py", *workers, "--run-name", "straight", log_dir=log_dir, env=env
@@ -585,7 +401,7 @@ def group(tmp_path_factory):
         ),
         "hogwild": python(
             "_trainup_hogwild.py",
-            *TINY,
+            *STOP_TINY,
             "--num-processes",
             2,
             "--threads",
@@ -593,7 +409,7 @@ def group(tmp_path_factory):
             "--run-name",
             "hogwild",
             log_dir=log_dir,
-            env={**hit, "TRAINUP_TEST_SIGTERM_AT": "0:2"},
+            env={**env, **stop_at(0, 2, "TERM", "group")},
         ),
     }
     done = {k: finish_job(p) for k, p in jobs.items()}
@@ -610,7 +426,7 @@ def group(tmp_path_factory):
         )
     )
     ddp = [
-        *TINY,
+        *STOP_TINY,
         "--device",
         "cpu",
         "--workers",
@@ -628,17 +444,25 @@ def group(tmp_path_factory):
         SCRIPTS / "_trainup_ddp.py",
         *ddp,
     ]
-    for name, extra, how in (
-        ("t_straight", [], env),
-        ("t_stopped", [], hit),
-        ("t_stopped", ["--resume"], env),
-    ):
-        done[name + "".join(extra)] = finish_job(
-            start_job(
-                [str(a) for a in torchrun + ["--run-name", name] + extra],
-                {**os.environ, **launch.environment(how)},
-            )
+    # rank 1's group: rank 1 and its loader workers (torchrun starts each worker in a session
+    # of its own); rank 0 gets no signal
+    t_hit = {**env, **stop_at(1, STOP_AT, "TERM", "group")}
+    runs = [("t_straight", [], env), ("t_stopped", [], t_hit)]
+    jobs = {
+        name + "".join(extra): start_job(
+            [str(a) for a in torchrun + ["--run-name", name] + extra],
+            {**os.environ, **launch.environment(how)},
         )
+        for name, extra, how in runs
+    }
+    done.update({name: finish_job(job) for name, job in jobs.items()})
+    done["t_at_stop"] = torch.load(log_dir / "checkpoints" / "t_stopped.pt", weights_only=True)
+    done["t_resumed"] = finish_job(
+        start_job(
+            [str(a) for a in torchrun + ["--run-name", "t_stopped", "--resume"]],
+            {**os.environ, **launch.environment(env)},
+        )
+    )
     return SimpleNamespace(log_dir=log_dir, **done)
 
 
@@ -652,19 +476,29 @@ def test_a_signal_to_the_whole_group_stops_a_run_with_loader_workers_and_resumes
         assert torch.equal(resumed[k], straight[k]), k
 
 
-def test_a_signal_to_torchruns_whole_group_stops_every_rank_with_a_checkpoint_that_resumes_exactly(
+def test_one_ranks_group_signalled_stops_every_rank_at_the_step_it_posted_and_resumes_exactly(
     group,
 ):
-    """torchrun, its 2 workers and their 2 DataLoader workers each get SIGTERM: every rank exits 75 after the
-    same step (torchrun reports the stop as a failure of its own), and --resume ends as if never stopped."""
+    """torchrun's rank 1 and its 2 DataLoader workers get SIGTERM after step 3, rank 0 none: rank
+    1 posts "stop after step 4", every rank exits 75 after that step (torchrun reports the stop as
+    a failure of its own), no loader worker fails, and --resume ends as if never stopped."""
     stopped = group.t_stopped
-    assert stopped.returncode != 0 and "DataLoader worker" not in stopped.stdout + stopped.stderr
-    ok(group.t_straight), ok(getattr(group, "t_stopped--resume"))
+    out = stopped.stdout + stopped.stderr
+    assert stopped.returncode != 0 and "DataLoader worker" not in out, out[-3000:]
+    assert torchrun_exit_codes(stopped) == {0: preempt.STOPPED_EXIT, 1: preempt.STOPPED_EXIT}
+    ok(group.t_straight), ok(group.t_resumed)
+    # rank 1, signalled in step 3, posts "stop after step 4": rank 0 may already be inside step 4
+    after = STOP_AT + preempt.STOP_CHECK["cpu"][1]
+    assert f"a signal on another rank: stopped in epoch 1 after step {after}" in stopped.stdout
+    position = group.t_at_stop["position"]
+    assert (
+        position["epoch"],
+        position["step"],
+        position["world_size"],
+        len(position["ranks"]),
+    ) == (1, after, 2, 2)
     summaries = [r["status"] for r in lines(group.log_dir, "t_stopped") if r["type"] == "summary"]
     assert summaries == ["stopped", "finished"]
-    assert (
-        "SIGTERM: stopped in epoch 1 after step" in stopped.stdout
-    )  # rank 0's sentence, through torchrun
     resumed, straight = params(group.log_dir, "t_stopped"), params(group.log_dir, "t_straight")
     for k in straight:
         assert torch.equal(resumed[k], straight[k]), k
@@ -851,16 +685,14 @@ def test_a_resume_with_changed_flags_is_refused_in_one_sentence(tmp_path, key, s
 def test_workers_whose_torchrun_was_killed_end_with_one_sentence_each(tmp_path):
     """SIGKILL to torchrun's agent after step 3: its workers notice (the store it served stops answering, or
     their parent changed, or a peer left a collective) and end, each with one sentence, no orphan training on."""
-    env = site(
-        tmp_path / "site", TRAINUP_TEST_SIGTERM_AT=f"0:{STOP_AT}", TRAINUP_TEST_KILL_AGENT="1"
-    )
+    env = stop_site(tmp_path / "site", **stop_at(0, STOP_AT, "KILL", "agent"))
     cmd = [
         *launch.TORCHRUN,
         "--standalone",
         "--nproc-per-node",
         "2",
         SCRIPTS / "_trainup_ddp.py",
-        *TINY,
+        *STOP_TINY,
         "--device",
         "cpu",
         "--epochs",

@@ -182,7 +182,7 @@ def test_preflight_counts_gpus_from_cuda_visible_devices():
 )
 def test_torchrun_templates_pass_the_stop_signals_on_to_the_training(path):
     """torchrun forwards only the signals it handles; SLURM's --signal and scancel --signal send
-    SIGUSR1, which would end torchrun unsaved (tests/test_faults_stops.py sends it for real)."""
+    SIGUSR1, which would end torchrun unsaved (tests/test_block_stops.py sends it for real)."""
     from lessons import launch
 
     assert f"export PET_SIGNALS_TO_HANDLE={launch.TORCHRUN_SIGNALS}" in path.read_text()

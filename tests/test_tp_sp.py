@@ -6,24 +6,22 @@ input: one sentence, exit status 2, checked in this process (no job started)."""
 
 import importlib.util
 import os
-import sys
 
 import pytest
 import torch
 
 from conftest import (
     ROOT,
-    SCRIPTS,
-    Ranks,
     assert_clean_error,
     finish_job,
     in_process,
     notebook_or_own,
+    start_run,
 )
-from lessons import checks, launch, report, tp_attention as tpa, tp_runs
+from lessons import checks, report, tp_attention as tpa, tp_runs
 from trainup import transformer
 
-SCRIPT = str(SCRIPTS / "_trainup_tp_sp.py")
+SCRIPT = "_trainup_tp_sp.py"  # under scripts/ (conftest.SCRIPTS)
 LAYERS, WIDTH, HIDDEN, HEADS = 2, 16, 32, 4
 # notebook 09ca's quick runs, the same flags: in a session that runs it, the tests read its runs
 SIZE = [
@@ -45,25 +43,12 @@ OWN_ONLY = {"tpa_dp2xsp2": (4, ["--tp", 2, "--sequence-parallel"])}  # no notebo
 ATOL = checks.FLOAT64_ATOL
 
 
-def job(log_dir, name, nproc, flags):
-    """nproc ranks started as srun starts them (each a fresh interpreter)."""
-    cmd = [
-        sys.executable,
-        SCRIPT,
-        *map(str, SIZE + flags),
-        "--run-name",
-        name,
-        "--log-dir",
-        str(log_dir),
-        "--checkpoint-dir",
-        str(log_dir / "checkpoints"),
-    ]
-    return Ranks(cmd, launch.environment(), ntasks=nproc)
-
-
 def make(log_dir, jobs, baseline):
     """The jobs side by side, and the one-process baseline in this process meanwhile."""
-    procs = {name: job(log_dir, name, nproc, flags) for name, (nproc, flags) in jobs.items()}
+    procs = {
+        name: start_run(SCRIPT, nproc, SIZE + flags, log_dir, name, srun=True)
+        for name, (nproc, flags) in jobs.items()
+    }
     environ = dict(os.environ)
     try:
         if baseline:
