@@ -12,12 +12,16 @@ that every such import, in every process, came from the copy.
 
 The notebook's cells run as Colab runs them: the set-up cell with COLAB_RELEASE_TAG set (its clone
 folder given by TRAINUP_COLAB_HOME, already there, so no network), then the lesson's own cells,
-read from the notebook, in quick mode.
+read from the notebook, in quick mode, each lesson in a fresh interpreter of its own, as Colab
+gives each notebook its own runtime. A first job that another lesson starts with the same helper
+and script is started once, by the first of them; the other lessons still run their set-up cell
+and imports.
 """
 
 import hashlib
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -36,7 +40,6 @@ GUARD = '''
 import json, os, sys
 
 COPY = os.path.realpath(os.environ["TRAINUP_CLONE_ROOT"])
-NOTES = os.environ["TRAINUP_CLONE_IMPORTS"]
 PACKAGES = {packages!r}
 
 
@@ -69,7 +72,8 @@ class Witness:
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None:
-                with open(NOTES, "a") as notes:
+                # read at each import: the cells' interpreter gives each lesson a file of its own
+                with open(os.environ["TRAINUP_CLONE_IMPORTS"], "a") as notes:
                     notes.write(json.dumps([os.getpid(), name, spec.origin,
                                             list(getattr(sys, "argv", []))[:2]]) + "\\n")
                 return spec
@@ -79,15 +83,24 @@ class Witness:
 sys.meta_path.insert(0, Witness)
 '''.format(packages=PACKAGES)
 
-# Runs a notebook's cells, one after another in one namespace as a kernel does, each after a marker
-# line so that a cell's printed output can be read apart.
+# Runs a lesson's cells, one after another in one namespace as a kernel does, each after a marker
+# line so that a cell's printed output can be read apart. A lesson that fails ends with its
+# traceback and a marker.
 DRIVER = """
-import json, sys
-namespace = {"__name__": "__main__"}
-for number, source in enumerate(json.load(open(sys.argv[1]))):
-    print(f"<<cell {number}>>", flush=True)
-    exec(compile(source, f"<cell {number}>", "exec"), namespace)
-    sys.stdout.flush()
+import json, os, sys, traceback
+
+for lesson in json.load(open(sys.argv[1])):
+    os.environ["TRAINUP_CLONE_IMPORTS"] = lesson["notes"]
+    namespace = {"__name__": "__main__"}
+    print(f"<<lesson {lesson['name']}>>", flush=True)
+    try:
+        for number, source in enumerate(lesson["cells"]):
+            print(f"<<cell {number}>>", flush=True)
+            exec(compile(source, f"<cell {number}>", "exec"), namespace)
+            sys.stdout.flush()
+    except (Exception, SystemExit):
+        traceback.print_exc(file=sys.stdout)
+        print("<<failed>>", flush=True)
 """
 
 
@@ -159,33 +172,49 @@ def setup_cell(notebook):
     return next(source for cell_id, source in code_cells(notebook) if cell_id == "colab-setup")
 
 
-def run_notebook_cells(home, tmp_path, notebook, pieces, timeout=900):
-    """The notebook's set-up cell, then the pieces, in one fresh interpreter started where Colab
-    starts its kernel (the folder above the clone). Returns (the finished process, what it imported
-    from where, the text each cell printed)."""
-    notes = tmp_path / "imports.jsonl"
-    cells = tmp_path / "cells.json"
-    cells.write_text(json.dumps([setup_cell(notebook), *pieces]))
+def run_lessons(home, folder, lessons, timeout_per_lesson=900):
+    """Each lesson's set-up cell, then its pieces ({notebook: pieces}), in a fresh interpreter
+    started where Colab starts its kernel (the folder above the clone); the tests give it one
+    lesson. Returns {notebook: (it ran to its end, what it imported from where, the text
+    each cell printed, what it printed in all)}, and the interpreter's stderr."""
+    cells = folder / "cells.json"
+    plan = [
+        {
+            "name": notebook,
+            "notes": str(folder / f"{notebook}.imports.jsonl"),
+            "cells": [setup_cell(notebook), *pieces],
+        }
+        for notebook, pieces in lessons.items()
+    ]
+    cells.write_text(json.dumps(plan))
     driver = home.parent / "guard" / "run_cells.py"
     done = subprocess.run(
         [sys.executable, str(driver), str(cells)],
         cwd=home.parent,
-        env=colab_env(home, notes),
+        env=colab_env(home, folder / "kernel.imports.jsonl"),
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=timeout_per_lesson * len(lessons),
     )
-    said = {}
-    for part in done.stdout.split("<<cell ")[1:]:
-        number, _, text = part.partition(">>\n")
-        said[int(number)] = text
-    return done, imports(notes), said
-
-
-def assert_only_the_copy(home, done, found, pieces_ran_a_job=True):
     assert done.returncode == 0, (
         f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
+    results = {}
+    for part in done.stdout.split("<<lesson ")[1:]:
+        notebook, _, text = part.partition(">>\n")
+        said = {}
+        for piece in text.split("<<cell ")[1:]:
+            number, _, printed = piece.partition(">>\n")
+            said[int(number)] = printed
+        ended = len(said) == len(lessons[notebook]) + 1 and not text.endswith("<<failed>>\n")
+        results[notebook] = (ended, imports(folder / f"{notebook}.imports.jsonl"), said, text)
+    assert results.keys() == lessons.keys(), f"lessons that never started: {done.stderr[-3000:]}"
+    return results, done.stderr
+
+
+def assert_only_the_copy(home, result, stderr, pieces_ran_a_job=True):
+    ended, found, _, text = result
+    assert ended, f"{text[-3000:]}\n{stderr[-3000:]}"
     assert found, "no process imported trainup or lessons: the witness did not run"
     assert not outside(home, found), f"imported from outside the copy: {outside(home, found)}"
     notebook = {
@@ -233,8 +262,9 @@ def test_the_spot_drill_of_lesson_04c_runs_from_a_clone_as_on_colab(clone, tmp_p
     notebook = "04c_elastic"
     spot = cell(notebook, 'spot = elastic.spot_drill("spot", cloud="aws")')
     pieces = [cell(notebook, "from lessons import checks, elastic, launch, ray_drill"), spot]
-    done, found, said = run_notebook_cells(clone, tmp_path, notebook, pieces)
-    assert_only_the_copy(clone, done, found)
+    results, stderr = run_lessons(clone, tmp_path, {notebook: pieces})
+    assert_only_the_copy(clone, results[notebook], stderr)
+    _, found, said, _ = results[notebook]
     stored = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
     outputs = next(c["outputs"] for c in stored if "".join(c["source"]) == spot)
     assert said[len(pieces)] == "".join("".join(o["text"]) for o in outputs if "text" in o)
@@ -260,7 +290,9 @@ def glue(code):
 # Each lesson: its import cell, then what starts its first job: the cell, or the call taken from
 # it; a lesson whose first cell of jobs is heavy gives one job of it, or a lighter job of its own.
 # 04c: the spot drill above. Each runs after the notebook's set-up cell. The flag: the pieces start
-# a job that imports the course's packages.
+# a job that imports the course's packages. A call, last, that an earlier lesson makes with the
+# same helper and script is left out (planned): 04a2 and 11 (04a1's), 07b and 07c (02's), 08
+# (01's), 08a (04's), 09a2 (09's).
 LESSONS = {
     "00_environment": (
         [
@@ -428,12 +460,12 @@ LESSONS = {
         ],
         True,
     ),
-    # its first cell of jobs remakes lessons 08 and 08a's runs where the copy lacks them (run alone,
-    # as on Colab; after those lessons' tests it reads theirs), then its own first job
+    # its first cell of jobs remakes lessons 08 and 08a's runs where the copy lacks them (as on
+    # Colab) with their calls, whose helper and script lessons 01 and 04 start (first_job); then
+    # its own first job
     "08b_tensorboard": (
         [
             whole("from lessons import checks, launch, report, traces"),
-            whole('if not report.left_here("prof_cpu", checkpoint=False):'),
             call('report.run("_trainup_lightning.py", "--monitor", name="pl_monitor")'),
         ],
         True,
@@ -590,13 +622,65 @@ def pieces_of(notebook, wanted):
     return pieces
 
 
+def first_job(notebook):
+    """What starts the lesson's first job, where a call of the notebook's starts it: the helper
+    called (its module's name where the lesson's imports rename it) and the first script the call
+    names (None: the helper's own). Two lessons with the same start the same command but for its
+    flags and run names: the job's processes import the same way. None where glue starts it."""
+    wanted, starts_a_job = LESSONS[notebook]
+    kind, text = wanted[-1]
+    if not starts_a_job or kind != "call":
+        return None
+    helper = re.match(r"(?:\w+ = )?([\w.]+)\(", text).group(1)  # `cpu_run = report.run(`
+    renamed = dict(re.findall(r"(\w+) as (\w+)", pieces_of(notebook, wanted[:1])[0]))
+    module, _, function = helper.rpartition(".")
+    helper = f"{({v: k for k, v in renamed.items()}).get(module, module)}.{function}"
+    scripts = re.findall(r"[\"'](\w+\.py)[\"']", text)
+    return helper, scripts[0] if scripts else None
+
+
+def proven_by(notebook):
+    """The lesson whose test starts this lesson's first job: the first, in the tests' order, of
+    those that start it the same way (first_job); None where the lesson starts no job."""
+    key = first_job(notebook)
+    if key is None:
+        return notebook if LESSONS[notebook][1] else None
+    return next(other for other in sorted(LESSONS) if first_job(other) == key)
+
+
+def planned(notebook):
+    """(the pieces the lesson's test runs, whether they start a job): a first job started in
+    another lesson's test is left out; its set-up cell and imports still run."""
+    wanted, starts_a_job = LESSONS[notebook]
+    if starts_a_job and proven_by(notebook) != notebook:
+        return pieces_of(notebook, wanted[:-1]), False
+    return pieces_of(notebook, wanted), starts_a_job
+
+
 def test_every_lesson_is_listed_once():
     listed = set(LESSONS) | {"04c_elastic"}
     assert listed == {p.stem for p in NOTEBOOKS.glob("[0-9]*.ipynb")}
 
 
+def test_a_first_job_started_once_stands_for_lessons_that_start_it_the_same_way():
+    """A lesson whose first job is left out names another lesson that starts it with the same
+    helper and script; none is left out that only looks alike (another helper, or script)."""
+    for notebook in LESSONS:
+        prover = proven_by(notebook)
+        if prover not in (None, notebook):
+            assert LESSONS[prover][1] and first_job(prover) == first_job(notebook), notebook
+            assert planned(prover)[1] and not planned(notebook)[1], notebook
+    assert first_job("07b_lightning_launch_and_log") == ("report.run", "_trainup_gpu.py")
+    assert proven_by("07c_lightning_options") == "02_single_gpu"  # `cpu_run = report.run(` there
+    assert proven_by("11_predict_the_cluster") == "04a1_inside_ddp"
+    assert first_job("09a2_fsdp_at_scale") == ("zero_stages.run", None)  # `as lesson` read back
+    assert proven_by("09a2_fsdp_at_scale") == "09_sharding"
+    assert proven_by("06c_bubble_and_memory") == "06c_bubble_and_memory"  # python, not torchrun
+    assert proven_by("04a3_nodes_and_faults") == "04a3_nodes_and_faults"  # two launchers
+
+
 @pytest.mark.parametrize("notebook", sorted(LESSONS))
 def test_each_lesson_starts_its_first_job_from_a_clone_as_on_colab(clone, tmp_path, notebook):
-    wanted, starts_a_job = LESSONS[notebook]
-    done, found, _ = run_notebook_cells(clone, tmp_path, notebook, pieces_of(notebook, wanted))
-    assert_only_the_copy(clone, done, found, starts_a_job)
+    pieces, starts_a_job = planned(notebook)
+    results, stderr = run_lessons(clone, tmp_path, {notebook: pieces})
+    assert_only_the_copy(clone, results[notebook], stderr, starts_a_job)
