@@ -562,8 +562,8 @@ STOPS = {
     # would hang them); its own launcher, rank 1 Lightning's child in rank 0's group
     "group": (SCRIPT, LIGHTNING_TWO, "two", stop_at(0, STOP_AT, "TERM", "group"), "SIGTERM"),
     # rank 1 alone (Lightning's own handler would miss it): rank 0 stops through the step rank 1
-    # posted
-    "rank 1": (SCRIPT, LIGHTNING_TWO, "two", stop_at(1, STOP_AT), "a signal on another rank"),
+    # posted; in epoch 2, where Lightning's DistributedSampler shuffles by an epoch of its own
+    "rank 1": (SCRIPT, LIGHTNING_TWO, "two", stop_at(1, 11), "a signal on another rank"),
     # one process (no agreement between ranks), the course's default --stop-signal, in epoch 2
     "alone": (SCRIPT, ["--accelerator", "cpu"], "one", stop_at(0, 11, "USR1"), "SIGUSR1"),
     # ModelParallelStrategy: Lightning's checkpoint is a folder of shards, put in place whole

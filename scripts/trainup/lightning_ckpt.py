@@ -139,6 +139,9 @@ class Loader(DataLoader):
         resume, self.resume = self.resume, None  # used once
         if resume:
             preempt.set_rng_state(resume["epoch_rng"])
+            if resume.get("sampler_epoch") is not None:  # Lightning's DistributedSampler: a
+                # resumed fit iterates before it sets the epoch, and the skip below draws now
+                self.sampler.set_epoch(resume["sampler_epoch"])
         self.epoch_rng = preempt.rng_state()
         batches = super().__iter__()
         if resume:
@@ -149,7 +152,8 @@ class Loader(DataLoader):
 
     def state_dict(self):
         """Where the epoch stands; trained: its steps taken, set by stopped() before it saves."""
-        return dict(epoch_rng=self.epoch_rng, rng=preempt.rng_state(), trained=self.trained)
+        return dict(epoch_rng=self.epoch_rng, rng=preempt.rng_state(), trained=self.trained,
+                    sampler_epoch=getattr(self.sampler, "epoch", None))
 
     def load_state_dict(self, state):
         self.resume = state if state.get("trained") and state.get("epoch_rng") else None
