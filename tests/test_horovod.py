@@ -34,8 +34,8 @@ TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
 # 84 samples a rank: steps of 32, 32 and 20, so with --accumulate 2 (micro-batches of 16) the last
 # step's are 16 and 4: a mean of the micro-batches' means (loss / K) would weigh the 4 as the 16
 SHORT_LAST = ["--train-size", 168]
-# float16 autocast and its GradScaler, on the CPU (torch has both there; about 20 samples a second
-# here, so 128 samples an epoch: 2 steps)
+# float16 autocast and its GradScaler, on the CPU (torch has both there; float16 matmuls are slow
+# on a CPU, so 128 samples an epoch: 2 steps, enough for the scaler's state to change)
 FP16 = ["--precision", "16", "--train-size", 128]
 
 
