@@ -173,7 +173,7 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
 
     def dashboard_late(**kwargs):  # as Ray's services.start_api_server raises it
         raise Exception(
-            "\nThe last 20 lines of /tmp/ray/session/logs/dashboard.log (it contains the error "
+            "\nThe last 20 lines of session_latest/logs/dashboard.log (it contains the error "
             "message from the dashboard): \n..."
         )
 
