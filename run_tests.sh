@@ -20,7 +20,7 @@ export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-1000000000}
 export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-1000000000}
 # One pytest-xdist worker more than the cores (at least 2, at most 4): a worker waits at times (a
 # rendezvous, SLURM's scheduler, Ray's start) and another's jobs take the core. Each test file runs
-# whole on one worker (its fixtures' jobs run once); the notebooks run as two units, each in order
+# whole on one worker (its fixtures' jobs run once); the notebooks run as three units, each in order
 # (tests/suite_plugin.py: serial_group). TRAINUP_TEST_WORKERS=0 runs everything in this process.
 cores=$(nproc 2>/dev/null || echo 2)
 workers=${TRAINUP_TEST_WORKERS:-$(( cores + 1 < 2 ? 2 : (cores + 1 > 4 ? 4 : cores + 1) ))}

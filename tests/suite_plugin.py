@@ -1,6 +1,6 @@
 """The suite's own pytest plugin, loaded by the root conftest.py whatever paths pytest is given
 (the whole suite, tests/ alone, one notebook): the work units pytest-xdist hands out (a test file
-whole, the notebooks in two ordered units), the order they are collected in, each test's outcome
+whole, the notebooks in three ordered units), the order they are collected in, each test's outcome
 shared between the workers. A conftest.py under tests/ is
 not loaded when only notebooks are collected (`bash run_tests.sh notebooks/04_ddp.ipynb`): there
 the cells of one notebook were spread over the workers, each in a kernel of its own.
@@ -137,22 +137,24 @@ def record_outcome(report):
             f.write(f"{nodeid}\t{OUTCOMES[nodeid]}\n")
 
 
-# Under pytest-xdist the notebooks are two work units, each in run_course.sh's order, that start
-# side by side on two workers: as one unit they were the longest of the suite. The second begins at
-# SECOND_UNIT, where the two take about as long. Lesson 10 (READS_EARLIER) reports the runs of every
-# lesson before it, so its cells wait until the first unit's notebooks have run
-# (wait_for_earlier_notebooks). Lesson 10a reads the same runs; it follows 10 in the same unit.
-SECOND_UNIT = "notebooks/05_horovod.ipynb"
+# Under pytest-xdist the notebooks are three work units, each in run_course.sh's order, that start
+# side by side on three workers: the notebooks take far longer than any test file, and in fewer
+# units one unit's worker would end the suite alone. A unit begins at each of UNIT_STARTS. Lesson
+# 10 (READS_EARLIER) reports the runs of every lesson before it, so its cells wait until the other
+# units' notebooks before it have run (wait_for_earlier_notebooks). Lesson 10a reads the same runs;
+# it follows 10 in the same unit.
+UNIT_STARTS = ("notebooks/05_horovod.ipynb", "notebooks/09_sharding.ipynb")
 READS_EARLIER = "notebooks/10_scaling_report.ipynb"
 
 
 def serial_group(nodeid):
     """The work unit a test runs in under pytest-xdist: its file (a module's fixtures run once), or
-    one of the two runs of notebooks. The files that start a local SLURM are units like any other:
+    one of the three runs of notebooks. The files that start a local SLURM are units like any other:
     each starts its own (tools/local_slurm.sh: free ports, job ids of its own)."""
     path = plain_id(nodeid).split("::")[0]
     if path.startswith("notebooks/"):
-        return "notebooks" if path < SECOND_UNIT else "notebooks, second unit"
+        later = sum(path >= start for start in UNIT_STARTS)
+        return "notebooks" + (f", unit {later + 1}" if later else "")
     return path
 
 

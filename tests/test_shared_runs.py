@@ -91,43 +91,45 @@ def test_files_that_read_a_notebook_run_after_the_other_files_and_before_the_bre
     ]
 
 
-def test_the_notebooks_are_two_units_and_lesson_10_waits_for_the_other_one(monkeypatch, tmp_path):
-    """Under xdist the notebooks run as two units side by side; lesson 10 reads every earlier
-    lesson's runs, so its cells wait for the other unit's notebooks before it, and only for
+def test_the_notebooks_are_three_units_and_lesson_10_waits_for_the_others(monkeypatch, tmp_path):
+    """Under xdist the notebooks run as three units side by side; lesson 10 reads every earlier
+    lesson's runs, so its cells wait for the other units' notebooks before it, and only for
     them."""
     first, second = "notebooks/04_ddp.ipynb::Cell 0", "notebooks/05_horovod.ipynb::Cell 0"
+    ninth = "notebooks/09_sharding.ipynb::Cell 0"
     tenth = f"{suite.READS_EARLIER}::Cell 3"
     later = "notebooks/11_predict_the_cluster.ipynb::Cell 0"
     group = suite.serial_group
     assert group(first) == group("notebooks/00_environment.ipynb::Cell 0")
-    assert group(first) != group(second) == group(tenth)
+    assert group(second) == group("notebooks/08b_tensorboard.ipynb::Cell 0")
+    assert len({group(first), group(second), group(tenth)}) == 3
+    assert group(ninth) == group(tenth) == group(later)
     assert suite.serial_group("tests/test_ddp.py::test_d") == "tests/test_ddp.py"
-    monkeypatch.setattr(suite, "OUTCOMES", {second: "passed"})  # this worker's own unit
+    monkeypatch.setattr(suite, "OUTCOMES", {ninth: "passed"})  # this worker's own unit
     shared = tmp_path / "outcomes.tsv"
     shared.write_text("")
     polls = []
 
-    def later_on(_seconds):  # the other worker's notebook ends while this one waits
+    def later_on(_seconds):  # the other workers' notebooks end while this one waits
         polls.append(1)
-        shared.write_text(f"{first}\tfailed\n")
+        shared.write_text(f"{first}\tfailed\n" + (f"{second}\tpassed\n" if len(polls) > 1 else ""))
 
     monkeypatch.setattr(suite.time, "sleep", later_on)
 
     def item(nodeid, workerinput):
         config = SimpleNamespace(workerinput=workerinput) if workerinput else SimpleNamespace()
-        session = SimpleNamespace(
-            config=config, items=[SimpleNamespace(nodeid=n) for n in (first, second, tenth, later)]
-        )
+        cells = (first, second, ninth, tenth, later)
+        session = SimpleNamespace(config=config, items=[SimpleNamespace(nodeid=n) for n in cells])
         return SimpleNamespace(nodeid=nodeid, session=session)
 
     xdist = {SHARED_OUTCOMES: str(shared)}
-    assert suite.wait_for_earlier_notebooks(item(second, xdist)) == set() and polls == []
+    assert suite.wait_for_earlier_notebooks(item(ninth, xdist)) == set() and polls == []
     in_order = suite.wait_for_earlier_notebooks(item(tenth, {}))  # one process: in order
     assert in_order == set() and polls == []
-    assert suite.wait_for_earlier_notebooks(item(tenth, xdist)) == set() and polls == [1]
-    shared.write_text("")
+    assert suite.wait_for_earlier_notebooks(item(tenth, xdist)) == set() and polls == [1, 1]
+    shared.write_text(f"{first}\tpassed\n")
     monkeypatch.setattr(suite, "NOTEBOOK_WAIT_S", -1)  # a worker that died: not waited for ever
-    assert suite.wait_for_earlier_notebooks(item(tenth, xdist)) == {first}
+    assert suite.wait_for_earlier_notebooks(item(tenth, xdist)) == {second}
 
 
 def test_the_baseline_is_keyed_by_the_code_it_runs(tmp_path):

@@ -188,15 +188,15 @@ def test_one_local_slurm_fixture_for_every_module():
     assert defining == ["conftest.py"], defining
 
 
-def test_the_notebooks_run_as_two_ordered_work_units_and_each_test_file_as_its_own():
-    """Under pytest-xdist: the notebooks keep run_course.sh's order in two units (lesson 10 waits
-    for the first: tests/test_shared_runs.py); test files (those that start a SLURM too) spread
+def test_the_notebooks_run_as_three_ordered_work_units_and_each_test_file_as_its_own():
+    """Under pytest-xdist: the notebooks keep run_course.sh's order in three units (lesson 10 waits
+    for the others: tests/test_shared_runs.py); test files (those that start a SLURM too) spread
     out."""
     from suite_plugin import serial_group
 
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
     units = [serial_group(f"notebooks/{n}::Cell 0") for n in names]
-    assert len(set(units)) == 2 and units == sorted(units, key=units.index)  # each unit in one run
+    assert len(set(units)) == 3 and units == sorted(units, key=units.index)  # each unit in one run
     assert units[0] == serial_group("notebooks/04_ddp.ipynb::Cell 2")
     slurm_test = "tests/test_slurm.py::test_cpu_template_completes_through_sbatch[a-1-2]"
     assert serial_group(slurm_test) == "tests/test_slurm.py"
