@@ -1,6 +1,7 @@
-"""The scaling report (lessons/scaling_report.py, its proof in lessons/equivalence.py): empty logs/,
-references only, a synthetic full set, logs of older schema states, every equivalence row failing on a
-run that differs, float32 runs skipped, the noise floor, and one real float64 pair end to end.
+"""The scaling report (lessons/scaling_report.py, lesson 10) and its proof (lessons/equivalence.py,
+lesson 10a): empty logs/, references only, a synthetic full set, logs of older schema states, every
+equivalence row failing on a run that differs, float32 runs skipped, the noise floor, and one real
+float64 pair end to end.
 
 Only the command's test trains (a one-process run and a 2-rank DDP job, side by side), or
 reads copies of notebook 10's pair where the session ran it; the others write small logs and
@@ -141,8 +142,10 @@ def shifted(by, state=STATE):
     return {k: v + by for k, v in state.items()}
 
 
-def report_main(capsys, *argv):
-    code = sr.main([str(a) for a in argv])
+def report_main(capsys, *argv, command=sr):
+    """The command (python -m lessons.scaling_report; command=eq: lessons.equivalence) in this
+    process: its exit status, stdout and stderr."""
+    code = command.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -181,15 +184,21 @@ def test_empty_logs(tmp_path, capsys):
         and "lessons.scaling_report" in first
     )
     runs, left = sr.load(tmp_path)
-    equal = sr.equivalence(runs, tmp_path)
+    equal = eq.equivalence(runs, tmp_path)
     assert (
         runs == [] and len(equal) == len(EQUIVALENCE_ROWS) and set(equal["result"]) == {"skipped"}
     )
     assert all(equal["reason"].str.len() > 10)  # every skip says why
     assert (equal["tolerance"] == checks.FLOAT64_ATOL).all() and equal["noise_floor"].isna().all()
-    assert "no noise floor was measured here" in sr.about_equivalence(equal)
+    assert "no noise floor was measured here" in eq.about_equivalence(equal)
+    code, out, err = report_main(
+        capsys, "--log-dir", tmp_path, "--checkpoint-dir", tmp_path / "c", command=eq
+    )
+    assert code == 0 and not err
+    first = out.splitlines()[0]
+    assert "no finished training run" in first and "lessons.equivalence" in first
     header = next(line for line in out.splitlines() if line.split()[:1] == ["strategy"])
-    assert header.split() == sr.EQUIVALENCE_COLUMNS
+    assert header.split() == eq.EQUIVALENCE_COLUMNS
 
 
 def test_references_only(tmp_path, capsys):
@@ -206,7 +215,7 @@ def test_references_only(tmp_path, capsys):
         and row.hardware == "NVIDIA H100"
         and row.speedup == pytest.approx(1.8)
     )
-    equal = sr.equivalence(runs, tmp_path / "checkpoints").set_index("strategy")
+    equal = eq.equivalence(runs, tmp_path / "checkpoints").set_index("strategy")
     assert (
         equal.loc["DDP, 2 ranks", "result"] == "skipped"
         and "no checkpoint" in equal.loc["DDP, 2 ranks", "reason"]
@@ -255,7 +264,7 @@ def test_synthetic_full_set(full_set):
     assert (
         table.loc["d2", "baseline"] == "d1"
     )  # the same script's one-process run, when there is one
-    equal = sr.equivalence(runs, full_set / "checkpoints").set_index("strategy")
+    equal = eq.equivalence(runs, full_set / "checkpoints").set_index("strategy")
     for n in (1, 2, 4):
         assert equal.loc[f"DDP, {n} rank{'s' * (n > 1)}", "result"] == "holds"
     assert equal.loc["DDP, 4 ranks", "largest_difference"] == pytest.approx(
@@ -437,7 +446,7 @@ def test_every_equivalence_row_fails_on_a_run_that_differs(strategy, tmp_path, m
     assert {r["name"]: r["strategy"] for r in runs}["same"] is strategy
 
     def row():
-        return sr.equivalence_row(strategy, sr.load(logs)[0], ckpt)
+        return eq.equivalence_row(strategy, sr.load(logs)[0], ckpt)
 
     assert row()["result"] == "holds", row()
     assert row()["tolerance"] == checks.FLOAT64_ATOL
@@ -463,15 +472,15 @@ def test_what_cannot_be_compared_is_skipped_with_its_reason(tmp_path):
     ddp2 = next(s for s in sr.STRATEGIES if s.name == "DDP, 2 ranks")
     write_run(tmp_path, "base", "_trainup_gpu.py", state=STATE, extra_args={"dropout": 0.25})
     write_run(tmp_path, "drop", "_trainup_ddp.py", 2, state=STATE, extra_args={"dropout": 0.25})
-    row = sr.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
+    row = eq.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
     assert row["result"] == "skipped" and "dropout" in row["reason"]
     write_run(
         tmp_path, "drop", "_trainup_ddp.py", 2, state=STATE, extra_args={"seed": 2}
     )  # no same-seed baseline
-    row = sr.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
+    row = eq.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
     assert row["result"] == "skipped" and "no float64 one-process baseline" in row["reason"]
     lightning = next(s for s in sr.STRATEGIES if s.name == "Lightning DDP")
-    assert "scripts/_trainup_lightning.py is not in the course yet" in sr.missing_need(
+    assert "scripts/_trainup_lightning.py is not in the course yet" in eq.missing_need(
         lightning, tmp_path
     )
 
@@ -483,7 +492,7 @@ def test_float32_runs_are_skipped_with_their_difference(tmp_path):
     f32 = {"precision": "32"}
     write_run(tmp_path, "base", "_trainup_gpu.py", state=FLOAT32, extra_args=f32)
     write_run(tmp_path, "two", "_trainup_ddp.py", 2, state=shifted(1e-3, FLOAT32), extra_args=f32)
-    row = sr.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
+    row = eq.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")
     assert row["result"] == "skipped" and row["precision"] == "32"
     assert (
         "are float32" in row["reason"]
@@ -495,7 +504,7 @@ def test_float32_runs_are_skipped_with_their_difference(tmp_path):
     write_run(tmp_path, "base", "_trainup_gpu.py", state=STATE)
     write_run(tmp_path, "two", "_trainup_ddp.py", 2, state=shifted(1e-3))
     assert (
-        sr.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")["result"]
+        eq.equivalence_row(ddp2, sr.load(tmp_path)[0], tmp_path / "checkpoints")["result"]
         == "FAILS"
     )
 
@@ -531,14 +540,14 @@ def test_noise_floor_from_a_noise_pair(tmp_path):
         math.isnan(floor)
         and "no two one-process float64 runs here differ only in their CPU threads" in why
     )
-    equal = sr.equivalence(runs, ckpt).set_index("strategy")
+    equal = eq.equivalence(runs, ckpt).set_index("strategy")
     ddp2 = equal.loc["DDP, 2 ranks"]
     assert (
         ddp2["result"] == "holds"
         and math.isnan(ddp2["noise_floor"])
         and "no noise floor" in ddp2["reason"]
     )
-    assert "no noise floor was measured here" in sr.about_equivalence(equal.reset_index())
+    assert "no noise floor was measured here" in eq.about_equivalence(equal.reset_index())
     assert eq.noise_floor(runs, "32", ckpt)[0] == pytest.approx(
         1e-5, rel=0.05
     )  # float32's own pair
@@ -551,10 +560,10 @@ def test_noise_floor_from_a_noise_pair(tmp_path):
     ]
     floor, why = eq.noise_floor(runs, checkpoint_dir=ckpt)
     assert floor == pytest.approx(3e-13, rel=0.01) and "one~one_t2" in why
-    equal = sr.equivalence(runs, ckpt)
+    equal = eq.equivalence(runs, ckpt)
     assert (
         equal["noise_floor"] == floor
-    ).all() and "noise floor measured here is 3e-13" in sr.about_equivalence(equal)
+    ).all() and "noise floor measured here is 3e-13" in eq.about_equivalence(equal)
     ddp2 = equal.set_index("strategy").loc["DDP, 2 ranks"]
     assert (
         ddp2["result"] == "holds" and "noise" not in ddp2["reason"] and "two~one " in ddp2["pairs"]
@@ -914,21 +923,20 @@ def own_pair(logs):
 
 
 def test_the_command_on_a_real_pair(real_pair, capsys):
-    """The command, as the README gives it, finds the float64 pair and the row holds, within the tolerance,
-    with a noise floor from the threads pair far below it; once the 2-rank job's checkpoint moves by 10
-    times the tolerance, the same report (in this process, to save an interpreter) says FAILS and exits 1
-    with one sentence."""
+    """Lesson 10a's command, as docs/lessons.md gives it, finds the float64 pair and the row holds,
+    within the tolerance, with a noise floor from the threads pair far below it; once the 2-rank job's
+    checkpoint moves by 10 times the tolerance, the same command (in this process, to save an
+    interpreter) says FAILS and exits 1 with one sentence. Lesson 10's command reads the same runs."""
     real_pair, two = real_pair
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
-            "lessons.scaling_report",
+            "lessons.equivalence",
             "--log-dir",
             str(real_pair),
             "--checkpoint-dir",
             str(real_pair / "ckpt"),
-            "--no-figures",
         ],
         cwd=ROOT / "scripts",
         capture_output=True,
@@ -947,6 +955,10 @@ def test_the_command_on_a_real_pair(real_pair, capsys):
         floor <= tolerance / 1000
     )  # float64 summation noise (about 1e-16), far below the tolerance
     assert f"noise floor measured here is {floor:.0e}" in proc.stdout
+    code, out, err = report_main(
+        capsys, "--log-dir", real_pair, "--checkpoint-dir", real_pair / "ckpt", "--no-figures"
+    )
+    assert code == 0 and not err and any(line.split()[:1] == [two] for line in out.splitlines())
     state = torch.load(real_pair / "ckpt" / f"{two}.pt", weights_only=True)
     first = next(iter(state["model"]))
     assert state["model"][first].dtype == torch.float64  # --precision 64 reached the checkpoint
@@ -955,7 +967,7 @@ def test_the_command_on_a_real_pair(real_pair, capsys):
     )  # the 2-rank job now ends elsewhere
     torch.save(state, real_pair / "ckpt" / f"{two}.pt")
     code, out, err = report_main(
-        capsys, "--log-dir", real_pair, "--checkpoint-dir", real_pair / "ckpt", "--no-figures"
+        capsys, "--log-dir", real_pair, "--checkpoint-dir", real_pair / "ckpt", command=eq
     )
     failed = next(
         line

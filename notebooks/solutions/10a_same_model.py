@@ -3,6 +3,7 @@
 
 def with_ddp8(log_dir=None, checkpoint_dir=None):
     """Exercise 1: the equivalence table with a DDP row for 8 ranks added in one line; returns its row."""
+    from lessons import equivalence as eq
     from lessons import scaling_report as sr
     from trainup import CHECKPOINT_DIR, LOG_DIR
     ddp8 = sr.Strategy("DDP, 8 ranks", "DDP", dict(script="_trainup_ddp.py", world_size=8, accumulate=(None, 1)),
@@ -11,7 +12,7 @@ def with_ddp8(log_dir=None, checkpoint_dir=None):
     at = next(i for i, s in enumerate(sr.STRATEGIES) if s.name == "DDP, 4 ranks") + 1
     strategies = sr.STRATEGIES[:at] + [ddp8] + sr.STRATEGIES[at:]  # one line in the registry, after 4 ranks
     runs, _ = sr.load(log_dir or LOG_DIR)
-    table = sr.equivalence(runs, checkpoint_dir or CHECKPOINT_DIR, strategies)
+    table = eq.equivalence(runs, checkpoint_dir or CHECKPOINT_DIR, strategies)
     return table.set_index("strategy").loc["DDP, 8 ranks"]
 
 

@@ -31,10 +31,9 @@ checkpoint, devices, distributed...). Here:
   formulas, collectives (09a1), the largest model; later lessons read lesson 09's runs
 - tp_runs: lesson 09c, tensor parallelism and the 2-D mesh: bytes per rank, collectives per
   step; tp_attention: lesson 09ca, the transformer cut by heads, sequence parallelism
-- scaling_report: lessons 10 and 10a, every run in one table (10), the equivalence table and
-  the computed recommendation (10a)
+- scaling_report: lesson 10, every run in one table, the registry of strategies, the figures
 - equivalence: lesson 10a, the proof: float64 runs against one process, one tolerance, the
-  noise floor
+  noise floor; the equivalence table and the computed recommendation
 - activations: lesson 09b, a transformer layer's activation bytes measured, and recomputation
 - perfmodel, hardware, predict, predict_plots: lessons 11 to 11a2, a step's time as arithmetic,
   published links and machines, the fits and predictions against published runs

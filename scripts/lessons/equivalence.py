@@ -1,22 +1,32 @@
-"""Lesson 10a's proof: does each strategy train the same model as one process? The equivalence
-table of the scaling report (scaling_report.equivalence gives it the registry and the runs).
+"""Lesson 10a: does each strategy train the same model as one process? The equivalence table over
+the runs lesson 10's report reads, and the recommendation worked out from both.
+
+    cd scripts && python -m lessons.equivalence   # the table, its sentence, the recommendation
 
     from lessons import equivalence as eq
-    equal = eq.table(runs, strategies)   # one row per strategy with a baseline
+    equal = eq.equivalence(runs)         # one row per strategy of sr.STRATEGIES with a baseline
     floor, why = eq.noise_floor(runs)    # float64 summation noise measured here, from a noise pair
-    eq.about(equal)                      # one sentence counted from the table
+    eq.about_equivalence(equal)          # one sentence counted from the table
+
+The runs, the registry (which runs are a strategy's, which one-process run it must equal) and the
+performance table are lesson 10's (lessons/scaling_report.py).
 
 A row compares float64 runs only (--precision 64), against one tolerance for all (TOLERANCE). Its
 noise floor is the largest difference between two one-process runs made here that differ only in
 their CPU threads or their micro-batches (noise_pairs): what summation order alone moves here.
 """
+import argparse
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
-from trainup import CHECKPOINT_DIR, ROOT
+from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
 from . import checks
+from . import scaling_report as sr
+# lesson 10's helpers, the proof's too: float64's spellings, a registry condition, a checkpoint
+from .scaling_report import FLOAT64, checkpoint_of, fits, same
 
 # The flags that make two runs train the same thing (data, model, seed, global batch, steps, rule).
 SAME_TRAINING = ("dataset", "model", "batch_size", "epochs", "lr", "gamma", "dropout", "seed",
@@ -30,7 +40,6 @@ SAME_TRAINING = ("dataset", "model", "batch_size", "epochs", "lr", "gamma", "dro
 # failed on another, where float32 DDP ended 5.65e-4 from one process: float32 noise is as large
 # as a defect.
 TOLERANCE = checks.FLOAT64_ATOL
-FLOAT64 = ("64", "64-true", "double")  # --precision's spellings of float64 (Lightning's too)
 NAMES = {"64": "float64", "32": "float32", "16": "mixed float16", "bf16": "mixed bfloat16"}
 # A noise pair: two runs that share their training and script, one process each on the same device
 # (NOISE_SAME), and differ in one of NOISE_KNOBS alone. Either changes only the order of the sums:
@@ -54,20 +63,6 @@ def latest(candidates):
     return max(candidates, key=lambda r: (r["facts"]["time"] or 0, r["name"]))
 
 
-def same(a, b, keys):
-    """Two runs' facts agree on every key."""
-    return all(a.get(k) == b.get(k) for k in keys)
-
-
-def fits(want, value):
-    """One condition of the registry: equal to a value, in a tuple, or true for a function."""
-    if callable(want):
-        return bool(want(value))
-    if isinstance(want, tuple):
-        return value in want
-    return value == want
-
-
 def fits_all(where, f):
     return all(fits(v, f.get(k)) for k, v in where.items())
 
@@ -83,17 +78,6 @@ def missing_need(strategy, scripts_dir=ROOT / "scripts"):
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if kind == "gpus" and gpus < what:
             return f"it needs {what} GPU(s); torch sees {gpus} here"
-    return None
-
-
-def checkpoint_of(run, checkpoint_dir=CHECKPOINT_DIR):
-    """The run's checkpoint file if it is on this machine (references keep none: it is local)."""
-    if run["facts"]["measured_on"] != "here":
-        return None
-    named = Path(checkpoint_dir) / f"{run['name']}.pt"
-    for p in ((run["summary"] or {}).get("checkpoint"), named):
-        if p and Path(p).is_file():
-            return Path(p)
     return None
 
 
@@ -235,15 +219,23 @@ def equivalence_row(strategy, runs, checkpoint_dir=CHECKPOINT_DIR, scripts_dir=R
 
 # ------------------------------------------------------------------------------- the table
 
-def table(runs, strategies, checkpoint_dir=CHECKPOINT_DIR, scripts_dir=ROOT / "scripts"):
-    """One row per strategy that claims to train the one-process model (it has a baseline)."""
+EQUIVALENCE_COLUMNS = ["strategy", "largest_difference", "noise_floor", "tolerance", "result",
+                       "reason"]
+
+
+def equivalence(runs, checkpoint_dir=CHECKPOINT_DIR, strategies=None, scripts_dir=ROOT / "scripts"):
+    """One row per strategy that claims to train the one-process model (it has a baseline): the
+    largest float64 difference, the noise floor measured here, the tolerance, result and why.
+    runs: sr.load's; strategies: sr.STRATEGIES unless another registry is given (a row added)."""
     import pandas as pd
+    if strategies:  # another registry: each run is classified against it
+        runs = [{**r, "strategy": sr.classify(r["facts"], strategies)} for r in runs]
     floors = {}
     return pd.DataFrame([equivalence_row(s, runs, checkpoint_dir, scripts_dir, floors)
-                         for s in strategies if s.baseline is not None])
+                         for s in strategies or sr.STRATEGIES if s.baseline is not None])
 
 
-def about(table):
+def about_equivalence(table):
     """One sentence over the equivalence table, counted from it: the results, the tolerance and the
     float64 noise floor its rows show."""
     counts = table["result"].value_counts()
@@ -257,3 +249,36 @@ def about(table):
                 f"the one-process model within {tolerance:.0e} in float64, {floor}; "
                 f"{skipped} {'was' if skipped == 1 else 'were'} skipped (reason in the table)")
     return sentence + (f"; {len(failing)} did NOT: {', '.join(failing)}." if failing else ".")
+
+
+# ---------------------------------------------------------------------------------- command
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m lessons.equivalence",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--log-dir", default=str(LOG_DIR))
+    p.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
+    a = p.parse_args(argv)
+    import pandas as pd
+    pd.set_option("display.width", 200)
+    runs, left_out = sr.load(a.log_dir)
+    for sentence in (sr.what_is_missing(runs, left_out, "lessons.equivalence"),
+                     sr.about_schema(runs)):
+        if sentence:
+            print(sentence)
+    equal = equivalence(runs, a.checkpoint_dir)
+    print(equal[EQUIVALENCE_COLUMNS].to_string(index=False))
+    print(about_equivalence(equal))
+    for _, row in equal[equal["result"] == "FAILS"].iterrows():
+        print(f"{row['strategy']} FAILS: run~baseline (largest difference): {row['pairs']}")
+    table = sr.performance(runs)
+    print("\n".join(sr.recommend(table, equal, mem=sr.memory_records(runs))))
+    if (equal["result"] == "FAILS").any():
+        print("error: a strategy ended with parameters different from its one-process baseline",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

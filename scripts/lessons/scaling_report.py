@@ -1,16 +1,15 @@
-"""Lessons 10 and 10a: the scaling report over every run the course made (10), and the proof that
-each strategy trains the same model as one process, with the recommendation (10a).
+"""Lesson 10: the scaling report over every run the course made, in one table and its figures.
 
-    cd scripts && python -m lessons.scaling_report        # tables, figures in images/, a recommendation
+    cd scripts && python -m lessons.scaling_report        # the table, figures in images/
 
     from lessons import scaling_report as sr
     runs = sr.load(LOG_DIR)                  # every log in logs/ and logs/reference/*/, one row per run
     table = sr.performance(runs)             # throughput, speedup, efficiency, memory, loss, accuracy
-    equal = sr.equivalence(runs)             # one row per strategy of STRATEGIES: holds, FAILS or skipped
 
 STRATEGIES is the registry: one declaration per strategy (which runs are its runs, which single-process run
-it must equal, what it needs). A lesson adds its strategy in one line. The proof itself (float64
-runs, one tolerance, the noise floor measured here) is lessons/equivalence.py.
+it must equal, what it needs). A lesson adds its strategy in one line. The proof that each strategy
+trains the same model as one process (float64 runs, one tolerance, the noise floor measured here),
+and the recommendation, are lesson 10a's: lessons/equivalence.py, `python -m lessons.equivalence`.
 
 Logs of every committed version of the schema are read (git log -p scripts/trainup/metrics.py). It has
 been version 1 all along, but what a version-1 log holds grew; what this reader adapts to:
@@ -29,14 +28,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR, ROOT
+from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR
 from trainup.schema import SCHEMA_VERSION
 
 from . import checks
-from . import equivalence as eq
-# the proof's parts, under the report's names of old (sr.equivalence_row, sr.missing_need, ...)
-from .equivalence import (SAME_TRAINING, checkpoint_of, equivalence_row, fits,  # noqa: F401
-                          latest, missing_need, parameter_difference, same)
 from .log_reader import read_run
 from .report import measured_on, save, steady_rate
 
@@ -60,6 +55,7 @@ WORK_DEFAULTS = dict(accumulate=1)
 COMPARABLE_EFFICIENCY = 1.2
 # Lesson records whose fields say how a run was laid out (a flag's default is worked out in the script).
 LAYOUT_RECORDS = {"tp": ("tp", "dp")}
+FLOAT64 = ("64", "64-true", "double")  # --precision's spellings of float64 (Lightning's too)
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -158,6 +154,33 @@ STRATEGIES = [
 ]
 
 
+# ----------------------------------------------------------------------------------------------- helpers
+
+def fits(want, value):
+    """One condition of the registry: equal to a value, in a tuple, or true for a function."""
+    if callable(want):
+        return bool(want(value))
+    if isinstance(want, tuple):
+        return value in want
+    return value == want
+
+
+def same(a, b, keys):
+    """Two runs' facts agree on every key."""
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def checkpoint_of(run, checkpoint_dir=CHECKPOINT_DIR):
+    """The run's checkpoint file if it is on this machine (references keep none: it is local)."""
+    if run["facts"]["measured_on"] != "here":
+        return None
+    named = Path(checkpoint_dir) / f"{run['name']}.pt"
+    for p in ((run["summary"] or {}).get("checkpoint"), named):
+        if p and Path(p).is_file():
+            return Path(p)
+    return None
+
+
 # ----------------------------------------------------------------------------------------------- reading
 
 def read_log(path):
@@ -242,8 +265,9 @@ def load(log_dir=LOG_DIR):
     return runs, left_out
 
 
-def what_is_missing(runs, left_out=()):
-    """None when there are local training runs; else one sentence saying what is missing and how to make it."""
+def what_is_missing(runs, left_out=(), command="lessons.scaling_report"):
+    """None when there are local training runs; else one sentence saying what is missing and how to
+    make it, then to run the command (python -m command) again."""
     here = [r for r in runs if r["facts"]["measured_on"] == "here"]
     if here:
         return None
@@ -251,7 +275,7 @@ def what_is_missing(runs, left_out=()):
     have = (f"logs/ holds only reference runs ({', '.join(refs)}), no run of this machine" if refs else
             "logs/ holds no finished training run" + (f" ({len(left_out)} other log(s))" if left_out else ""))
     return (f"{have}: run `bash run_course.sh` (every lesson, quick mode) or the lesson notebooks, then "
-            f"`python -m lessons.scaling_report` from scripts/ again.")
+            f"`python -m {command}` from scripts/ again.")
 
 
 def about_schema(runs):
@@ -383,21 +407,6 @@ def work_of(f):
     setup = [f"{k} {f[k]}" for k in ("monitor", "profile") if f.get(k)]
     return ", ".join([f"{f.get('model')} on {f.get('dataset')} ({size})", f"batch {f.get('batch_size')}",
                       f"float{f.get('precision')}", f"{f.get('threads')} thread(s)", *setup])
-
-
-# ------------------------------------------------------------------------------------------- equivalence
-
-def equivalence(runs, checkpoint_dir=CHECKPOINT_DIR, strategies=None, scripts_dir=ROOT / "scripts"):
-    """One row per strategy that claims to train the one-process model (it has a baseline): the
-    largest float64 difference, the noise floor measured here, the tolerance, result and why."""
-    if strategies:  # another registry (a row added): each run is classified against it
-        runs = [{**r, "strategy": classify(r["facts"], strategies)} for r in runs]
-    return eq.table(runs, strategies or STRATEGIES, checkpoint_dir, scripts_dir)
-
-
-def about_equivalence(table):
-    """One sentence over the equivalence table, counted from it."""
-    return eq.about(table)
 
 
 # ------------------------------------------------------------------------------------------------- plots
@@ -804,7 +813,7 @@ def _made(name, flags, log_dir, checkpoint_dir, script=None):
     if script and (r["config"] or {}).get("script") != script:
         return False
     return not r["problems"] and (r["summary"] or {}).get("status") == "finished" and \
-        str(args.get("precision")) in eq.FLOAT64 and args.get("accumulate") == accumulate and \
+        str(args.get("precision")) in FLOAT64 and args.get("accumulate") == accumulate and \
         (Path(checkpoint_dir) / f"{name}.pt").exists()
 
 
@@ -836,8 +845,6 @@ COLUMNS = ["strategy", "measured_on", "hardware", "world_size", "global_batch", 
 # The model's FLOPs a second (trainup/flops.py) and that over the GPUs' datasheet peak (MFU): empty where
 # they were not counted (the block-stack scripts, logs from before) or the peak is not known (CPUs).
 ACHIEVED = ["gflops_per_s", "mfu"]
-EQUIVALENCE_COLUMNS = ["strategy", "largest_difference", "noise_floor", "tolerance", "result",
-                       "reason"]
 
 
 def main(argv=None):
@@ -856,11 +863,6 @@ def main(argv=None):
     table = performance(runs)
     if len(table):
         print(table[["run"] + COLUMNS + ACHIEVED].round(3).to_string(index=False))
-    equal = equivalence(runs, a.checkpoint_dir)
-    print(equal[EQUIVALENCE_COLUMNS].to_string(index=False))
-    print(about_equivalence(equal))
-    for _, row in equal[equal["result"] == "FAILS"].iterrows():
-        print(f"{row['strategy']} FAILS: run~baseline (largest difference): {row['pairs']}")
     if len(table) and not a.no_figures:
         scaling_plot(table)
         t, target, group = time_to_accuracy(runs)
@@ -872,10 +874,8 @@ def main(argv=None):
             memory_plot(mem)
         resident_plot(table, model_sizes(runs, a.checkpoint_dir))
         print(f"figures: {IMAGE_DIR.name}/scaling_report_*.png")
-    print("\n".join(recommend(table, equal, mem=memory_records(runs))))
-    if (equal["result"] == "FAILS").any():
-        print("error: a strategy ended with parameters different from its one-process baseline", file=sys.stderr)
-        return 1
+    print("Whether each strategy trains the same model as one process, and the recommendation: "
+          "`python -m lessons.equivalence` (lesson 10a).")
     return 0
 
 
