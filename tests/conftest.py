@@ -87,19 +87,26 @@ def start_wanted(request, starters):
     return {name: finish_job(procs[name]) if name in procs else None for name in starters}
 
 
+def notebook_cells(request, notebook):
+    """The cells of `notebook` that this session runs on the unbroken course: none where it does
+    not run it (a test file run alone, the fast tier) or where the scripts are the breakages'
+    copies. Without them a test makes its own runs, and may start them beside its others at once."""
+    if os.environ.get("TRAINUP_SCRIPTS_DIR"):
+        return set()
+    return {
+        plain_id(item.nodeid)
+        for item in request.session.items
+        if plain_id(item.nodeid).startswith(f"{notebook}::")
+    }
+
+
 def notebook_passed(request, notebook, poll_s=2.0):
     """Whether this session runs `notebook` ("notebooks/04c_elastic.ipynb") on the unbroken course
     and every one of its cells passed, waited for where another xdist worker runs it: a test that
     would make one of that notebook's runs again reads the notebook's instead (one job, run once).
     False where this session does not run it (a test file run alone, the breakages' copies), where
     a cell failed or it did not end in time: the test then makes the run itself."""
-    if os.environ.get("TRAINUP_SCRIPTS_DIR"):
-        return False
-    cells = {
-        plain_id(item.nodeid)
-        for item in request.session.items
-        if plain_id(item.nodeid).startswith(f"{notebook}::")
-    }
+    cells = notebook_cells(request, notebook)
     xdist = SHARED_OUTCOMES in getattr(request.config, "workerinput", {})
     deadline = time.monotonic() + suite.NOTEBOOK_WAIT_S
     while cells:

@@ -18,6 +18,8 @@ from conftest import (
     SCRIPTS,
     assert_clean_error,
     finish_job,
+    notebook_cells,
+    notebook_or_own,
     require_horovod,
     start_baseline,
     start_job,
@@ -29,6 +31,9 @@ from trainup import models
 
 SCRIPT = str(SCRIPTS / "_trainup_horovod.py")  # the copy under test (tests/test_breakages.py)
 SBATCH = ROOT / "slurm" / "horovod" / "cpu.sbatch"
+# its run hvd_n2: 2 Horovod ranks with TINY's flags and the proof's (and --threads 1, which the
+# jobs' OMP_NUM_THREADS=1 already gives), the run hvd2 would make again
+READS_NOTEBOOK = "notebooks/05_horovod.ipynb"
 # Dropout off: each rank draws its own masks, so only without it can 2 ranks match 1 process exactly.
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--device", "cpu"]
 # 84 samples a rank: steps of 32, 32 and 20, so with --accumulate 2 (micro-batches of 16) the last
@@ -105,76 +110,94 @@ if os.environ.get("HOROVOD_RANK") == "1":
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory, request, inject):
     """Started together (each is mostly start-up and waiting): one process with the whole batch
-    (_trainup_gpu.py on the CPU), 2 Horovod ranks with half each, 2 ranks that start apart, and two Horovod
-    jobs with a rank that fails; those the selected tests read (their jobs marks) only."""
+    (_trainup_gpu.py on the CPU), 2 Horovod ranks with half each (where this session does not run
+    notebook 05, which makes them: runs), 2 ranks that start apart, and two Horovod jobs with a
+    rank that fails; those the selected tests read (their jobs marks) only."""
     require_horovod()
     log_dir = tmp_path_factory.mktemp("horovod") / "logs"
     faults = log_dir.parent / "faults"
     site = log_dir.parent / "apart"
     site.mkdir()
     (site / "sitecustomize.py").write_text(APART)
-    done = start_wanted(
-        request,
-        dict(
-            hvd2=lambda: horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF),
-            # 2 micro-batches of 16 a rank a step; Horovod's timeline shows each gradient's all-reduces
-            acc2=lambda: horovodrun(
-                log_dir,
-                "acc2",
-                "--batch-size",
-                64,
-                *checks.PROOF,
-                *SHORT_LAST,
-                "--accumulate",
-                2,
-                timeline=log_dir.parent / "acc2_timeline.json",
-            ),
-            one_short=lambda: start_script(
-                "_trainup_gpu.py",
-                *TINY,
-                "--batch-size",
-                64,
-                *checks.PROOF,
-                *SHORT_LAST,
-                "--run-name",
-                "one_short",
-                log_dir=log_dir,
-            ),
-            apart=lambda: horovodrun(
-                log_dir,
-                "apart",
-                "--batch-size",
-                64,
-                *checks.PROOF,
-                env={
-                    "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-                    "TRAINUP_APART_MARK": str(site / "rank1_started_apart"),
-                },
-            ),
-            one=lambda: start_baseline(tmp_path_factory, log_dir),  # once a session (BASELINE)
-            # --precision 16: 2 epochs straight, and 1 (resumed to 2 by the test that reads them)
-            fp16_straight=lambda: horovodrun(log_dir, "fp16_straight", *FP16, "--epochs", 2),
-            fp16=lambda: horovodrun(log_dir, "fp16", *FP16, "--epochs", 1),
-            died=lambda: horovodrun(
-                faults, "died", env=inject("1:3:exit")
-            ),  # os._exit(1) at step 3
-            raised=lambda: horovodrun(faults, "raised", env=inject("1:3")),
+    starters = dict(
+        hvd2=lambda: hvd2(log_dir),
+        # 2 micro-batches of 16 a rank a step; Horovod's timeline shows each gradient's all-reduces
+        acc2=lambda: horovodrun(
+            log_dir,
+            "acc2",
+            "--batch-size",
+            64,
+            *checks.PROOF,
+            *SHORT_LAST,
+            "--accumulate",
+            2,
+            timeline=log_dir.parent / "acc2_timeline.json",
         ),
-    )  # an exception at step 3
+        one_short=lambda: start_script(
+            "_trainup_gpu.py",
+            *TINY,
+            "--batch-size",
+            64,
+            *checks.PROOF,
+            *SHORT_LAST,
+            "--run-name",
+            "one_short",
+            log_dir=log_dir,
+        ),
+        apart=lambda: horovodrun(
+            log_dir,
+            "apart",
+            "--batch-size",
+            64,
+            *checks.PROOF,
+            env={
+                "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+                "TRAINUP_APART_MARK": str(site / "rank1_started_apart"),
+            },
+        ),
+        one=lambda: start_baseline(tmp_path_factory, log_dir),  # once a session (BASELINE)
+        # --precision 16: 2 epochs straight, and 1 (resumed to 2 by the test that reads them)
+        fp16_straight=lambda: horovodrun(log_dir, "fp16_straight", *FP16, "--epochs", 2),
+        fp16=lambda: horovodrun(log_dir, "fp16", *FP16, "--epochs", 1),
+        died=lambda: horovodrun(faults, "died", env=inject("1:3:exit")),  # os._exit(1) at step 3
+        raised=lambda: horovodrun(faults, "raised", env=inject("1:3")),  # raises at step 3
+    )
+    if notebook_cells(request, READS_NOTEBOOK):  # runs reads the notebook's, or makes its own
+        del starters["hvd2"]
+    done = {"hvd2": None, **start_wanted(request, starters)}
     return SimpleNamespace(
         log_dir=log_dir, faults=faults, mark=site / "rank1_started_apart", **done
     )
 
 
+def hvd2(log_dir):
+    return horovodrun(log_dir, "hvd2", "--batch-size", 64, *checks.PROOF)
+
+
 @pytest.fixture(scope="module")
-def runs(jobs):
-    ok(jobs.one), ok(jobs.hvd2)
-    return jobs.log_dir
+def runs(jobs, request):
+    """The one process (one) and 2 Horovod ranks with half its batch each: notebook 05's hvd_n2
+    where this session ran that notebook and every cell passed, else this module's own hvd2.
+    logs and ckpts: where the 2 ranks' run is; one's log and checkpoint are in base."""
+    ok(jobs.one)
+
+    def load():
+        logs = ROOT / "logs"
+        if (logs / "hvd_n2.jsonl").exists():
+            return SimpleNamespace(logs=logs, ckpts=ROOT / "checkpoints", two="hvd_n2")
+
+    def own():
+        ok(jobs.hvd2 or finish(hvd2(jobs.log_dir)))
+        return SimpleNamespace(logs=jobs.log_dir, ckpts=jobs.log_dir / "checkpoints", two="hvd2")
+
+    made = notebook_or_own(request, READS_NOTEBOOK, load, own)
+    return SimpleNamespace(base=jobs.log_dir, **vars(made))
 
 
 @pytest.mark.jobs("one", "hvd2")
 def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_it(runs):
-    one, two = params(runs, "one"), params(runs, "hvd2")
+    one = params(runs.base, "one")
+    two = torch.load(runs.ckpts / f"{runs.two}.pt", weights_only=True)["model"]
     init = models.build(
         SimpleNamespace(model="cnn", seed=1, dropout=0.0),
         SimpleNamespace(shape=(1, 28, 28), num_classes=10),
@@ -186,7 +209,8 @@ def test_two_horovod_ranks_with_half_the_batch_end_like_one_process_with_all_of_
     assert (
         max((one[k] - init[k]).abs().max().item() for k in one) > 1e-2
     )  # they did train, far beyond atol
-    run1, run2 = report.read_run(runs / "one.jsonl"), report.read_run(runs / "hvd2.jsonl")
+    run1 = report.read_run(runs.base / "one.jsonl")
+    run2 = report.read_run(runs.logs / f"{runs.two}.jsonl")
     assert run2["problems"] == [] and run2["summary"]["status"] == "finished"
     for e1, e2 in zip(
         run1["epochs"], run2["epochs"], strict=True
@@ -254,7 +278,7 @@ def test_ranks_that_start_apart_end_like_one_process_after_rank_0s_broadcast(job
 
 @pytest.mark.jobs("one", "hvd2")
 def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):
-    job = records(runs, "hvd2", "ddp")[0]
+    job = records(runs.logs, runs.two, "ddp")[0]
     assert (
         job["launcher"] == "horovodrun" and job["world_size"] == 2 and job["per_rank_batch"] == 32
     )
@@ -262,25 +286,26 @@ def test_horovodrun_gives_each_rank_its_place_its_shard_and_one_writer(runs):
         r["local_rank"] for r in job["ranks"]
     ] == [0, 1]
     assert len({r["pid"] for r in job["ranks"]}) == 2
-    assert report.read_run(runs / "hvd2.jsonl")["env"]["backend"] == "horovod-gloo"
-    per_epoch = records(runs, "hvd2", "ranks")
+    assert report.read_run(runs.logs / f"{runs.two}.jsonl")["env"]["backend"] == "horovod-gloo"
+    per_epoch = records(runs.logs, runs.two, "ranks")
     assert [r["epoch"] for r in per_epoch] == [1, 2]
     for r in per_epoch:
         assert r["samples"] == [256, 256] and not set(r["first_indices"][0]) & set(
             r["first_indices"][1]
         )
-    assert (runs / "hvd2.stdout").read_text().count("epoch 1:") == 1  # rank 0 alone logs
-    assert not list((runs / "checkpoints").glob(".*.tmp"))
+    assert (runs.logs / f"{runs.two}.stdout").read_text().count("epoch 1:") == 1  # rank 0 alone
+    # its checkpoint written whole, through a rename (a notebook's folder holds other runs' too)
+    assert not list(runs.ckpts.glob(f".{runs.two}.pt.*.tmp"))
 
 
 @pytest.mark.jobs("one", "hvd2")
 def test_the_learning_rate_is_not_scaled_by_horovod(runs):
     """Horovod's DistributedOptimizer averages gradients and leaves the rate alone: after 2 epochs of StepLR
     (gamma 0.7) both jobs hold lr 1.0 * 0.7**2, not 2 x that."""
-    for name in ("one", "hvd2"):
-        lr = torch.load(runs / "checkpoints" / f"{name}.pt", weights_only=True)["optimizer"][
-            "param_groups"
-        ][0]["lr"]
+    for ckpts, name in ((runs.base / "checkpoints", "one"), (runs.ckpts, runs.two)):
+        lr = torch.load(ckpts / f"{name}.pt", weights_only=True)["optimizer"]["param_groups"][0][
+            "lr"
+        ]
         assert lr == pytest.approx(1.0 * 0.7**2), name
 
 
@@ -526,6 +551,9 @@ def test_the_speed_sentences_give_a_direction_only_where_the_runs_decide_it():
     said = horovod.fusion_sentence(t).splitlines()
     assert "within the runs' spread" in said[0] and "cannot tell" in said[1]  # 1 run of (0, 20)
     assert "cannot tell" in said[2] and "longer in every run" in said[3] and "9.5 ms" in said[3]
+    # a quick run leaves (0, 20) out: each knob's one pair from (64, 1) is said, no other
+    quick = horovod.fusion_sentence(t[(t.fusion_mb != 0) | (t.cycle_ms != 20)]).splitlines()
+    assert quick == [said[0], said[3]]
 
     def runs(horovod_runs, ddp_runs):
         pairs = (("horovod", horovod_runs), ("ddp", ddp_runs))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import conftest
 import suite_plugin as suite
-from conftest import notebook_or_own, notebook_passed
+from conftest import notebook_cells, notebook_or_own, notebook_passed
 from suite_plugin import SHARED_OUTCOMES
 
 NOTEBOOK = "notebooks/04c_elastic.ipynb"
@@ -34,6 +34,14 @@ def test_a_failed_cell_an_absent_notebook_or_a_broken_copy_make_the_test_run_its
     assert not notebook_passed(request_for(CELLS[:1]), "notebooks/05_horovod.ipynb")
     monkeypatch.setenv("TRAINUP_SCRIPTS_DIR", "/elsewhere/scripts")  # test_breakages' copies
     assert not notebook_passed(request_for(CELLS), NOTEBOOK)
+
+
+def test_a_test_knows_before_waiting_whether_a_notebooks_run_may_come(monkeypatch):
+    """notebook_cells: where it finds none, the test's own run starts at once beside its others."""
+    assert notebook_cells(request_for(CELLS + ["tests/test_x.py::t"]), NOTEBOOK) == set(CELLS)
+    assert notebook_cells(request_for(["tests/test_x.py::t"]), NOTEBOOK) == set()
+    monkeypatch.setenv("TRAINUP_SCRIPTS_DIR", "/elsewhere/scripts")  # test_breakages' copies
+    assert notebook_cells(request_for(CELLS), NOTEBOOK) == set()
 
 
 def test_a_test_reads_the_notebooks_run_or_makes_its_own(monkeypatch):

@@ -210,8 +210,9 @@ def fusion_sentence(table):
     """What each knob did to a step, from fusion_table() (repeated runs of a setting share its row
     group): fusion on against off at each cycle time, and the 20 ms cycle against 1 ms at each
     fusion setting, beside half the cycles' difference (the wait a tensor ready just after the
-    background thread's last look has, on average: HOROVOD_CYCLE_TIME's cost model). A side only
-    where the runs decide it (claims.step: 3 runs a setting or more, their ranges apart)."""
+    background thread's last look has, on average: HOROVOD_CYCLE_TIME's cost model); a pair with
+    a setting that did not run is left out. A side only where the runs decide it (claims.step: 3
+    runs a setting or more, their ranges apart)."""
     import statistics
 
     from .claims import step
@@ -228,12 +229,13 @@ def fusion_sentence(table):
     if len(fusions) == 2:
         off, on = fusions
         out += [f"Fusion {on:g} MB against off, cycle {c:g} ms: {pair((off, c), (on, c))}."
-                for c in cycles]
+                for c in cycles if {(off, c), (on, c)} <= set(runs.index)]
     if len(cycles) == 2:
         short, long_ = cycles
         out += [f"Cycle {long_:g} ms against {short:g} ms, fusion {f:g} MB: "
                 f"{pair((f, short), (f, long_))}; "
-                f"half the cycles' difference is {(long_ - short) / 2:.1f} ms." for f in fusions]
+                f"half the cycles' difference is {(long_ - short) / 2:.1f} ms." for f in fusions
+                if {(f, short), (f, long_)} <= set(runs.index)]
     return "\n".join(out)
 
 
