@@ -290,9 +290,9 @@ def glue(code):
 # Each lesson: its import cell, then what starts its first job: the cell, or the call taken from
 # it; a lesson whose first cell of jobs is heavy gives one job of it, or a lighter job of its own.
 # 04c: the spot drill above. Each runs after the notebook's set-up cell. The flag: the pieces start
-# a job that imports the course's packages. A call, last, that an earlier lesson makes with the
-# same helper and script is left out (planned): 04a2 and 11 (04a1's), 07b and 07c (02's), 08
-# (01's), 08a (04's), 09a2 (09's).
+# a job that imports the course's packages. A call or glue, last, that an earlier lesson makes
+# with the same helper and script is left out (planned): 04a2 and 11 (04a1's), 07b, 07c, 10 and
+# 10a (02's), 08 (01's), 08a (04's), 09a2 (09's).
 LESSONS = {
     "00_environment": (
         [
@@ -510,22 +510,24 @@ LESSONS = {
         ],
         True,
     ),
-    # its first cell of jobs whole: the one-process baseline and two jobs of 2 processes, small
+    # its first job, the one-process baseline, after the sizes its cell gives it
     "09ca_tp_attention": (
         [
             whole("from lessons import checks, launch, report"),
-            whole('report.run("_trainup_tp_sp.py", "--threads", 1, *TPA_SIZE, name="tpa_one")'),
+            call(
+                "TPA_SIZE = [*([\"--blocks\", 2, \"--width\", 16, \"--hidden\", 32, \"--heads\", 4]"
+                " if report.QUICK\n              else [\"--blocks\", 2, \"--width\", 64, "
+                "\"--hidden\", 256, \"--heads\", 4]), *checks.PROOF]"
+            ),
+            call('report.run("_trainup_tp_sp.py", "--threads", 1, *TPA_SIZE, name="tpa_one")'),
         ],
         True,
     ),
-    # the first of the five jobs sr.ensure_pair() starts
+    # the first of the five jobs sr.ensure_pair() starts (sr.PAIR[0]): lesson 02's helper and script
     "10_scaling_report": (
         [
             whole("from lessons import scaling_report as sr"),
-            glue(
-                "name, script, nproc, flags = sr.PAIR[0]\n"
-                "report.run(script, *sr.PAIR_FLAGS, *flags, name=name)"
-            ),
+            glue('report.run("_trainup_gpu.py", *sr.PAIR_FLAGS, name="report_one")'),
         ],
         True,
     ),
@@ -533,10 +535,7 @@ LESSONS = {
     "10a_same_model": (
         [
             whole("from lessons import scaling_report as sr"),
-            glue(
-                "name, script, nproc, flags = sr.PAIR[0]\n"
-                "report.run(script, *sr.PAIR_FLAGS, *flags, name=name)"
-            ),
+            glue('report.run("_trainup_gpu.py", *sr.PAIR_FLAGS, name="report_one")'),
         ],
         True,
     ),
@@ -626,10 +625,11 @@ def first_job(notebook):
     """What starts the lesson's first job, where a call of the notebook's starts it: the helper
     called (its module's name where the lesson's imports rename it) and the first script the call
     names (None: the helper's own). Two lessons with the same start the same command but for its
-    flags and run names: the job's processes import the same way. None where glue starts it."""
+    flags and run names: the job's processes import the same way. None where a whole cell starts
+    it."""
     wanted, starts_a_job = LESSONS[notebook]
     kind, text = wanted[-1]
-    if not starts_a_job or kind != "call":
+    if not starts_a_job or kind == "cell":
         return None
     helper = re.match(r"(?:\w+ = )?([\w.]+)\(", text).group(1)  # `cpu_run = report.run(`
     renamed = dict(re.findall(r"(\w+) as (\w+)", pieces_of(notebook, wanted[:1])[0]))
@@ -677,6 +677,11 @@ def test_a_first_job_started_once_stands_for_lessons_that_start_it_the_same_way(
     assert proven_by("09a2_fsdp_at_scale") == "09_sharding"
     assert proven_by("06c_bubble_and_memory") == "06c_bubble_and_memory"  # python, not torchrun
     assert proven_by("04a3_nodes_and_faults") == "04a3_nodes_and_faults"  # two launchers
+    # lesson 10's glue names the run and script that ensure_pair() starts first
+    from lessons import scaling_report as sr
+
+    assert sr.PAIR[0][:2] == ("report_one", "_trainup_gpu.py") and not sr.PAIR[0][3]
+    assert proven_by("10a_same_model") == proven_by("10_scaling_report") == "02_single_gpu"
 
 
 @pytest.mark.parametrize("notebook", sorted(LESSONS))
