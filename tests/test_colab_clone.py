@@ -515,9 +515,9 @@ LESSONS = {
         [
             whole("from lessons import checks, launch, report"),
             call(
-                "TPA_SIZE = [*([\"--blocks\", 2, \"--width\", 16, \"--hidden\", 32, \"--heads\", 4]"
-                " if report.QUICK\n              else [\"--blocks\", 2, \"--width\", 64, "
-                "\"--hidden\", 256, \"--heads\", 4]), *checks.PROOF]"
+                'TPA_SIZE = [*(["--blocks", 2, "--width", 16, "--hidden", 32, "--heads", 4]'
+                ' if report.QUICK\n              else ["--blocks", 2, "--width", 64, '
+                '"--hidden", 256, "--heads", 4]), *checks.PROOF]'
             ),
             call('report.run("_trainup_tp_sp.py", "--threads", 1, *TPA_SIZE, name="tpa_one")'),
         ],
