@@ -35,7 +35,9 @@ FSDP_SCRIPT = str(SCRIPTS / "_trainup_lightning_fsdp.py")  # ModelParallelStrate
 TINY = ["--quick", "--dropout", "0", "--no-progress", "--batch-size", "64", *checks.PROOF]
 # SLURM is installed here (lesson 04b): Lightning warns that srun exists but was not used, in every run outside a job
 pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")
-# the notebooks whose runs a test reads where this session ran them: the SLURM job, the FSDP2 run
+# the notebooks whose runs a test reads where this session ran them: the one process, the DDP run
+# and the torchrun run (the same flags as TINY's), the SLURM job, the FSDP2 run
+READS_NOTEBOOK = "notebooks/07_lightning.ipynb"
 READS_SLURM = "notebooks/07b_lightning_launch_and_log.ipynb"
 READS_SHARDED = "notebooks/07c_lightning_options.ipynb"
 TOLERANCE = (
@@ -55,50 +57,45 @@ def ok(proc):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Three jobs at once: the baseline (_trainup_gpu.py, one process, whole batch); Lightning DDP on 2 processes
-    that Lightning starts itself, with --monitor; and Lightning under torchrun without sync_dist, each
-    step's batch in 2 accumulated halves (accumulate_grad_batches)."""
-    log_dir = tmp_path_factory.mktemp("lightning") / "logs"
-    one = start_baseline(tmp_path_factory, log_dir)  # made once a session (conftest.BASELINE)
-    ddp = start_job(
-        [
-            sys.executable,
-            SCRIPT,
-            *TINY,
-            "--accelerator",
-            "cpu",
-            "--devices",
-            "2",
-            "--strategy",
-            "ddp",
-            "--monitor",
-            "--run-name",
-            "pl_ddp",
-            *_out(log_dir),
-        ],
-        launch.environment(),
-    )
-    # each step's batch in 2 accumulated halves: DDP's all-reduce on the second only, the same model
-    tr = start_job(
-        launch.TORCHRUN
-        + launch.torchrun_flags(nproc=2)
-        + [
-            SCRIPT,
-            *TINY,
-            "--no-sync-dist",
-            "--accumulate-grad-batches",
-            "2",
-            "--run-name",
-            "pl_torchrun",
-            *_out(log_dir),
-        ],
-        launch.environment(),
-    )
-    procs = {
-        name: ok(finish_job(p)) for name, p in (("one", one), ("pl_ddp", ddp), ("pl_torchrun", tr))
-    }
-    return log_dir, procs
+def runs(request, tmp_path_factory):
+    """The baseline (_trainup_gpu.py, one process, whole batch); Lightning DDP on 2 processes that
+    Lightning starts itself; and Lightning under torchrun without sync_dist, each step's batch in 2
+    accumulated halves (accumulate_grad_batches): notebook 07's l_one, l_ddp and l_torchrun (the
+    same flags) where this session ran it, else this module's own, side by side. names: "one",
+    "ddp", "torchrun" -> the run's; procs: each job's output, where this module made them."""
+
+    def own():
+        log_dir = tmp_path_factory.mktemp("lightning") / "logs"
+        one = start_baseline(tmp_path_factory, log_dir)  # made once a session (conftest.BASELINE)
+        two = ["--accelerator", "cpu", "--devices", "2", "--strategy", "ddp"]
+        ddp = start_job(
+            [sys.executable, SCRIPT, *TINY, *two, "--run-name", "pl_ddp", *_out(log_dir)],
+            launch.environment(),
+        )
+        # each step's batch in 2 accumulated halves: DDP's all-reduce on the second only, the
+        # same model
+        halves = ["--no-sync-dist", "--accumulate-grad-batches", "2"]
+        tr = start_job(
+            launch.TORCHRUN
+            + launch.torchrun_flags(nproc=2)
+            + [SCRIPT, *TINY, "--accelerator", "cpu", *halves, "--run-name", "pl_torchrun"]
+            + _out(log_dir),
+            launch.environment(),
+        )
+        jobs = (("one", one), ("pl_ddp", ddp), ("pl_torchrun", tr))
+        procs = {name: ok(finish_job(p)) for name, p in jobs}
+        names = dict(one="one", ddp="pl_ddp", torchrun="pl_torchrun")
+        return SimpleNamespace(log_dir=log_dir, ckpts=log_dir / "checkpoints", procs=procs, **names)
+
+    def load():  # None where a run is missing: notebook_or_own says so
+        names = dict(one="l_one", ddp="l_ddp", torchrun="l_torchrun")
+        if not all((ROOT / "logs" / f"{n}.jsonl").exists() for n in names.values()):
+            return None
+        return SimpleNamespace(
+            log_dir=ROOT / "logs", ckpts=ROOT / "checkpoints", procs=None, **names
+        )
+
+    return notebook_or_own(request, READS_NOTEBOOK, load, own)
 
 
 def records(log_dir, name, kind):
@@ -106,19 +103,15 @@ def records(log_dir, name, kind):
 
 
 def test_lightning_ddp_on_two_processes_ends_like_one_process(runs):
-    log_dir, _ = runs
-    for name in (
-        "pl_ddp",
-        "pl_torchrun",
-    ):  # with sync_dist or without: logging does not change training
+    log_dir = runs.log_dir
+    # with sync_dist or without: logging does not change training
+    for name in (runs.ddp, runs.torchrun):
         checks.learned(name, log_dir=log_dir)
-        worst = checks.same_parameters(
-            name, "one", atol=TOLERANCE, checkpoint_dir=log_dir / "checkpoints"
-        )
+        worst = checks.same_parameters(name, runs.one, atol=TOLERANCE, checkpoint_dir=runs.ckpts)
         assert worst <= TOLERANCE
-    one = torch.load(log_dir / "checkpoints" / "one.pt", weights_only=True)
+    one = torch.load(runs.ckpts / f"{runs.one}.pt", weights_only=True)
     assert one["epoch"] == 2 and one["scheduler"]["last_epoch"] == 2  # both decayed the rate twice
-    run1, run2 = report.read_run(log_dir / "one.jsonl"), report.read_run(log_dir / "pl_ddp.jsonl")
+    run1, run2 = (report.read_run(log_dir / f"{n}.jsonl") for n in (runs.one, runs.ddp))
     for e1, e2 in zip(run1["epochs"], run2["epochs"], strict=True):
         assert e2["samples"] == e1["samples"] == 512
         assert e2["loss"] == pytest.approx(e1["loss"], abs=TOLERANCE)
@@ -126,10 +119,10 @@ def test_lightning_ddp_on_two_processes_ends_like_one_process(runs):
 
 
 def test_lightning_put_in_the_distributed_sampler_and_each_rank_took_half(runs):
-    log_dir, _ = runs
+    log_dir = runs.log_dir
     for name, launcher in (
-        ("pl_ddp", "LightningEnvironment"),
-        ("pl_torchrun", "TorchElasticEnvironment"),
+        (runs.ddp, "LightningEnvironment"),
+        (runs.torchrun, "TorchElasticEnvironment"),
     ):
         setup = records(log_dir, name, "lightning")[0]
         assert (setup["strategy"], setup["world_size"], setup["devices"], setup["num_nodes"]) == (
@@ -147,10 +140,10 @@ def test_lightning_put_in_the_distributed_sampler_and_each_rank_took_half(runs):
 
 
 def test_with_sync_dist_the_log_is_the_jobs_and_without_it_rank_0s_own(runs):
-    log_dir, _ = runs
+    log_dir = runs.log_dir
     synced, unsynced = (
-        records(log_dir, "pl_ddp", "lightning_sync"),
-        records(log_dir, "pl_torchrun", "lightning_sync"),
+        records(log_dir, runs.ddp, "lightning_sync"),
+        records(log_dir, runs.torchrun, "lightning_sync"),
     )
     assert [r["sync_dist"] for r in synced + unsynced] == [True, True, False, False]
     for r in synced:
@@ -161,29 +154,25 @@ def test_with_sync_dist_the_log_is_the_jobs_and_without_it_rank_0s_own(runs):
         )  # rank 0's shard alone
         assert abs(r["logged_loss"] - r["job_loss"]) > 1e-4  # the shards' losses differ by far more
     # the test accuracy is a torchmetrics Metric: its counts summed over the ranks, sync_dist or not
-    for name in ("pl_ddp", "pl_torchrun"):
+    for name in (runs.ddp, runs.torchrun):
         logged = [v for _, v in lightning.tensorboard_scalars(name, log_dir)["test_accuracy"]]
         job = report.load_epochs(name, log_dir)["test_accuracy"].tolist()
         assert logged == pytest.approx(job, abs=1e-6)  # TensorBoard keeps float32
 
 
 def test_only_rank_0_writes_and_once(runs):
-    log_dir, procs = runs
-    for name in ("pl_ddp", "pl_torchrun"):
+    log_dir, ddp, tr = runs.log_dir, runs.ddp, runs.torchrun
+    for name in (ddp, tr):
         assert (log_dir / f"{name}.stdout").read_text().count("epoch 1:") == 1
-        assert procs[name].stdout.count("epoch 1:") == 1
-    names = sorted(p.name for p in (log_dir / "checkpoints").iterdir())
-    assert names == [
-        "one.pt",
-        "pl_ddp-lightning.ckpt",
-        "pl_ddp.pt",
-        "pl_torchrun-lightning.ckpt",
-        "pl_torchrun.pt",
-    ]
-    course = torch.load(log_dir / "checkpoints" / "pl_ddp.pt", weights_only=True)["model"]
-    lightning = torch.load(log_dir / "checkpoints" / "pl_ddp-lightning.ckpt", weights_only=False)[
-        "state_dict"
-    ]
+        if runs.procs:  # the terminal: what this module's jobs printed (a notebook keeps no copy)
+            assert runs.procs[name].stdout.count("epoch 1:") == 1
+    names = sorted(p.name for p in runs.ckpts.iterdir())
+    if not runs.procs:  # the notebook's folder holds other runs' too: these two runs' files only
+        names = [n for n in names if n.lstrip(".").startswith((ddp, tr))]
+    mine = [f"{ddp}-lightning.ckpt", f"{ddp}.pt", f"{tr}-lightning.ckpt", f"{tr}.pt"]
+    assert names == (sorted([f"{runs.one}.pt", *mine]) if runs.procs else mine)
+    course = torch.load(runs.ckpts / f"{ddp}.pt", weights_only=True)["model"]
+    lightning = torch.load(runs.ckpts / f"{ddp}-lightning.ckpt", weights_only=False)["state_dict"]
     assert sorted(lightning) == sorted(
         f"model.{k}" for k in course
     )  # the same weights, Lightning's names
@@ -191,27 +180,20 @@ def test_only_rank_0_writes_and_once(runs):
         torch.testing.assert_close(lightning[f"model.{k}"], v, rtol=0, atol=0)
 
 
-def test_tensorboard_event_files_hold_the_loss_and_the_device_statistics(runs):
+def test_tensorboard_event_files_hold_the_loss_of_every_step_and_epoch(runs):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    log_dir, _ = runs
-    folder = log_dir / "tensorboard" / "pl_ddp"
+    folder = runs.log_dir / "tensorboard" / runs.ddp
     assert list(folder.glob("events.out.tfevents.*")), f"no event file in {folder}"
     events = EventAccumulator(str(folder)).Reload()
     tags = events.Tags()["scalars"]
     for tag in ("train_loss_step", "train_loss_epoch", "test_loss", "test_accuracy"):
         assert tag in tags, tags
     logged = [s.value for s in events.Scalars("train_loss_epoch")]
-    job = [e["loss"] for e in report.read_run(log_dir / "pl_ddp.jsonl")["epochs"]]
+    job = [e["loss"] for e in report.read_run(runs.log_dir / f"{runs.ddp}.jsonl")["epochs"]]
     # TensorBoard and the course's log tell the same story; TensorBoard keeps float32 (an ulp near 2 is 2.4e-7)
     assert logged == pytest.approx(job, abs=1e-6)
     assert len(events.Scalars("train_loss_step")) == 2 * 512 // 64
-    device = [t for t in tags if t.startswith("DeviceStatsMonitor")]
-    assert device and events.Scalars(device[0]), (
-        tags
-    )  # --monitor: CPU statistics in the same run as the loss
-    monitor = records(log_dir, "pl_ddp", "monitor")[0]
-    assert monitor["callbacks"] == ["DeviceStatsMonitor"] and "skipped" in monitor["skipped"]
 
 
 # --- Flags answered in one sentence, in this process (no training starts) -------------------------------
@@ -340,30 +322,22 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_one_sentence(main, capsys, 
 
 
 @pytest.fixture(scope="module")
-def sharded(request, runs, tmp_path_factory):
+def sharded(request, tmp_path_factory):
     """_trainup_lightning_fsdp.py on 2 processes under torchrun: notebook 07c's run (the same
     flags) where this session ran it, else this module's own beside its baseline."""
-    log_dir, _ = runs
 
     def own():
-        ok(
-            finish_job(
-                start_job(
-                    launch.TORCHRUN
-                    + launch.torchrun_flags(nproc=2)
-                    + [
-                        FSDP_SCRIPT,
-                        *TINY,
-                        "--accelerator",
-                        "cpu",
-                        "--run-name",
-                        "pl_fsdp",
-                        *_out(log_dir),
-                    ],
-                    launch.environment(),
-                )
-            )
+        log_dir = tmp_path_factory.mktemp("lightning_fsdp") / "logs"
+        one = start_baseline(tmp_path_factory, log_dir)  # made once a session (conftest.BASELINE)
+        fsdp = start_job(
+            launch.TORCHRUN
+            + launch.torchrun_flags(nproc=2)
+            + [FSDP_SCRIPT, *TINY, "--accelerator", "cpu", "--run-name", "pl_fsdp"]
+            + _out(log_dir),
+            launch.environment(),
         )
+        for proc in (one, fsdp):
+            ok(finish_job(proc))
         return log_dir, "pl_fsdp", log_dir / "checkpoints", "one"
 
     def load():
@@ -390,7 +364,7 @@ def test_fsdp2_under_the_trainer_ends_like_one_process_and_saves_shards_and_a_wh
 # --- SLURM: srun, one task per process, nodes from SLURM's variables ------------------------------------
 
 
-def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(request, runs, tmp_path):
+def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(request, tmp_path):
     """Notebook 07b's job where this session ran the notebook (the same template, flags and proof),
     else this test's own on the local SLURM."""
 
@@ -399,7 +373,7 @@ def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(reques
         return found and (ROOT / "logs", "l_slurm", ROOT / "checkpoints", "l_one")
 
     folder, name, ckpts, one = notebook_or_own(
-        request, READS_SLURM, load, lambda: _slurm_job(request, runs, tmp_path)
+        request, READS_SLURM, load, lambda: _slurm_job(request, tmp_path)
     )
     assert slurm.check_counts(ROOT / "slurm" / "lightning" / "cpu.sbatch")[1] == []
     setup = records(folder, name, "lightning")[0]
@@ -413,9 +387,9 @@ def test_the_slurm_template_trains_on_two_nodes_and_ends_like_one_process(reques
     assert checks.same_parameters(name, one, atol=TOLERANCE, checkpoint_dir=ckpts) <= TOLERANCE
 
 
-def _slurm_job(request, runs, tmp_path):
+def _slurm_job(request, tmp_path):
     request.getfixturevalue("local_slurm")
-    log_dir, _ = runs
+    runs = request.getfixturevalue("runs")  # its baseline
     # one task on each of 2 nodes: Lightning's num_nodes comes from SLURM_NNODES, its devices from SLURM's tasks
     job = slurm.submit(
         ROOT / "slurm" / "lightning" / "cpu.sbatch",
@@ -432,9 +406,7 @@ def _slurm_job(request, runs, tmp_path):
         else "(no output file)"
     )
     assert state == "COMPLETED", out
-    (tmp_path / "checkpoints" / "one.pt").write_bytes(
-        (log_dir / "checkpoints" / "one.pt").read_bytes()
-    )
+    (tmp_path / "checkpoints" / "one.pt").write_bytes((runs.ckpts / f"{runs.one}.pt").read_bytes())
     return tmp_path, "pl_slurm", tmp_path / "checkpoints", "one"
 
 
@@ -453,10 +425,8 @@ def test_the_sync_dist_exercise_solution_gives_what_lightning_logged(runs):
     means, counts = [2.0, 1.0], [256, 64]
     assert s.mean_of_means(means) == 1.5 and s.job_mean(means, counts) == pytest.approx(1.8)
     assert s.lightning_synced(means, counts) == pytest.approx(1.8)
-    log_dir, _ = runs
-    assert (
-        s.lightning_sync_check(records(log_dir, "pl_ddp", "lightning_sync")) < TOLERANCE
-    )  # float64 runs
+    synced = records(runs.log_dir, runs.ddp, "lightning_sync")
+    assert s.lightning_sync_check(synced) < TOLERANCE  # float64 runs
 
 
 def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it_cannot():
@@ -658,6 +628,7 @@ def test_a_signal_inside_an_epoch_saves_exits_75_and_the_run_resumes_to_a_run_ne
         return
     never = getattr(stops, f"straight_{straight}")
     assert never.returncode == 0, never.stderr[-3000:]
+    assert never.stdout.count("epoch 1:") == 1  # one line an epoch: rank 0 alone prints
     mine, theirs = _name(case), f"straight_{straight}"
     assert_same_params(
         stopped_params(stops.ckpts / f"{mine}.pt"), stopped_params(stops.ckpts / f"{theirs}.pt")
@@ -677,11 +648,11 @@ def _epochs(log_dir, name):
     ]
 
 
-def test_early_stopping_top_k_checkpoints_and_the_learning_rate_in_tensorboard(tmp_path):
+def test_early_stopping_top_k_checkpoints_the_learning_rate_and_device_statistics(tmp_path):
     """--early-stop 1 with a min_delta no loss can fall by: the test loss "stops improving" at the
     second epoch whatever the processor sums, so 2 of the 4 epochs run; --keep-best 2 keeps those
     two, named by their test loss; LearningRateMonitor writes Adadelta's rate, decayed each
-    epoch."""
+    epoch; --monitor's DeviceStatsMonitor writes CPU statistics into the same TensorBoard run."""
     from lessons import lightning
 
     logs = tmp_path / "logs"
@@ -696,6 +667,7 @@ def test_early_stopping_top_k_checkpoints_and_the_learning_rate_in_tensorboard(t
         1,
         "--early-stop-delta",
         100,
+        "--monitor",
         "--run-name",
         "cb",
         log_dir=logs,
@@ -714,3 +686,8 @@ def test_early_stopping_top_k_checkpoints_and_the_learning_rate_in_tensorboard(t
     assert float(best["best_model_score"]) == pytest.approx(min(cb["losses"]), rel=1e-6)
     args = cb["args"]
     assert cb["lr"] == pytest.approx([args["lr"] * args["gamma"] ** e for e in range(2)])
+    tags = lightning.tensorboard_scalars("cb", logs)
+    device = [t for t in tags if t.startswith("DeviceStatsMonitor")]
+    assert device and tags[device[0]] and "train_loss_step" in tags, sorted(tags)
+    monitor = [r for r in run["extra"] if r["type"] == "monitor"][0]
+    assert monitor["callbacks"] == ["DeviceStatsMonitor"] and "skipped" in monitor["skipped"]
