@@ -12,6 +12,7 @@ of every Python process of the job.
 
 import json
 import signal
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +22,7 @@ from conftest import (
     SCRIPTS,
     STOP_AT,
     STOP_TINY,
+    Ranks,
     alive,
     assert_same_params,
     finish_job,
@@ -50,13 +52,14 @@ SCRIPT_FLAGS = {
 }
 
 
-def _torchrun(script, tmp, name, *extra, stop=None):
+def _torchrun(script, tmp, name, *extra, stop=None, srun=False):
+    """The 2-process job under torchrun, or (srun=True) its 2 ranks started as srun starts them."""
     log_dir, pids = tmp / "logs", tmp / f"pids_{name}{len(extra)}"
     pids.mkdir(parents=True, exist_ok=True)
     env = stop_site(tmp / "site", TRAINUP_TEST_PIDS=str(pids), **(stop or {}))
+    launcher = [sys.executable] if srun else [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2)]
     command = [
-        *launch.TORCHRUN,
-        *launch.torchrun_flags(nproc=2),
+        *launcher,
         SCRIPTS / script,
         *STOP_TINY,
         *SCRIPT_FLAGS[script][0],
@@ -68,7 +71,8 @@ def _torchrun(script, tmp, name, *extra, stop=None):
         name,
         *extra,
     ]
-    job = start_job([str(a) for a in command], launch.environment(env))
+    command, env = [str(a) for a in command], launch.environment(env)
+    job = Ranks(command, env) if srun else start_job(command, env)
     job.pids = pids
     return job
 
@@ -87,13 +91,15 @@ def _finished(job):
 def never_stopped(tmp_path_factory):
     """start(script): the script's run never stopped, in this module's folder, started once and
     shared by every case of that script (the stop's signal and its sender change nothing in it);
-    finish(script): that run, finished, and the folder of its checkpoint."""
+    finish(script): that run, finished, and the folder of its checkpoint. Its 2 ranks start as
+    srun starts them: the parameters it ends with are the reference, and torchrun's agent, an
+    interpreter of its own that passes no signal here, adds nothing to them."""
     tmp = tmp_path_factory.mktemp("never_stopped")
     jobs, done = {}, {}
 
     def start(script):
         if script not in jobs:
-            jobs[script] = _torchrun(script, tmp / script[: -len(".py")], "straight")
+            jobs[script] = _torchrun(script, tmp / script[: -len(".py")], "straight", srun=True)
 
     def finish(script):
         if script not in done:
@@ -130,10 +136,15 @@ def stopped_and_resumed(tmp, script, stop, never_stopped):
 
 
 # the blocks' job takes the course's default --stop-signal, USR1, to torchrun's group; the other
-# scripts SIGTERM; the pipeline's also USR1 to rank 1 alone, which then posts the stop for both
+# scripts SIGTERM; the pipeline's USR1 to rank 1 alone, which then posts the stop for both. The
+# pipeline has that one case: SIGTERM to torchrun's group reaches every rank through the handler
+# and the agreement on the step (preempt.Stopper) that the tp, tp_sp, cp and experts cases take,
+# and a pipeline's stop then saves and resumes through the code of its USR1 case
+# (pipeline.stage_saver, load_stages) whichever signal asked for it.
 CASES = [
     (script, "USR1" if script == "_trainup_blocks.py" else "TERM", "launcher")
     for script in SCRIPT_FLAGS
+    if script != "_trainup_pipeline.py"
 ] + [("_trainup_pipeline.py", "USR1", "self")]
 
 

@@ -24,6 +24,7 @@ from conftest import (
     SCRIPTS,
     STOP_AT,
     STOP_TINY,
+    Ranks,
     assert_clean_error,
     finish_job,
     hold_lock,
@@ -111,14 +112,16 @@ def plain(tmp_path_factory, request):
     out = SimpleNamespace(
         log_dir=log_dir, twins_dir=tmp / "twins", **{k: finish_job(p) for k, p in jobs.items()}
     )
+    # the resumes and the twins, side by side: none reads another's files
+    later = {}
     if wanted("stopped"):  # the checkpoint at the stop, before --resume replaces it
         out.at_stop = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
-        out.resumed = finish_job(cpu("stopped", "--resume"))
+        later["resumed"] = cpu("stopped", "--resume")
     if wanted("in_eval"):
-        out.in_eval_resumed = finish_job(cpu("in_eval", "--resume"))
+        later["in_eval_resumed"] = cpu("in_eval", "--resume")
     if wanted("twins"):
         frozen = {**env, "TRAINUP_TEST_FROZEN_TIME": str(time.time())}
-        twins = [
+        later["twins"] = [
             python(
                 "_trainup_cpu.py",
                 "--quick",
@@ -136,7 +139,8 @@ def plain(tmp_path_factory, request):
             )
             for seed in (1, 2)
         ]
-        out.twins = [finish_job(p) for p in twins]
+    for name, job in later.items():
+        setattr(out, name, [finish_job(p) for p in job] if name == "twins" else finish_job(job))
     return out
 
 
@@ -294,20 +298,16 @@ def test_reusing_a_run_name_on_purpose_says_what_it_replaces(tmp_path, capsys):
     assert not list(tmp_path.glob("*.lock"))
 
 
-def _torchrun(script, log_dir, name, env, *extra):
+def _torchrun(script, log_dir, name, env, *extra, srun=False):
+    """2 ranks under torchrun, or (srun=True) started as srun starts them: a run never stopped,
+    whose parameters torchrun's agent (an interpreter of its own) changes nothing in."""
     flags = [*STOP_TINY, "--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
-    command = [
-        *launch.TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        SCRIPTS / script,
-        *flags,
-        "--run-name",
-        name,
-        *extra,
-    ]
-    return start_job([str(a) for a in command], {**os.environ, **launch.environment(env)})
+    launcher = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2"]
+    command = [str(a) for a in [SCRIPTS / script, *flags, "--run-name", name, *extra]]
+    env = {**os.environ, **launch.environment(env)}
+    if srun:
+        return Ranks([sys.executable, *command], env)
+    return start_job([*map(str, launcher), *command], env)
 
 
 @pytest.fixture(scope="module")
@@ -347,13 +347,14 @@ def test_fabric_ranks_stop_at_one_step_and_resume_to_the_parameters_of_a_run_nev
 
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory):
-    """Lesson 09's FSDP2 (--shard parameters) under torchrun: 2 ranks straight; 2 ranks of which
-    rank 1 alone gets SIGTERM after step 3, then --resume from the shards every rank wrote."""
+    """Lesson 09's FSDP2 (--shard parameters): 2 ranks straight (started as srun starts them); 2
+    ranks under torchrun of which rank 1 alone gets SIGTERM after step 3, then --resume from the
+    shards every rank wrote."""
     tmp = tmp_path_factory.mktemp("prefsdp")
     log_dir, env = tmp / "logs", stop_site(tmp / "site")
     flags = ["--shard", "parameters", "--blocks", "2", "--width", "32", "--dropout", "0.2"]
     jobs = {
-        "straight": _torchrun("_trainup_fsdp.py", log_dir, "straight", env, *flags),
+        "straight": _torchrun("_trainup_fsdp.py", log_dir, "straight", env, *flags, srun=True),
         "stopped": _torchrun(
             "_trainup_fsdp.py",
             log_dir,
@@ -387,14 +388,31 @@ def test_fsdp_ranks_save_their_shards_at_a_stop_and_resume_to_a_run_never_stoppe
 def group(tmp_path_factory):
     """SIGTERM to the whole process group (what SLURM's time limit and scancel --signal do) while DataLoader
     workers run: lesson 02's script with 2 workers, Hogwild's 2 worker processes, and rank 1 of a
-    torchrun DDP job with 2 workers a rank."""
+    torchrun DDP job with 2 workers a rank. The runs never stopped load in the main process
+    (--workers 0): where a batch is loaded changes no sample and no sum, so the stopped runs'
+    workers must end them on those very parameters. Jobs that read no other's files run side by
+    side."""
     tmp = tmp_path_factory.mktemp("group")
     log_dir, env = tmp / "logs", stop_site(tmp / "site")
-    workers = [*STOP_TINY, "--device", "cpu", "--workers", "2"]
+    flags = [*STOP_TINY, "--device", "cpu"]
+    workers, in_main = [*flags, "--workers", "2"], [*flags, "--workers", "0"]
     hit = {**env, **stop_at(0, STOP_AT, "TERM", "group")}
+    out = ["--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints"]
+    ddp = [str(a) for a in [SCRIPTS / "_trainup_ddp.py", *out]]
+    torchrun = [*launch.TORCHRUN, "--standalone", "--nproc-per-node", "2", *ddp]
+
+    def ddp_job(name, flags, how, *extra):
+        return start_job(
+            [*torchrun, *map(str, flags), "--run-name", name, *extra],
+            {**os.environ, **launch.environment(how)},
+        )
+
+    # rank 1's group: rank 1 and its loader workers (torchrun starts each worker in a session
+    # of its own); rank 0 gets no signal
+    t_hit = {**env, **stop_at(1, STOP_AT, "TERM", "group")}
     jobs = {
         "straight": python(
-            "_trainup_gpu.py", *workers, "--run-name", "straight", log_dir=log_dir, env=env
+            "_trainup_gpu.py", *in_main, "--run-name", "straight", log_dir=log_dir, env=env
         ),
         "stopped": python(
             "_trainup_gpu.py", *workers, "--run-name", "stopped", log_dir=log_dir, env=hit
@@ -411,11 +429,17 @@ def group(tmp_path_factory):
             log_dir=log_dir,
             env={**env, **stop_at(0, 2, "TERM", "group")},
         ),
+        "t_straight": Ranks(
+            [sys.executable, *ddp, *map(str, in_main), "--run-name", "t_straight"],
+            {**os.environ, **launch.environment(env)},
+        ),
+        "t_stopped": ddp_job("t_stopped", workers, t_hit),
     }
     done = {k: finish_job(p) for k, p in jobs.items()}
     done["at_stop"] = torch.load(log_dir / "checkpoints" / "stopped.pt", weights_only=True)
-    done["resumed"] = finish_job(
-        python(
+    done["t_at_stop"] = torch.load(log_dir / "checkpoints" / "t_stopped.pt", weights_only=True)
+    resumes = {
+        "resumed": python(
             "_trainup_gpu.py",
             *workers,
             "--run-name",
@@ -423,46 +447,10 @@ def group(tmp_path_factory):
             "--resume",
             log_dir=log_dir,
             env=env,
-        )
-    )
-    ddp = [
-        *STOP_TINY,
-        "--device",
-        "cpu",
-        "--workers",
-        "2",
-        "--log-dir",
-        log_dir,
-        "--checkpoint-dir",
-        log_dir / "checkpoints",
-    ]
-    torchrun = [
-        *launch.TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        SCRIPTS / "_trainup_ddp.py",
-        *ddp,
-    ]
-    # rank 1's group: rank 1 and its loader workers (torchrun starts each worker in a session
-    # of its own); rank 0 gets no signal
-    t_hit = {**env, **stop_at(1, STOP_AT, "TERM", "group")}
-    runs = [("t_straight", [], env), ("t_stopped", [], t_hit)]
-    jobs = {
-        name + "".join(extra): start_job(
-            [str(a) for a in torchrun + ["--run-name", name] + extra],
-            {**os.environ, **launch.environment(how)},
-        )
-        for name, extra, how in runs
+        ),
+        "t_resumed": ddp_job("t_stopped", workers, env, "--resume"),
     }
-    done.update({name: finish_job(job) for name, job in jobs.items()})
-    done["t_at_stop"] = torch.load(log_dir / "checkpoints" / "t_stopped.pt", weights_only=True)
-    done["t_resumed"] = finish_job(
-        start_job(
-            [str(a) for a in torchrun + ["--run-name", "t_stopped", "--resume"]],
-            {**os.environ, **launch.environment(env)},
-        )
-    )
+    done.update({k: finish_job(p) for k, p in resumes.items()})
     return SimpleNamespace(log_dir=log_dir, **done)
 
 
