@@ -105,7 +105,10 @@ def test_the_log_keeps_the_compiling_step_apart_and_counts_graphs_and_recompiles
     # one graph of the model's forward, compiled in DDPOptimizer's pieces: one per bucket
     assert first["graphs"] >= 1 and first["compiled_graphs"] >= BUCKETS
     assert first["recompiles"] >= 1  # the short last batch: a second shape
-    assert first["compile_s"] > 0 and first["first_step_s"] > first["compile_s"] / 2
+    # the record is written before the test pass: its compile time was spent in the epoch's steps
+    # (the first and the short last one; how it splits between them varies with the machine)
+    epoch_one = report.read_run(runs / "compiled_two.jsonl")["epochs"][0]
+    assert 0 < first["compile_s"] <= epoch_one["wall_s"]
     assert first["first_step_s"] > 5 * first["step_s"]  # the compile, far above a step's time
     # epoch 2 compiles nothing new: the same shapes, the last one now dynamic
     counts = ("graphs", "compiled_graphs", "graph_breaks", "recompiles", "compile_s")
