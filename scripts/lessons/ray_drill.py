@@ -12,6 +12,7 @@ checkpoint. The driver prints what Ray's state API says ran where, the dead work
 """
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -230,6 +231,14 @@ def marked(mark, wait_s=30):
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
+
+
+def resumed_at(d):
+    """The epoch the group Ray started after the kill went on from, as its rank 0 said it; None
+    where it said nothing. The kill lands once Ray kept epoch 1; on a loaded machine Ray may have
+    kept epoch 2 too before it lands, and then goes on from there."""
+    found = re.search(r"resuming at epoch (\d+) from Ray's last checkpoint", d.output)
+    return int(found.group(1)) if found else None
 
 
 def placement(d):
