@@ -677,6 +677,10 @@ def _send_twice():
 
 if len(_at) == 4:
     _signal_after(int(_at[1]), _send, rank=_at[0])
+# rank 1 stalls after that step, as a hung disk or a stopped process would
+_stall = os.environ.get("TRAINUP_TEST_STALL_AT")
+if _stall:
+    _signal_after(int(_stall), lambda: time.sleep(30), rank="1")
 if _twice:
     _signal_after(int(_twice), _send_twice)
 if os.environ.get("TRAINUP_TEST_SIGTERM_IN_EVAL"):

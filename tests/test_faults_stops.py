@@ -135,33 +135,11 @@ def test_loader_workers_and_their_helpers_end_when_the_main_process_is_killed(tm
         job.kill()
 
 
-# Rank 1, after its STEP-th optimizer step, stalls (as a hung disk or a stopped process would).
-_STALL = """import os, sys, time
-_at = os.environ.get("TRAINUP_TEST_STALL_AT")
-if _at and os.environ.get("RANK") == "1":
-    def _hook(event, args, done=[0]):
-        if done[0] or event != "import" or "torch.optim.optimizer" not in sys.modules:
-            return
-        done[0] = 1
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-        steps = [0]
-        def count(opt, a, kw):
-            steps[0] += 1
-            if steps[0] == int(_at):
-                time.sleep(30)
-        register_optimizer_step_post_hook(count)
-    sys.addaudithook(_hook)
-"""
-
-
 def test_a_collective_that_waits_past_timeout_for_a_stalled_rank_is_one_sentence(tmp_path):
     """--timeout 5 and rank 1 stalled after step 3: rank 0's next collective gives up; it says so
     in one sentence (gloo's RuntimeError is a traceback) and exits 1, and torchrun ends the job."""
     from lessons import launch
 
-    folder = tmp_path / "site"
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(_STALL)
     log_dir = tmp_path / "logs"
     cmd = [
         *launch.TORCHRUN,
@@ -179,7 +157,7 @@ def test_a_collective_that_waits_past_timeout_for_a_stalled_rank_is_one_sentence
         "--checkpoint-dir",
         str(log_dir / "checkpoints"),
     ]
-    env = {"PYTHONPATH": str(folder), "TRAINUP_TEST_STALL_AT": "3"}
+    env = stop_site(tmp_path / "site", TRAINUP_TEST_STALL_AT="3")  # rank 1 stalls after step 3
     done = finish_job(start_job(cmd, launch.environment(env)))
     out = done.stdout + done.stderr
     assert done.returncode != 0
