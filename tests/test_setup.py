@@ -216,6 +216,7 @@ def test_setup_env_uses_the_active_conda_environment_when_asked(course_copy, tmp
     where = subprocess.run(
         [str(prefix / "bin" / "python"), "-c", "import lessons; print(lessons.__file__)"],
         cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # the install, not ours
         capture_output=True,
         text=True,
     )

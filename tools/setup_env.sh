@@ -29,7 +29,9 @@ say() { echo "setup: $*"; }
 # them from this checkout's scripts/ without touching sys.path. Once per .venv and checkout.
 course() {
   local here
-  here=$(.venv/bin/python -c 'import os, lessons; print(os.path.dirname(os.path.dirname(lessons.__file__)))' \
+  # what the environment itself imports: a PYTHONPATH of the shell's would answer for it
+  here=$(env -u PYTHONPATH .venv/bin/python -c \
+         'import os, lessons; print(os.path.dirname(os.path.dirname(lessons.__file__)))' \
          2>/dev/null || true)
   [ "$here" = "$PWD/scripts" ] && return 0
   if ! .venv/bin/python -m pip install --no-deps --no-build-isolation --editable . >> "$LOG" 2>&1; then
