@@ -79,7 +79,9 @@ assert u.find_spec("torch"); print(m.version("torch"))' 2>/dev/null) ||
 export TRAINUP_PYTHON
 
 # 3. Where the processes meet: the first node of the allocation, at a port derived from the job id
-# (two jobs that share a node then do not collide). NodeAddr is the address SLURM itself uses for the node.
+# (two jobs that share a node rarely collide: their ids would differ by a multiple of 20,000;
+# the check below catches it, or another program on that port, when they do). NodeAddr is the
+# address SLURM itself uses for the node.
 TRAINUP_FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$TRAINUP_FIRST_NODE" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p' | head -n 1)
 export MASTER_ADDR=${MASTER_ADDR:-$TRAINUP_FIRST_NODE}

@@ -188,11 +188,7 @@ IMAGE = 24  # lines a plot takes (a figure about 480 pixels high, at 20 pixels a
 AUTO_SCROLL, SCROLL_BOX = 100, 20  # a cell's text output longer than this shows in a box of that
 MOST_SCREENS = 10
 # Lessons already longer than MOST_SCREENS, each held to its own length until it is split.
-LONGER = {
-    "03_data_parallel": 10.8,
-    "04b_slurm": 12.0,
-    "04c_elastic": 10.9,
-}
+LONGER = {}
 
 
 def markdown_lines(text):

@@ -63,8 +63,9 @@ WAIT_S = 240  # far beyond a healthy drill's steps: reaching it means the job hu
 
 def agent_command(run, port, host_store):
     """One node's torchrun: 1 worker, 1 to 2 nodes, up to 3 restarts after a failure (a node
-    joining is not a failure: it costs no restart). host_store: this agent holds the rendezvous
-    store (the survivor)."""
+    joining is not a failure: it does not count against --max-restarts, though every worker is
+    still stopped and started again from the checkpoint). host_store: this agent holds the
+    rendezvous store (the survivor)."""
     flags = torchrun_flags(
         nproc=1, nnodes="1:2", port=port, rendezvous="c10d", run_id=run, max_restarts=3
     )

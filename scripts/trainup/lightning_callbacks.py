@@ -9,7 +9,9 @@ checkpoint: trainup/lightning_log.py):
     (always)                LearningRateMonitor: the optimizer's rate, each epoch, in TensorBoard
 
 Each monitors test_loss, which the LightningModule logs (self.log) after every epoch's test pass,
-averaged over the ranks (sync_dist): every rank decides the same, so every rank stops together.
+averaged over the ranks (sync_dist), so that the callbacks watch the whole job's test loss, not one
+rank's shard. Lightning itself makes the ranks agree on each decision (the strategy's
+reduce_boolean_decision), so every rank stops together.
 """
 import argparse
 from pathlib import Path
