@@ -12,7 +12,8 @@ that refuses what cannot be cut and builds one mesh ("pp", "dp", "cp", "tp"); ea
 stage of the model (trainup/four_d.py), its layers cut over "tp", its rows over "cp" (ring
 attention), FSDP2 over "dp" and "cp" folded into one; a GPipe schedule over "pp" runs the
 micro-batches; the scores are whole (no loss_parallel: they leave the last stage); a steady step's
-collectives and bytes are counted per mesh dimension, beside the formulas.
+collectives and bytes are counted per mesh dimension, beside the formulas. A stop (SIGTERM,
+--stop-signal) saves every rank's shards of its stage (DCP); --resume goes on from that step.
 """
 import contextlib
 import itertools
@@ -22,15 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import (UserError, checkpoint, cli, data, distributed, four_d, metrics,
-                     parallel_dims, transformer)
+from trainup import (checkpoint, cli, data, distributed, four_d, metrics, parallel_dims,
+                     preempt, transformer)
 from trainup import tensor_parallel as tpar
 
 
 def train_epoch(stage, pipe, loader, optimizer, epoch, show_progress, device, counter):
     stage.train()
-    meter = metrics.Meter()
-    for step, (x, y) in enumerate(metrics.progress(loader, f"epoch {epoch}", show_progress), 1):
+    meter = preempt.meter(loader)  # a resumed epoch goes on with the sums of its steps so far
+    batches = metrics.progress(loader, f"epoch {epoch}", show_progress)
+    for step, (x, y) in enumerate(batches, preempt.first_step(loader)):  # resumed: numbered on
         x, y = x.to(device), y.to(device)
         counted = epoch == 1 and step == counter.step  # a steady step: the first infers shapes
         with counter if counted else contextlib.nullcontext():
@@ -63,14 +65,12 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
-    if args.resume:
-        raise UserError("--resume: this lesson's job saves no checkpoint to resume from; "
-                        "lessons 09c (_trainup_tp_sp.py) and 06 show how each part saves its own")
     dims = parallel_dims.ParallelDims.from_args(args, distributed.from_env().world_size)
     train_set, test_set = data.load(args)  # first: the images' shape decides what can be cut
     dims.check_model(args.blocks, args.heads, args.width, args.hidden, train_set.shape[1],
                      args.batch_size, args.microbatches)  # before any process waits
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,6 +83,9 @@ def main(argv=None):
     shard_over = four_d.parallelize(stage, mesh, dims) if mesh is not None else None
     pipe = (four_d.Pipe(stage, dims, mesh, device, args.microbatches) if dims.pp > 1 else None)
     optimizer, scheduler = optimizer_for(stage.parameters(), args)
+    folder = four_d.folder(args, dims)  # every rank its shards of its stage (DCP), the layout
+    start_epoch, saved = (four_d.load(folder, stage, optimizer, scheduler, args) if args.resume
+                          else (1, None))
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     four_d.log_layout(log, dims, args, ctx.rank)  # the mesh, where every rank sits
 
@@ -93,15 +96,18 @@ def main(argv=None):
     # equal test shards, whole micro-batches: every rank runs as many forward passes
     test_loader = DataLoader(test_set, batch_size=per_rank, drop_last=True,
                              sampler=range(where["dp"], len(test_set), dims.dp))
-    counter = four_d.Counter(mesh, shard_over, step=min(2, steps),  # a step's collectives,
-                             holds=(stage, optimizer))  # and the bytes each rank then holds
+    counter = four_d.Counter(mesh, shard_over, step=four_d.steady_step(steps, saved),
+                             holds=(stage, optimizer))  # a step's collectives, the bytes held
     expected = four_d.expected(stage, dims, where, per_rank, train_set.shape[1], args.width,
                                train_set.num_classes, torch.get_default_dtype().itemsize)
     counted = where["tp"] == where["cp"] == 0 and where["pp"] == dims.pp - 1  # a replica's scores
-    for epoch in range(1, args.epochs + 1):
+    stop.watch(folder, log, stage, optimizer, scheduler,  # every rank saves its shards
+               save=four_d.saver(folder, stage, optimizer, scheduler, args), saved=saved)
+    for epoch in range(start_epoch, args.epochs + 1):
         tick = time.perf_counter()
         sampler.set_epoch(epoch)
-        train = train_epoch(stage, pipe, itertools.islice(train_loader, steps), optimizer, epoch,
+        batches = stop.batches(itertools.islice(train_loader, steps), epoch)  # from a stop's step
+        train = train_epoch(stage, pipe, batches, optimizer, epoch,
                             args.show_progress and ctx.is_main, device, counter)
         scheduler.step()
         wall = time.perf_counter() - tick
@@ -110,6 +116,7 @@ def main(argv=None):
         test = four_d.evaluate(stage, pipe, test_loader, device)
         log.epoch(epoch, distributed.reduce(train if counted else metrics.Meter()),
                   distributed.reduce(test if counted else metrics.Meter()), wall)
+        four_d.save(folder, stage, optimizer, scheduler, epoch, args)  # for --resume
         whole = four_d.full_state(stage)  # every rank takes part in gathering the slices
         if ctx.is_main:  # one writer
             tpar.save_model(checkpoint.path_for(args), whole, epoch, args)

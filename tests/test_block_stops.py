@@ -1,7 +1,7 @@
 """The block-stack scripts (lessons 06 and 09) stopped by a scheduler's signal inside an epoch: a
-real 2-process torchrun job, signalled after a known optimizer step, exits 75 on every rank with a
-checkpoint of what each rank holds, and `--resume` ends with the parameters of a run never stopped,
-bit for bit; no process of the job outlives it.
+real torchrun job (2 processes; the four dimensions' 8), signalled after a known optimizer step,
+exits 75 on every rank with a checkpoint of what each rank holds, and `--resume` ends with the
+parameters of a run never stopped, bit for bit; no process of the job outlives it.
 
 The signal is sent from inside the job, by conftest's sitecustomize.py put first on PYTHONPATH
 (stop_site), so that the stop lands at a known step on any machine: SIGTERM, or the course's
@@ -49,15 +49,29 @@ SCRIPT_FLAGS = {
         ["--blocks", "1", "--width", "32", "--heads", "2", "--hidden", "32"],
         ".ranks",
     ),
+    # pp 2 x cp 2 x tp 2, dp 1: 8 processes where every dimension > 1 takes 16, on two cores. The
+    # one left at 1 is dp, whose replicas only take other samples, dealt out by a sampler that the
+    # stop's skipping of steps does not touch; with cp 2, FSDP still shards every stage over the
+    # folded dp x cp dimension, so each rank saves and takes back its shards of its tp slices of
+    # its stage (--precision 64: the course's proofs compare float64 runs)
+    "_trainup_4d.py": (
+        ["--blocks", "2", "--width", "16", "--heads", "2", "--hidden", "32", "--microbatches", "2"]
+        + ["--pp", "2", "--dp", "1", "--cp", "2", "--tp", "2", "--precision", "64"],
+        ".dcp",
+    ),
 }
+NPROC = {"_trainup_4d.py": 8}  # processes of a script's job; the others' 2
 
 
 def _torchrun(script, tmp, name, *extra, stop=None, srun=False):
-    """The 2-process job under torchrun, or (srun=True) its 2 ranks started as srun starts them."""
+    """The script's job (NPROC) under torchrun, or (srun=True) its ranks started as srun starts
+    them."""
     log_dir, pids = tmp / "logs", tmp / f"pids_{name}{len(extra)}"
     pids.mkdir(parents=True, exist_ok=True)
     env = stop_site(tmp / "site", TRAINUP_TEST_PIDS=str(pids), **(stop or {}))
-    launcher = [sys.executable] if srun else [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2)]
+    nproc = NPROC.get(script, 2)
+    torchrun = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=nproc)]
+    launcher = [sys.executable] if srun else torchrun
     command = [
         *launcher,
         SCRIPTS / script,
@@ -72,7 +86,7 @@ def _torchrun(script, tmp, name, *extra, stop=None, srun=False):
         *extra,
     ]
     command, env = [str(a) for a in command], launch.environment(env)
-    job = Ranks(command, env) if srun else start_job(command, env)
+    job = Ranks(command, env, ntasks=nproc) if srun else start_job(command, env)
     job.pids = pids
     return job
 
@@ -91,7 +105,7 @@ def _finished(job):
 def never_stopped(tmp_path_factory):
     """start(script): the script's run never stopped, in this module's folder, started once and
     shared by every case of that script (the stop's signal and its sender change nothing in it);
-    finish(script): that run, finished, and the folder of its checkpoint. Its 2 ranks start as
+    finish(script): that run, finished, and the folder of its checkpoint. Its ranks start as
     srun starts them: the parameters it ends with are the reference, and torchrun's agent, an
     interpreter of its own that passes no signal here, adds nothing to them."""
     tmp = tmp_path_factory.mktemp("never_stopped")
@@ -136,7 +150,8 @@ def stopped_and_resumed(tmp, script, stop, never_stopped):
 
 
 # the blocks' job takes the course's default --stop-signal, USR1, to torchrun's group; the other
-# scripts SIGTERM; the pipeline's USR1 to rank 1 alone, which then posts the stop for both. The
+# scripts (the four dimensions' too: its 8 ranks stop together, each saving its own shards)
+# SIGTERM; the pipeline's USR1 to rank 1 alone, which then posts the stop for both. The
 # pipeline has that one case: SIGTERM to torchrun's group reaches every rank through the handler
 # and the agreement on the step (preempt.Stopper) that the tp, tp_sp, cp and experts cases take,
 # and a pipeline's stop then saves and resumes through the code of its USR1 case
@@ -172,14 +187,17 @@ def test_a_block_stack_job_stopped_inside_an_epoch_resumes_to_a_run_never_stoppe
     if whom == "self":  # torchrun lists every worker's exit status
         codes = {0: preempt.STOPPED_EXIT, 1: preempt.STOPPED_EXIT}
         assert torchrun_exit_codes(s) == codes, out[-3000:]
-    assert s.ranks == {"launcher": "", "0": "stopped", "1": "stopped"}, s.ranks
+    nproc = NPROC.get(script, 2)
+    assert s.ranks == {"launcher": "", **{str(r): "stopped" for r in range(nproc)}}, s.ranks
     position = job.at_stop
-    assert (position["epoch"], position["world_size"], len(position["ranks"])) == (1, 2, 2)
+    assert (position["epoch"], position["world_size"], len(position["ranks"])) == (1, nproc, nproc)
     assert STOP_AT <= position["step"] < 8  # inside the epoch of 8 steps
     if whom == "self":  # rank 1, signalled in step 3, posted "stop after step 4" for every rank
         assert position["step"] == STOP_AT + preempt.STOP_CHECK["cpu"][1]
     if SCRIPT_FLAGS[script][1] == ".ranks":  # each rank its own stages or experts
         assert {"rank0.pt", "rank1.pt", "run.pt"} <= set(job.files), job.files
+    if script == "_trainup_4d.py":  # 8 parts, none held by two ranks: a file from each
+        assert {f"__{r}_0.distcp" for r in range(nproc)} <= set(job.files), job.files
     summaries = [r["status"] for r in _records(tmp_path / "logs", "s", "summary")]
     assert summaries == ["stopped", "finished"]
     straight_logs = job.straight_ckpts.parent
@@ -199,8 +217,9 @@ def _records(log_dir, run, kind):
 
 def _per_step_records_go_on(log_dir, straight_logs, stopped_after):
     """The records a resumed run writes of the epoch it resumed inside: the pipeline's per-step
-    records number on from the step after the stop, and the experts' load record of that epoch
-    counts every step of it, as the run never stopped counts them."""
+    records number on from the step after the stop, the experts' load record of that epoch
+    counts every step of it, as the run never stopped counts them, and the four dimensions'
+    count of a steady step is of a step after the stop."""
     steps = {(r["epoch"], r["rank"], r["step"]) for r in _records(log_dir, "s", "pipe_step")}
     if steps:
         straight = {
@@ -212,6 +231,13 @@ def _per_step_records_go_on(log_dir, straight_logs, stopped_after):
     load = _records(log_dir, "s", "expert_load")
     if load:
         assert load == _records(straight_logs, "straight", "expert_load")
+    counted = _records(straight_logs, "straight", "4d_comm")
+    if counted:  # the four dimensions' count of epoch 1's second step a run takes (its first
+        # infers the stages' shapes), logged at that epoch's end: the stopped run left before
+        # it, the resumed one counts the second step after the stop, and moves the same bytes
+        (resumed,) = _records(log_dir, "s", "4d_comm")
+        assert [r["step"] for r in counted] == [2] and resumed["step"] == stopped_after + 2
+        assert resumed["ranks"] == counted[0]["ranks"]
 
 
 # --- A checkpoint of another layout, or torn: one sentence (in this interpreter, a group of one)
@@ -278,6 +304,27 @@ def test_a_tensor_parallel_checkpoint_of_another_mesh_is_one_sentence(one_rank_g
     ):
         tpar.load(folder, *_trained(), _args(tp_layout="--dp 2 --tp 1"))
     assert tpar.load(folder, *_trained(), saved) == (2, None)
+
+
+def test_a_four_d_checkpoint_of_another_layout_is_one_sentence(one_rank_group, tmp_path):
+    """The layout a 4-D job saved with (ParallelDims.layout, kept beside the shards) against the
+    resuming job's: another one is refused before any shard is read. Built here for a job of 4
+    processes: the refusal compares the layouts alone."""
+    from trainup import UserError, four_d
+    from trainup.parallel_dims import ParallelDims
+
+    saved = _args(lesson="4d", checkpoint_dir=tmp_path)
+    folder = four_d.folder(saved, ParallelDims(dp=1, tp=1, pp=1, cp=1, world_size=1))
+    four_d.save(folder, *_trained(), 1, saved)
+    other = _args(lesson="4d", checkpoint_dir=tmp_path)
+    assert four_d.folder(other, ParallelDims(dp=2, tp=1, pp=2, cp=1, world_size=4)) == folder
+    with pytest.raises(
+        UserError,
+        match=r"laid out as --pp 1 --dp 1 --cp 1 --tp 1, and this one is --pp 2 --dp 2 --cp 1 "
+        r"--tp 1: a run resumes on the mesh it was saved from",
+    ):
+        four_d.load(folder, *_trained(), other)
+    assert four_d.load(folder, *_trained(), saved) == (2, None)
 
 
 def test_a_full_disk_while_the_ranks_write_keeps_the_last_whole_checkpoint(

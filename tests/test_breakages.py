@@ -125,6 +125,14 @@ BREAKAGES = {
         "busbw_gbps=algbw, ring_factor=bus)",
         "test_ddp_inside.py::test_bus_bandwidth_is_algbw_times_the_ring_factor",
     ),
+    # each cp rank's gradient is its tokens' share of one loss: FSDP must sum the shares over cp
+    # and average over dp (divide by dp); its default averages over all dp x cp processes
+    "the 4-D job's FSDP averages the cp ranks' shares instead of summing them": (
+        "trainup/four_d.py",
+        "module.set_gradient_divide_factor(float(dims.dp))",
+        "module.set_gradient_divide_factor(float(dims.dp * dims.cp))",
+        "test_four_d.py::test_the_job_ends_with_the_parameters_of_one_process[fourd_dp2cp2]",
+    ),
     "the planner counts fp32 training as the ZeRO paper's fp16 recipe": (
         "lessons/planner.py",
         'PER_PARAM = {"32": FP32_ADAM, "bf16": FSDP2_BF16, "16": MIXED_ADAM}',
@@ -149,6 +157,7 @@ TRAINS = (
     "Horovod without the initial broadcast",
     "the manual pipeline sends zeros back instead of the activations' gradient",
     "the bus bandwidth without the ring factor",
+    "the 4-D job's FSDP averages the cp ranks' shares instead of summing them",
 )
 _rest = [n for n in BREAKAGES if n not in TRAINS]
 ORDER = [n for pair in zip(TRAINS, _rest + [None] * len(TRAINS)) for n in pair if n]

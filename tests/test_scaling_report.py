@@ -164,6 +164,13 @@ def test_registry_has_every_strategy_of_the_course():
         *[f"pipeline {s}" for s in sr.PIPELINES],
         "elastic DDP (its world size changed)",
         "Ray Train (a worker killed, restarted)",
+        "context parallel (ring attention)",
+        "context parallel (ulysses attention)",
+        "expert parallel",
+        "torch.compile, one process",
+        "DDP (compile script, eager)",
+        "DDP + torch.compile",
+        "4-D (pipeline x data x context x tensor parallel)",
     ):
         assert must in names
     assert sum(s.name.startswith("ZeRO-") for s in EQUIVALENCE_ROWS) == 4
@@ -1085,6 +1092,111 @@ def test_layout_from_lesson_records(tmp_path):
     )
     got = {r["name"]: r["strategy"].name for r in sr.load(tmp_path)[0]}
     assert got == {"two_d": "data x tensor parallel (2-D)", "tp_only": "tensor parallel"}
+
+
+LAYERS = dict(blocks=2, width=16, hidden=32, heads=4)
+MOE = dict(LAYERS, experts=4, top_k=2, capacity_factor=2.0, aux_loss_weight=0.01)
+FOUR_D = dict(LAYERS, blocks=4, pp=2, cp=2, tp=None, dp=None, microbatches=2)
+# Lessons 09d-09g, each as its notebook makes it: (row, script, processes, flags, its one-process
+# run's script and flags, and a one-process run that did other work, which is no baseline of it)
+FRONTIER = {
+    "cp": (
+        "context parallel (ulysses attention)",
+        "_trainup_cp.py",
+        2,
+        dict(LAYERS, cp_attention="ulysses", causal=True),
+        ("_trainup_cp.py", dict(LAYERS, cp_attention="ring", causal=True)),
+        dict(LAYERS, cp_attention="ring", causal=False),  # not causal: another model
+    ),
+    "experts": (
+        "expert parallel",
+        "_trainup_experts.py",
+        2,
+        MOE,
+        ("_trainup_experts.py", MOE),
+        dict(MOE, top_k=1),  # one expert a token: another model
+    ),
+    "compile": (
+        "DDP + torch.compile",
+        "_trainup_compile.py",
+        2,
+        dict(compile=True, compile_mode="default", bucket_cap_mb=1.0),
+        ("_trainup_gpu.py", {}),  # the one-device script: eager, the same model
+        dict(compile=True, compile_mode="max-autotune-no-cudagraphs", bucket_cap_mb=1.0),
+    ),
+    "4d": (
+        "4-D (pipeline x data x context x tensor parallel)",
+        "_trainup_4d.py",
+        4,
+        FOUR_D,
+        ("_trainup_4d.py", dict(FOUR_D, pp=1, cp=1)),
+        dict(FOUR_D, pp=1, cp=1, heads=2),  # other heads: another model
+    ),
+}
+
+
+@pytest.mark.parametrize("lesson", list(FRONTIER))
+def test_the_frontier_lessons_runs_get_their_row_and_their_declared_baseline(lesson, tmp_path):
+    """A job of lessons 09d-09g is its strategy's, measured against a one-process run of the same
+    work and proven (float64) against the one-process run its row declares; a one-process run of
+    another model or other kernels gives it no speedup and no proof."""
+    name, script, world, flags, (base_script, base_flags), other = FRONTIER[lesson]
+    ckpt = tmp_path / "checkpoints"
+    job = dict(state=shifted(eq.TOLERANCE / 10), checkpoint_dir=ckpt, extra_args=flags)
+    write_run(tmp_path, "other", script, state=STATE, checkpoint_dir=ckpt, extra_args=other)
+    write_run(tmp_path, "job", script, world, samples_per_s=150, **job)
+    runs = sr.load(tmp_path)[0]
+    strategy = {r["name"]: r["strategy"] for r in runs}["job"]
+    assert strategy.name == name and strategy.baseline is not None
+    table = sr.performance(runs).set_index("run")
+    assert table.loc["job", "no_speedup"] == sr.UNMATCHED and math.isnan(
+        table.loc["job", "speedup"]
+    )
+    row = eq.equivalence_row(strategy, runs, ckpt)
+    assert row["result"] == "skipped" and "no float64 one-process baseline" in row["reason"], row
+    # its declared one-process run: the proof holds, and a speedup where it did the same work
+    write_run(
+        tmp_path, "base", base_script, state=STATE, checkpoint_dir=ckpt, extra_args=base_flags
+    )
+    runs = sr.load(tmp_path)[0]
+    assert eq.fits_all(strategy.baseline, {r["name"]: r for r in runs}["base"]["facts"])
+    row = eq.equivalence_row(strategy, runs, ckpt)
+    assert row["result"] == "holds" and row["pairs"].startswith("job~base "), row
+    table = sr.performance(runs).set_index("run")
+    if lesson == "compile":  # eager kernels are no baseline of compiled ones' speed
+        assert table.loc["job", "no_speedup"] == sr.UNMATCHED
+        write_run(tmp_path, "compiled_one", script, samples_per_s=100, extra_args=flags)
+        table = sr.performance(sr.load(tmp_path)[0]).set_index("run")
+        base = "compiled_one"
+    else:
+        base = "base"
+    assert table.loc["job", "baseline"] == base and table.loc["job", "scaling"] == "strong"
+    assert table.loc["job", "speedup"] == pytest.approx(1.5)
+
+
+def test_experts_that_drop_tokens_are_not_held_to_one_process(tmp_path):
+    """Below experts / top-k an expert's capacity counts each rank's own tokens: which are dropped
+    depends on the split, so the job is skipped with that reason, never held nor failed; a
+    one-process run with another capacity is no baseline, for the proof or the speed."""
+    drops = dict(MOE, top_k=1, capacity_factor=0.5)
+    write_run(tmp_path, "moe_one", "_trainup_experts.py", state=STATE, extra_args=drops)
+    write_run(tmp_path, "moe_drops", "_trainup_experts.py", 2, state=STATE, extra_args=drops)
+    expert_parallel = next(s for s in sr.STRATEGIES if s.name == "expert parallel")
+    row = eq.equivalence_row(expert_parallel, sr.load(tmp_path)[0], tmp_path / "checkpoints")
+    assert row["result"] == "skipped", row
+    assert "capacity factor is below experts / top-k" in row["reason"]
+    # with room for every assignment the same pair is judged
+    for name, n in (("moe_one", 1), ("moe_drops", 2)):
+        write_run(tmp_path, name, "_trainup_experts.py", n, state=STATE, extra_args=MOE)
+    row = eq.equivalence_row(expert_parallel, sr.load(tmp_path)[0], tmp_path / "checkpoints")
+    assert row["result"] == "holds" and row["pairs"].startswith("moe_drops~moe_one "), row
+    # another capacity, even one that drops nothing either, is another training and other work
+    roomier = dict(MOE, capacity_factor=4.0)
+    write_run(tmp_path, "moe_one", "_trainup_experts.py", state=STATE, extra_args=roomier)
+    runs = sr.load(tmp_path)[0]
+    row = eq.equivalence_row(expert_parallel, runs, tmp_path / "checkpoints")
+    assert row["result"] == "skipped" and "no float64 one-process baseline" in row["reason"]
+    assert sr.performance(runs).set_index("run").loc["moe_drops", "no_speedup"] == sr.UNMATCHED
 
 
 def test_no_stored_sentence_of_notebook_10_claims_an_efficiency_above_120_percent():

@@ -32,7 +32,7 @@ from .scaling_report import FLOAT64, checkpoint_of, fits, same
 SAME_TRAINING = ("dataset", "model", "batch_size", "epochs", "lr", "gamma", "dropout", "seed",
                  "train_size", "test_size", "image_shape", "num_classes", "optimizer",
                  "warmup_steps", "precision", "blocks", "width", "hidden", "no_set_epoch",
-                 "fp16_allreduce")
+                 "fp16_allreduce", "capacity_factor", "aux_loss_weight")
 # One tolerance for every strategy, float64's. The proof runs are float64 (--precision 64): sums
 # in another order (ranks, threads, micro-batches, SIMD widths, kernels) move the course's
 # parameters by about 1e-16 on any processor, a real defect (a sum for a mean, a wrong shard or
@@ -151,6 +151,10 @@ def _why_not_comparable(f, dropout_off):
         return "dropout on (each rank draws its own masks), so the proof runs with --dropout 0"
     if f["devices"] > 1 and "bn" in str(f.get("model")) and not f.get("sync_bn"):
         return "BatchNorm without --sync-bn: each device normalises its own shard"
+    if f["devices"] > 1 and f.get("experts") and \
+            f.get("capacity_factor", 0) < f["experts"] / (f.get("top_k") or 1):
+        return ("its capacity factor is below experts / top-k, and an expert's capacity counts "
+                "each rank's own tokens, so which are dropped depends on the split")
     return None
 
 

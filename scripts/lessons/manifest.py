@@ -86,7 +86,8 @@ _ENTRIES = (
     # the four dimensions on one mesh: 09c's transformer in pipeline stages (06), its layers cut
     # (09c), its rows cut (09d), sharded by FSDP2 (09); the layout checked once
     # (trainup/parallel_dims.py), the stage, its parallelization and the counted bytes in
-    # trainup/four_d.py; the parent's DCP saves, stop signal and loss_parallel go (no --resume)
+    # trainup/four_d.py; loss_parallel goes; the parent's stop signal and DCP saves stay, each
+    # rank saving its shards of its stage (four_d.save)
     Script("_trainup_4d.py", "09g_four_dimensions.ipynb", "_trainup_tp_sp.py", 130),
 )
 SCRIPTS = {s.name: s for s in _ENTRIES}

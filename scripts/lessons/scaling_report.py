@@ -45,11 +45,14 @@ DEFAULTS = dict(optimizer="adadelta", precision="32", no_set_epoch=False, fp16_a
 # instrument in one run only (--monitor and --profile add work to every step).
 # Every flag that changes the work is matched: the strategy's own flags (--shard: ZeRO-2's hooks are
 # not DDP's all-reduce, even on one process; --accumulate), the data's size, and the device.
+# The experts' capacity bounds what they compute, and compiled kernels are not eager ones. A layout
+# degree (--tp, --pp, the processes --cp stands for) is not work: a one-device run has 1 of each.
 SAME_WORK = ("dataset", "model", "batch_size", "image_shape", "num_classes", "blocks", "width",
-             "hidden", "heads", "train_size", "shard", "accumulate", "sequence_parallel")
+             "hidden", "heads", "train_size", "shard", "accumulate", "sequence_parallel",
+             "capacity_factor", "compile", "compile_mode")
 SAME_SETUP = ("precision", "monitor", "profile")
 # A flag left out means the script's default: a script without --accumulate takes whole batches.
-WORK_DEFAULTS = dict(accumulate=1)
+WORK_DEFAULTS = dict(accumulate=1, compile=False, compile_mode="default")
 # Above this efficiency the "one device" did other work than the run, whatever the flags say (a loaded
 # machine, another data path): such a row is shown without speedup, never recommended.
 COMPARABLE_EFFICIENCY = 1.2
@@ -95,6 +98,12 @@ DDP_SCRIPTS = ("_trainup_ddp.py", "_trainup_ddp_tuned.py")
 ONE_SHARDING = dict(script="_trainup_fsdp.py", shard="none", devices=1)
 ONE_TP = dict(script="_trainup_tp.py", devices=1)
 ONE_TP_SP = dict(script="_trainup_tp_sp.py", devices=1)
+ONE_CP = dict(script="_trainup_cp.py", devices=1)
+ONE_MOE = dict(script="_trainup_experts.py", devices=1)
+ONE_4D = dict(script="_trainup_4d.py", devices=1)
+# lesson 09f's jobs, compiled or not, against one eager process: the one-device script or its own
+ONE_EAGER = dict(script=("_trainup_gpu.py", "_trainup_compile.py"), devices=1,
+                 compile=(None, False))
 
 
 def _zero(stage, shard):
@@ -151,10 +160,48 @@ STRATEGIES = [
                dict(script="_trainup_tp_sp.py", devices=ABOVE_1, sequence_parallel=sp),
                ONE_TP_SP, (("script", "_trainup_tp_sp.py"),), "notebooks/09ca_tp_attention.ipynb")
       for sp in (False, True)],
+    # Lessons 09d-09g: a causal mask or another --top-k is another model (architecture)
+    Strategy("context parallel, one process", "context parallel", ONE_CP),
+    *[Strategy(f"context parallel ({a} attention)", "context parallel",
+               dict(script="_trainup_cp.py", devices=ABOVE_1, cp_attention=a), ONE_CP,
+               (("script", "_trainup_cp.py"),), "notebooks/09d_context_parallel.ipynb")
+      for a in ("ring", "ulysses")],
+    Strategy("experts, one process", "expert parallel", ONE_MOE),
+    Strategy("expert parallel", "expert parallel", dict(script="_trainup_experts.py",
+                                                        devices=ABOVE_1), ONE_MOE,
+             (("script", "_trainup_experts.py"),), "notebooks/09e_experts.ipynb"),
+    # Inductor draws its own dropout masks, not eager's: compared without dropout
+    Strategy("compile script, one process (eager)", "compile script, eager",
+             dict(script="_trainup_compile.py", devices=1, compile=False)),
+    Strategy("torch.compile, one process", "torch.compile",
+             dict(script="_trainup_compile.py", devices=1, compile=True), ONE_EAGER,
+             (("script", "_trainup_compile.py"),), "notebooks/09f_compile.ipynb", "always"),
+    *[Strategy(name, family, dict(script="_trainup_compile.py", devices=ABOVE_1, compile=c),
+               ONE_EAGER, (("script", "_trainup_compile.py"),), "notebooks/09f_compile.ipynb",
+               "always")
+      for name, family, c in (("DDP (compile script, eager)", "compile script, eager", False),
+                              ("DDP + torch.compile", "torch.compile", True))],
+    Strategy("4-D, one process", "4-D", ONE_4D),
+    Strategy("4-D (pipeline x data x context x tensor parallel)", "4-D",
+             dict(script="_trainup_4d.py", devices=ABOVE_1), ONE_4D,
+             (("script", "_trainup_4d.py"),), "notebooks/09g_four_dimensions.ipynb"),
 ]
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+
+def described(conditions):
+    """A registry row's conditions as a learner reads them: 'script _trainup_gpu.py or
+    _trainup_compile.py, devices 1, compile off' (a flag left out, None, is its default: off)."""
+    def value(v):
+        if callable(v):
+            return "above 1" if v is ABOVE_1 else "as required"
+        if isinstance(v, tuple):
+            named = [value(x) for x in v if x is not None]
+            return " or ".join(dict.fromkeys(named))
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else str(v)
+    return ", ".join(f"{k} {value(v)}" for k, v in conditions.items())
+
 
 def fits(want, value):
     """One condition of the registry: equal to a value, in a tuple, or true for a function."""
@@ -203,14 +250,20 @@ def _devices(script, args, env):
     return max(n, args.get("num_processes") or 1)
 
 
+TRANSFORMERS = ("_trainup_tp_sp.py", "_trainup_cp.py", "_trainup_experts.py", "_trainup_4d.py")
+
+
 def architecture(script, args):
     """The model a run trained, by what it is: the block-stack scripts ignore --model (tp's default 'cnn'
     names nothing it trained)."""
     if script == "_trainup_tp.py":
         return f"feed-forward {args.get('blocks')}x{args.get('width')}, hidden {args.get('hidden')}"
-    if script == "_trainup_tp_sp.py":
-        return (f"transformer {args.get('blocks')}x{args.get('width')}, {args.get('heads')} heads, "
-                f"hidden {args.get('hidden')}")
+    if script in TRANSFORMERS:  # a causal mask, or experts in place of the MLPs: another model
+        experts = script == "_trainup_experts.py"
+        return (f"{'MoE ' * experts}transformer {args.get('blocks')}x{args.get('width')}, "
+                f"{args.get('heads')} heads, "
+                + (f"{args.get('experts')} experts top-{args.get('top_k')}, " if experts else "")
+                + f"hidden {args.get('hidden')}{', causal' * bool(args.get('causal'))}")
     if script.startswith("_trainup_pipeline") or args.get("model") == "blocks":
         return f"blocks {args.get('blocks')}x{args.get('width')}"
     return args.get("model")

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
+from . import checkpoint
 from . import context_parallel as cp
 from .meter import Meter
 from .parallel_dims import NAMES
@@ -154,6 +155,11 @@ class Counter(tpar.CommCounter):
             self.groups[shard_over.get_group().group_name] = shard_over.mesh_dim_names[0]
         self.phase = "step"
         self.holds, self.held = holds, None
+        self.ran = False  # step None (steady_step): none
+
+    def __enter__(self):
+        self.ran = True
+        return super().__enter__()
 
     def __exit__(self, *exc):
         out = super().__exit__(*exc)
@@ -171,6 +177,16 @@ class Counter(tpar.CommCounter):
         calls, total = self.calls.get(key, (0, 0))
         self.calls[key] = (calls + 1, total + size)
         return out
+
+
+def steady_step(steps, saved):
+    """The step of epoch 1 (of `steps`) that the Counter counts: this run's second, as its first
+    also infers the stages' shapes; step 2, or, resumed inside epoch 1 (saved: where a stop left
+    it), the second after the stop. None where this run takes no such step."""
+    if not saved:
+        return min(2, steps)
+    step = saved["step"] + 2
+    return step if saved["epoch"] == 1 and step <= steps else None
 
 
 def expected(stage, dims, where, batch, rows, width, classes, element_size):
@@ -269,7 +285,10 @@ def log_layout(log, dims, args, rank):
 def log_comm(log, counter, expected, is_main):
     """The "4d_comm" record (every rank's counted step against its formulas) and the
     "4d_memory" record (every rank's bytes held at that step's end, Counter.held), and rank 0's
-    table printed: a row per mesh dimension and collective."""
+    table printed: a row per mesh dimension and collective. Nothing where the counter counted no
+    step (steady_step: a run resumed too late in epoch 1, or after it)."""
+    if not counter.ran:
+        return
     everyone = tpar.gathered(comm_table(counter.rows(), expected))
     log.write("4d_comm", step=counter.step, columns=COLUMNS, ranks=everyone)
     if counter.holds is not None:
@@ -282,6 +301,33 @@ def log_comm(log, counter, expected, is_main):
 
 
 COLUMNS = ["dimension", "collective", "calls", "bytes", "formula_bytes"]
+
+
+def folder(args, dims):
+    """Where every rank saves its shards of its stage (save: a DCP checkpoint), the layout kept
+    beside it with the flags: load refuses, in one sentence, a checkpoint of another layout (a
+    stop's position holds each rank's random states and share of the data, so a run resumes on
+    the mesh it saved from)."""
+    args.tp_layout = dims.layout()
+    return checkpoint.path_for(args).with_suffix(".dcp")
+
+
+def save(folder, stage, optimizer, scheduler, epoch, args, position=None):
+    """Every rank saves its shards of its stage's slices and their optimizer state, rank 0 the
+    flags and, after a stop, where it stopped (tensor_parallel.save); the optimizer's state keyed
+    by parameter name (sharding.states' flat): the stages hold different parameters."""
+    tpar.save(folder, stage, optimizer, scheduler, epoch, args, position, flat=True)
+
+
+def saver(folder, stage, optimizer, scheduler, args):
+    """What a stop (preempt.Stopper) calls on every rank: save() with where it stopped."""
+    return tpar.saver(folder, stage, optimizer, scheduler, args, flat=True)
+
+
+def load(folder, stage, optimizer, scheduler, args):
+    """--resume: every rank takes back its shards (tensor_parallel.load); (the epoch to start
+    from, where a stop left it: None at an epoch's end). Another layout is one sentence."""
+    return tpar.load(folder, stage, optimizer, scheduler, args, flat=True)
 
 
 def full_state(stage):

@@ -476,11 +476,12 @@ ARGS_FILE = "trainup_args.json"  # beside DCP's files: the flags of the run that
 POSITION_FILE = "trainup_position.pt"  # beside them after a stop: the step, every rank's random states
 
 
-def save_sharded(folder, model, optimizer, scheduler, epoch, args=None, position=None):
+def save_sharded(folder, model, optimizer, scheduler, epoch, args=None, position=None, flat=False):
     """A torch.distributed.checkpoint (DCP) folder: every rank writes its own shards, with metadata that
     lets a job of any size load it, and rank 0 the run's flags (ARGS_FILE) and, for a stop inside
     an epoch, where it stopped (POSITION_FILE: preempt.Stopper's position). Written to a temporary
-    folder, then renamed by rank 0: a reader sees the old checkpoint or the new one."""
+    folder, then renamed by rank 0: a reader sees the old checkpoint or the new one. flat: the
+    optimizer's state keyed by parameter name (states)."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     folder = Path(folder)
@@ -488,7 +489,7 @@ def save_sharded(folder, model, optimizer, scheduler, epoch, args=None, position
     if dist.get_rank() == 0 and tmp.exists():
         shutil.rmtree(tmp)
     dist.barrier()
-    model_state, optim_state = states(model, optimizer)
+    model_state, optim_state = states(model, optimizer, flat)
     if is_zero1(optimizer):  # every rank sends its part of Adam's state to rank 0 (a collective)
         optimizer.consolidate_state_dict(to=0)
     try:
@@ -551,13 +552,22 @@ def is_zero1(optimizer):
     return isinstance(optimizer, ZeroRedundancyOptimizer)
 
 
-def states(model, optimizer):
+def states(model, optimizer, flat=False):
     """(model, optimizer) state dicts for DCP, in this job's layout; ZeRO-1's optimizer state goes
-    apart (ZERO1_FILE): DCP's get_state_dict does not know ZeroRedundancyOptimizer."""
+    apart (ZERO1_FILE): DCP's get_state_dict does not know ZeroRedundancyOptimizer. flat: every
+    value of the optimizer's state and param_groups under its parameter's name (torchtitan's
+    flatten_optimizer_state_dict), for ranks that hold different parameters (pipeline stages):
+    DCP writes a key that several ranks save once, and unflattened, every stage's param_groups
+    would go under the same keys, one stage's kept for all."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
     if is_zero1(optimizer):
         return get_model_state_dict(model), {}
-    return get_state_dict(model, optimizer)
+    return get_state_dict(model, optimizer, options=_options(flat))
+
+
+def _options(flat):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(flatten_optimizer_state_dict=flat)
 
 
 def _why(e):
@@ -570,10 +580,11 @@ def _why(e):
     return f"{type(first).__name__}: {said}"
 
 
-def load_sharded(folder, model, optimizer, scheduler, args=None):
+def load_sharded(folder, model, optimizer, scheduler, args=None, flat=False):
     """Restore a DCP checkpoint into this job, whatever its size; the epoch to start from (1 if
     none: folder None or absent).
-    args: this run's flags, checked against those the saving run wrote (checkpoint.SAME_ON_RESUME)."""
+    args: this run's flags, checked against those the saving run wrote (checkpoint.SAME_ON_RESUME);
+    flat: as save_sharded saved it."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
@@ -591,7 +602,8 @@ def load_sharded(folder, model, optimizer, scheduler, args=None):
         raise UserError(f"checkpoint {folder} cannot be read (its .metadata: {type(e).__name__}): "
                         f"it is damaged or not a DCP checkpoint; delete it, or start without "
                         f"--resume") from None
-    model_state, optim_state = states(model, optimizer)  # this job's layout: DCP fills it from the files
+    # this job's layout: DCP fills it from the files
+    model_state, optim_state = states(model, optimizer, flat)
     state = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict(), "epoch": 0}
     try:
         dcp.load(state, checkpoint_id=str(folder))
@@ -603,6 +615,6 @@ def load_sharded(folder, model, optimizer, scheduler, args=None):
         optimizer.load_state_dict(torch.load(Path(folder) / ZERO1_FILE, weights_only=True))
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=_options(flat))
     scheduler.load_state_dict(state["scheduler"])
     return state["epoch"] + 1

@@ -249,21 +249,21 @@ def save_model(path, state, epoch, args):
     return path
 
 
-def save(folder, model, optimizer, scheduler, epoch, args, position=None):
+def save(folder, model, optimizer, scheduler, epoch, args, position=None, flat=False):
     """Every rank saves the slices it holds and their optimizer state, rank 0 the flags (with
     args.tp_layout) and, after a stop, where it stopped: a DCP checkpoint
-    (sharding.save_sharded)."""
-    sharding.save_sharded(folder, model, optimizer, scheduler, epoch, args, position)
+    (sharding.save_sharded; flat: its optimizer state keyed by parameter name)."""
+    sharding.save_sharded(folder, model, optimizer, scheduler, epoch, args, position, flat)
 
 
-def saver(folder, model, optimizer, scheduler, args):
+def saver(folder, model, optimizer, scheduler, args, flat=False):
     """What a stop (preempt.Stopper) calls on every rank: save() with where it stopped."""
     def save_at_stop(epochs_done, position):
-        save(folder, model, optimizer, scheduler, epochs_done, args, position)
+        save(folder, model, optimizer, scheduler, epochs_done, args, position, flat)
     return save_at_stop
 
 
-def load(folder, model, optimizer, scheduler, args):
+def load(folder, model, optimizer, scheduler, args, flat=False):
     """--resume: every rank takes back its slices; (the epoch to start from, where a stop left it:
     None at an epoch's end). A checkpoint of another mesh is one sentence: a stop's position holds
     each rank's random states and share of the data, so a run goes on on the mesh it saved from."""
@@ -276,5 +276,5 @@ def load(folder, model, optimizer, scheduler, args):
         raise UserError(f"checkpoint {folder} was saved by a job laid out as {theirs}, and this "
                         f"one is {args.tp_layout}: a run resumes on the mesh it was saved from; "
                         f"resume with that layout, or use another --run-name")
-    epoch = sharding.load_sharded(folder, model, optimizer, scheduler, args)
+    epoch = sharding.load_sharded(folder, model, optimizer, scheduler, args, flat)
     return epoch, sharding.saved_position(folder)
