@@ -12,6 +12,8 @@ runs train_loop in each. The loop is the DDP lesson's, but every rank reports ea
 (ray.train.report), rank 0's report carrying the checkpoint Ray keeps. When a worker dies, Ray
 stops the others and starts all again (FailureConfig: --max-failures times); train_loop then finds
 Ray's last checkpoint (ray.train.get_checkpoint) and goes on from the next epoch, its log appended.
+SIGTERM or --stop-signal to the driver: the workers stop at one step, Ray records their checkpoint,
+and the driver exits 75; --resume goes on from that step (ray_run.Stopper).
 """
 import time
 
@@ -61,14 +63,14 @@ def main(argv=None):
     gpus = ray_run.check(args)  # Ray there, the batch splits over the workers: before Ray starts
     with ray_run.cluster(args, gpus):  # this machine alone, offline
         trainer = ray.train.torch.TorchTrainer(
-            train_loop, train_loop_config={"args": args},
+            ray_run.stoppable(train_loop), train_loop_config={"args": args},
             scaling_config=ray.train.ScalingConfig(num_workers=args.ray_workers, use_gpu=gpus > 0),
             torch_config=ray.train.torch.TorchConfig(timeout_s=int(args.timeout)),
             run_config=ray.train.RunConfig(
                 name=args.run_name, storage_path=ray_run.storage(args),
                 failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))
-        result = ray_run.fit(trainer, args.max_failures)
+        result = ray_run.fit(trainer, args)  # stopped by a signal: exit 75
         ray_run.show_placement()  # what ran where: the workers' processes, the dead ones too
     print(f"Ray kept the last checkpoint in {result.checkpoint.path}")
 
@@ -77,6 +79,7 @@ def train_loop(config):
     """Every Ray worker runs this, in a process group Ray has already joined."""
     args = config["args"]
     ctx = ray_run.context(args)  # rank, world size and device from Ray
+    stop = ray_run.Stopper(args, ctx)  # the driver's stop signal; all ranks stop at one step
     device = ctx.device
     if args.workers is None:
         args.workers = 2 if device.type == "cuda" else 0
@@ -91,6 +94,7 @@ def train_loop(config):
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.flops(model.module, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch
     log.write("ddp", **distributed.describe(ctx, args))
+    stop.watch(ckpt, log, model.module, optimizer, scheduler, scaler)  # what a stop saves
     # each node's first process watches that node's GPUs: every rank's
     monitor = gpumon.start_on_node(ctx, log, args)
     if start_epoch > 1 and ctx.is_main:
@@ -104,7 +108,7 @@ def train_loop(config):
         tick = time.perf_counter()
         if not args.no_set_epoch:
             sampler.set_epoch(epoch)  # a new shuffle each epoch; forgotten, every epoch repeats the first
-        train = train_epoch(model, profiler.steps(train_loader),
+        train = train_epoch(model, profiler.steps(stop.batches(train_loader, epoch)),
                             optimizer, epoch, args.show_progress and ctx.is_main, device, args.precision, scaler)
         scheduler.step()
         devices.synchronize(device)

@@ -1,7 +1,8 @@
 """Lesson 04c's Ray drill: Ray Train runs the DDP lesson's training in 2 workers on a local Ray
 cluster; one worker is killed after the first epoch, Ray restarts both from its last checkpoint,
-and the run ends with the parameters of one process (float64). Bad input is one sentence; no Ray
-process outlives the run.
+and the run ends with the parameters of one process (float64). The driver stopped by the stop
+signal to its process group exits 75 with a checkpoint Ray recorded, and --resume ends bit for bit
+as 2 processes never stopped. Bad input is one sentence; no Ray process outlives a run.
 
 Where Ray is not installed these tests skip and say why, except with TRAINUP_REQUIRE_RAY=1 (the
 README's test command), where a missing Ray fails them.
@@ -10,15 +11,19 @@ README's test command), where a missing Ray fails them.
 import importlib.util
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import (
     ROOT,
     assert_clean_error,
+    assert_same_params,
     drill_beside_its_baseline,
+    finish_job,
     in_process,
     notebook_or_own,
+    start_run,
 )
 from lessons import checks, launch, ray_drill
 from lessons.log_reader import read_run
@@ -89,6 +94,140 @@ def test_rays_two_workers_survive_a_kill_and_end_like_one_process(killed):
 
 def test_no_ray_process_outlives_the_run(killed):
     assert killed[0].left == [], f"processes still running after the run: {killed[0].left}"
+
+
+# The stop: 1024 samples in global batches of 32, 32 steps an epoch on each of the 2 workers, so
+# that a stop asked for once epoch 1 is logged lands inside epoch 2 on a fast machine or a slow one.
+STOP_FLAGS = [
+    *ray_drill.elastic.FLAGS,
+    "--quick",
+    "--epochs",
+    "3",
+    "--train-size",
+    "1024",
+    "--batch-size",
+    "32",
+]
+
+
+def ray_driver(folder, mark, *flags, stop=False):
+    """_trainup_ray.py as a learner starts it (python, from the course's folder), every process it
+    starts marked for ray_drill.marked; stop: once epoch 1 is logged, the course's stop signal
+    (SIGUSR1) to its whole process group, and SIGTERM to it 0.2 s later (a second signal, during
+    the stop). Returns its exit status, its output and the processes it started still there
+    (ended first where it hung). A start of Ray that missed Ray's own wait on a loaded machine
+    runs again once the load falls, as the drill's does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, str(ROOT / "scripts" / "_trainup_ray.py"), *STOP_FLAGS, "--run-name"]
+    cmd += ["stopped", "--log-dir", folder / "logs", "--checkpoint-dir", folder / "checkpoints"]
+    log = folder / "logs" / "stopped.jsonl"
+    for attempt in range(1, ray_drill.STARTS + 1):
+        with open(folder / "driver.out", "w") as out:  # a file: Ray says much
+            proc = subprocess.Popen(
+                [str(c) for c in [*cmd, *flags]],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=launch.environment({ray_drill.MARK: mark}),
+                start_new_session=True,
+            )
+            deadline = time.monotonic() + ray_drill.START_S + ray_drill.QUIET_S
+            asked = not stop
+            while proc.poll() is None and time.monotonic() < deadline:
+                if not asked and any(r["type"] == "epoch" for r in ray_drill.elastic.records(log)):
+                    os.killpg(proc.pid, signal.SIGUSR1)
+                    time.sleep(0.2)
+                    os.kill(proc.pid, signal.SIGTERM)
+                    asked = True
+                time.sleep(0.05)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            returncode = proc.wait()
+        output = (folder / "driver.out").read_text()
+        if returncode in (0, 75) or not ray_drill.late(output) or attempt == ray_drill.STARTS:
+            return returncode, output, ray_drill.marked(mark)
+        ray_drill.calm()
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """The Ray driver stopped once epoch 1 is logged (ray_driver), then the same command with
+    --resume. Beside the first, the run never stopped: 2 processes of lesson 04's DDP script under
+    torchrun, which Ray's 2 workers must end equal to, bit for bit."""
+    import uuid
+
+    folder, mark = tmp_path_factory.mktemp("ray_stop"), uuid.uuid4().hex
+    never = start_run("_trainup_ddp.py", 2, STOP_FLAGS, folder / "never", "never")
+    first = ray_driver(folder, mark, stop=True)
+    ckpt = folder / "checkpoints" / "stopped.pt"
+    kept = ray_drill.storage("stopped", folder / "checkpoints")
+    at_stop = torch_load(ckpt) if ckpt.exists() else None  # the tests say what is missing
+    snapshot = kept / "checkpoint_manager_snapshot.json"
+    record = json.loads(snapshot.read_text()) if snapshot.exists() else None
+    last = record and record["checkpoint_results"][-1]["checkpoint_dir_name"]
+    copy = kept / str(last) / "stopped.pt"  # Ray deletes it once it keeps two newer ones
+    ray_copy = torch_load(copy) if copy.exists() else None
+    stop_log = ray_drill.elastic.records(folder / "logs" / "stopped.jsonl")
+    resumed = ray_driver(folder, mark, "--resume")
+    done = finish_job(never)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return SimpleNamespace(
+        folder=folder,
+        first=first,
+        at_stop=at_stop,
+        kept=kept,
+        record=record,
+        ray_copy=ray_copy,
+        stop_log=stop_log,
+        resumed=resumed,
+    )
+
+
+def test_a_stop_signal_to_the_ray_driver_saves_a_checkpoint_ray_records_and_exits_75(stopped):
+    returncode, output, left = stopped.first
+    assert returncode == 75, output[-4000:]
+    assert left == [], f"processes of the stopped run still running: {left}"
+    said = [line for line in output.splitlines() if "--resume" in line]
+    # the first signal's stop, once: the second changed nothing
+    assert len(said) == 1 and said[0].startswith("SIGUSR1: stopped in epoch 2 after step "), said
+    position = stopped.at_stop["position"]
+    assert position["epoch"] == 2 and 1 <= position["step"] < 32 and stopped.at_stop["epoch"] == 1
+    # Ray's own record, as Ray Train keeps them: its last checkpoint is the stop's, and says where
+    last = stopped.record["checkpoint_results"][-1]
+    assert last["metrics"] == {"stopped_in_epoch": 2, "stopped_after_step": position["step"]}
+    assert str(stopped.kept / last["checkpoint_dir_name"]) in said[0]
+    copy = stopped.ray_copy["position"]
+    assert (copy["epoch"], copy["step"]) == (position["epoch"], position["step"])
+    summary = [r for r in stopped.stop_log if r["type"] == "summary"]
+    assert [s["status"] for s in summary] == ["stopped"]
+
+
+def test_resume_goes_on_from_ray_s_checkpoint_and_ends_as_if_never_stopped(stopped):
+    returncode, output, left = stopped.resumed
+    assert returncode == 0, output[-4000:]
+    assert left == [], f"processes of the resumed run still running: {left}"
+    assert "resuming at epoch 2 from Ray's last checkpoint" in output
+    run = read_run(stopped.folder / "logs" / "stopped.jsonl")  # the stopped run's log, continued
+    assert run["problems"] == [], run["problems"]
+    records = ray_drill.elastic.records(stopped.folder / "logs" / "stopped.jsonl")
+    assert records[: len(stopped.stop_log)] == stopped.stop_log
+    statuses = [r["status"] for r in records if r["type"] == "summary"]
+    assert statuses == ["stopped", "finished"]
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3]
+    assert all(e["samples"] == 1024 for e in run["epochs"])
+    mine = torch_load(stopped.folder / "checkpoints" / "stopped.pt")["model"]
+    never = torch_load(stopped.folder / "never" / "checkpoints" / "never.pt")["model"]
+    assert_same_params(mine, never)
+
+
+def torch_load(path):
+    import torch
+
+    return torch.load(path, weights_only=True)
 
 
 def test_workers_that_do_not_split_the_batch_are_one_sentence_before_ray_starts(capsys, tmp_path):

@@ -170,14 +170,16 @@ class Stopper:
         train_epoch(model, stop.batches(train_loader, epoch), ...)   # train_epoch: meter = preempt.meter(loader)
     """
 
-    def __init__(self, args, comm=None):
+    def __init__(self, args, comm=None, catch=True):
+        """catch=False: the signals are another process's to catch, which passes the stop on (a Ray
+        worker's loop runs in a thread, where Python sets no handler: Ray's driver catches them)."""
         self.args, self.comm = args, comm or Alone()
         self.signal, self.pid = None, os.getpid()
         # under torchrun (its agent is this process's parent): watched at each stop check
         self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         if getattr(args, "run_name_default", False):  # rank 0's default name, for every rank
             args.run_name = self.comm.broadcast(args.run_name)
-        for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}:
+        for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")} if catch else ():
             signal.signal(sig, self._requested)
         self.position, self.watched, self.how, self.posted = None, None, "", None
 

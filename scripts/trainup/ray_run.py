@@ -3,8 +3,10 @@
     ray_run.add_flags(p)               # --ray-workers, --max-failures, the group's flags
     gpus = ray_run.check(args)         # Ray there, the batch splits: said before Ray starts
     with ray_run.cluster(args, gpus):  # a local Ray cluster on this machine, offline
-        result = ray_run.fit(trainer)  # a run Ray gave up on: one sentence
+        trainer = TorchTrainer(ray_run.stoppable(train_loop), ...)
+        result = ray_run.fit(trainer, args)  # gave up on: one sentence; stopped: exit 75
     ctx = ray_run.context(args)        # in a worker: the Context (Ray joined the group)
+    stop = ray_run.Stopper(args, ctx)  # in a worker: the driver's stop, at one step on all ranks
     start = ray_run.restore(args, ckpt, model, optimizer, scheduler, device, scaler)
     ray_run.report(record, ckpt, ctx)  # every rank, each epoch; rank 0's with the checkpoint
     ray_run.show_placement()           # in the driver: each actor's process, node and state
@@ -12,18 +14,28 @@
 Ray is a package like Horovod: where `import ray.train` fails, `ray` is None and check() says
 how to install it. Ray's workers are processes of its own (actors) that do not start in the
 driver's folder: every path handed to them is absolute.
+
+A stop (SIGTERM or --stop-signal, to the driver or its process group) is the driver's to catch: it
+writes the signal's name in stop_file(args); each worker's Stopper reads it there, and the ranks
+stop at one step as any script's do (trainup/preempt.py), save, report that checkpoint to Ray and
+return; the driver, told so by the last report, exits STOPPED_EXIT. --resume goes on from Ray's
+record of that checkpoint, at the very step.
 """
+import functools
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from . import ROOT, UserError, checkpoint, cli, devices
+from . import ROOT, UserError, checkpoint, cli, devices, preempt
 from .distributed import Context
 
 try:
@@ -101,12 +113,27 @@ def cluster(args, gpus=0):
         # watcher for that would be one more actor, a process importing Ray, for nothing
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    stops = {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}
+    asked = stop_file(args)
+    asked.unlink(missing_ok=True)  # an earlier run's of this name
     try:
-        start(init_args(args, gpus, temp, address))
+        # A stop signal to the driver's whole process group (SLURM's time limit, scancel
+        # --signal, kill -TERM -PGID) reaches the processes ray.init starts in it (Ray's GCS,
+        # raylet, dashboard), and would end them with the run: they start with the stop signals
+        # blocked (a child inherits its parent's signal mask; Ray's workers, the raylet's), and
+        # ray.shutdown ends them. Ray's own SIGTERM handler would end the driver: replaced.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            start(init_args(args, gpus, temp, address))
+            for sig in stops:
+                signal.signal(sig, lambda signum, _: ask_to_stop(asked, signum))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         yield
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+        asked.unlink(missing_ok=True)
 
 
 NODE_LATE = "timed out during startup"  # Ray's words (ray/_private/node.py)
@@ -165,13 +192,88 @@ def init_args(args, gpus, temp, address=None):
                 _node_ip_address="127.0.0.1", _temp_dir=temp, configure_logging=False)
 
 
-def fit(trainer, max_failures):
-    """trainer.fit(); a run that failed more often than --max-failures allows: one sentence."""
+def fit(trainer, args):
+    """trainer.fit(); a run that failed more often than --max-failures allows: one sentence. A run
+    its workers stopped (the driver's stop signal: their last report says where) exits
+    STOPPED_EXIT, once Ray has recorded the stop's checkpoint, saying how to go on."""
     try:
-        return trainer.fit()
+        result = trainer.fit()
     except ray.train.TrainingFailedError as e:
-        raise UserError(f"Ray Train gave up on the run after {max_failures} restart(s) "
+        raise UserError(f"Ray Train gave up on the run after {args.max_failures} restart(s) "
                         f"(--max-failures): {why(e)}") from None
+    at = result.metrics or {}
+    if STOPPED_IN not in at:
+        return result
+    asked = stop_file(args)
+    print(f"{asked.read_text() if asked.exists() else 'a stop signal'}: stopped in epoch "
+          f"{at[STOPPED_IN]} after step {at[AFTER_STEP]}, and Ray keeps that checkpoint in "
+          f"{result.checkpoint.path}; --resume --run-name {args.run_name} continues from it")
+    raise SystemExit(preempt.STOPPED_EXIT)
+
+
+STOPPED_IN, AFTER_STEP = "stopped_in_epoch", "stopped_after_step"  # a stop's report to Ray
+
+
+def stop_file(args):
+    """Where the driver asks the workers to stop: beside Ray's folder of the run, which every worker
+    reads (on a cluster of many machines a shared disk, as Ray's storage is)."""
+    return Path(args.checkpoint_dir) / "ray" / f"{args.run_name}.stop"
+
+
+def ask_to_stop(path, signum):
+    """The driver's handler of the stop signals: the signal's name, written once (whole: renamed
+    into place). A second signal during the stop changes nothing."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(signal.Signals(signum).name)
+    os.replace(tmp, path)
+
+
+class Stopped(Exception):
+    """A worker's train loop stopped by the driver: stoppable() returns from it."""
+
+
+def stoppable(loop):
+    """The train loop Ray runs: a stop returns from it (the checkpoint reported), where an exit
+    would be a failure that Ray restarts the workers from."""
+    @functools.wraps(loop)
+    def run(config):
+        try:
+            return loop(config)
+        except Stopped:
+            return None
+    return run
+
+
+class Stopper(preempt.Stopper):
+    """A worker's preempt.Stopper. The signal is the driver's to catch (this loop runs in a thread,
+    where Python sets no handler): a thread reads the driver's stop_file. The ranks stop at one
+    step, rank 0 saves where they are, and every rank reports it to Ray (rank 0's report with the
+    checkpoint, which Ray records) before the loop returns."""
+
+    def __init__(self, args, ctx):
+        super().__init__(args, preempt.TorchDistributed(ctx), catch=False)
+        self.ctx, self.asked, self.at = ctx, stop_file(args), None
+        threading.Thread(target=self._read, name="trainup-ray-stop", daemon=True).start()
+
+    def _read(self, every_s=0.2):
+        while self.signal is None:
+            try:
+                self.signal = self.asked.read_text()
+            except FileNotFoundError:  # not asked (yet)
+                time.sleep(every_s)
+
+    def _save(self, epoch, step, meter, wall_s):
+        self.at = (epoch, step)
+        return super()._save(epoch, step, meter, wall_s)
+
+    def _exit(self, ckpt, log, where):
+        epoch, step = self.at
+        report({STOPPED_IN: epoch, AFTER_STEP: step}, ckpt, self.ctx)  # the driver says it
+        log.summary(checkpoint=ckpt, status="stopped")
+        raise Stopped(where)
 
 
 def placement():
@@ -236,7 +338,10 @@ def restore(args, path, model, optimizer, scheduler, device, scaler=None):
     args.resume = True  # the log goes on
     with kept.as_directory() as folder:
         saved = Path(folder) / path.name
-        return checkpoint.load(saved, model, optimizer, scheduler, device, scaler)
+        epoch = checkpoint.load(saved, model, optimizer, scheduler, device, scaler)
+    # where a stop left the run inside an epoch: the Stopper looks for it under the run's own path
+    checkpoint._POSITIONS[str(path)] = checkpoint.position(saved)
+    return epoch
 
 
 def report(record, path, ctx):
