@@ -9,7 +9,7 @@ sharded by FSDP2 over the data-parallel replicas; one device mesh, checked once.
 
 Compared with _trainup_tp_sp.py: the layout is one frozen ParallelDims (--pp, --dp, --cp, --tp)
 that refuses what cannot be cut and builds one mesh ("pp", "dp", "cp", "tp"); each rank keeps one
-stage of the model (trainup/four_d.py), its layers cut over "tp", its rows over "cp" (ring
+stage of the model (trainup/parallel/four_d.py), its layers cut over "tp", its rows over "cp" (ring
 attention), FSDP2 over "dp" and "cp" folded into one; a GPipe schedule over "pp" runs the
 micro-batches; the scores are whole (no loss_parallel: they leave the last stage); a steady step's
 collectives and bytes are counted per mesh dimension, beside the formulas. A stop (SIGTERM,
@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import (checkpoint, cli, data, distributed, four_d, metrics, parallel_dims,
-                     preempt, transformer)
-from trainup import tensor_parallel as tpar
+from trainup import checkpoint, cli, data, distributed, metrics, preempt, transformer
+from trainup.parallel import four_d, parallel_dims
+from trainup.parallel import tensor_parallel as tpar
 
 
 def train_epoch(stage, pipe, loader, optimizer, epoch, show_progress, device, counter):

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainup import LOG_DIR, UserError, cli, distributed, metrics, models, runlock
-from trainup.sharding import all_gather_single, reduce_scatter_single
+from trainup.parallel.sharding import all_gather_single, reduce_scatter_single
 
 SHOWS = ("collectives", "bandwidth", "ddp", "mismatch", "hang")
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}

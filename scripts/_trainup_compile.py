@@ -6,7 +6,8 @@ bucket boundaries so that each bucket's all-reduce can start while backward goes
     python scripts/_trainup_compile.py --quick --compile --bucket-cap-mb 1        # one process
 
 Compared with _trainup_ddp.py: --compile wraps the DDP model in torch.compile (after DDP:
-trainup/compiled.py says why), --compile-mode chooses Inductor's mode, --bucket-cap-mb DDP's
+trainup/parallel/compiled.py says why), --compile-mode chooses Inductor's mode, --bucket-cap-mb
+DDP's
 bucket cap (compiled: one graph per bucket); each epoch's 'compile' record keeps the first step
 (which compiles) apart from the median step, with the graphs, graph breaks and recompiles counted.
 """
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from trainup import (UserError, checkpoint, cli, compiled, data, devices, distributed, evaluation,
-                     gpumon, metrics, models, preempt, profiling, sweeps)
+from trainup import (UserError, checkpoint, cli, data, devices, distributed, evaluation, gpumon,
+                     metrics, models, preempt, profiling, sweeps)
+from trainup.parallel import compiled
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):

@@ -10,7 +10,8 @@ Compared with _trainup_tp_sp.py: nothing is cut but the sequence (an image's row
 process takes the whole batch and keeps its own rows through the whole model; attention passes
 the keys and values round a ring of the processes (--cp-attention ring) or trades the sequence
 for heads with all-to-alls (ulysses); the class scores, a mean over the tokens, are summed over
-the processes; so are the gradients (trainup/context_parallel.py). --causal: each row attends to
+the processes; so are the gradients (trainup/parallel/context_parallel.py). --causal: each row
+attends to
 the rows above it only, with the sequence cut zig-zag so that every process has as much to do.
 """
 import itertools
@@ -22,8 +23,8 @@ from torch.utils.data import DataLoader
 
 from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, preempt,
                      transformer)
-from trainup import context_parallel as cp
-from trainup import tensor_parallel as tpar
+from trainup.parallel import context_parallel as cp
+from trainup.parallel import tensor_parallel as tpar
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):

@@ -5,7 +5,8 @@
     python scripts/_trainup_dp.py --gpus 2 --phases           # also time scatter, replicate, forward, gather
 
 Compared with _trainup_gpu.py: --gpus instead of --device, and the model wrapped in nn.DataParallel,
-which splits each global batch across the GPUs in one process (trainup/dataparallel.py says how).
+which splits each global batch across the GPUs in one process (trainup/parallel/dataparallel.py
+says how).
 """
 import time
 
@@ -13,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainup import (UserError, checkpoint, cli, data, dataparallel, devices, evaluation, gpumon,
-                     metrics, models, preempt, sweeps)
+from trainup import (UserError, checkpoint, cli, data, devices, evaluation, gpumon, metrics,
+                     models, preempt, sweeps)
+from trainup.parallel import dataparallel
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):

@@ -6,8 +6,8 @@ experts / processes of them, and the tokens travel to their experts and back by 
     python scripts/_trainup_experts.py --quick                                     # the baseline
 
 Compared with _trainup_tp_sp.py: nothing is cut; each rank takes its share of the batch (data
-parallelism) and holds its share of the experts (expert parallelism, trainup/experts.py); an
-expert takes at most --capacity-factor x its fair share of tokens, the rest are dropped and
+parallelism) and holds its share of the experts (expert parallelism, trainup/parallel/experts.py);
+an expert takes at most --capacity-factor x its fair share of tokens, the rest are dropped and
 counted; the Switch load-balancing loss (--aux-loss-weight) joins the loss; the dense gradients
 are averaged over the ranks, the experts' are not; the log keeps, per epoch, the tokens each
 expert was sent and each rank's experts received.
@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 
 from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, preempt,
                      transformer)
-from trainup import experts as moe
-from trainup import tensor_parallel as tpar
+from trainup.parallel import experts as moe
+from trainup.parallel import tensor_parallel as tpar
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, aux_weight, world):

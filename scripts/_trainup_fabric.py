@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainup import (checkpoint, cli, data, devices, distributed, evaluation, fabric_run,
-                     lightning_flags, metrics, models, preempt, profiling)
+from trainup import (checkpoint, cli, data, devices, distributed, evaluation, metrics, models,
+                     preempt, profiling)
+from trainup.engines import fabric_run, lightning_flags
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, fabric):

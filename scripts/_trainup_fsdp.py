@@ -5,7 +5,8 @@
     python scripts/_trainup_fsdp.py --quick --shard none                 # the baseline: 1 process
 
 Compared with _trainup_blocks.py: Adam, whose state ZeRO counts (--model: the CNN instead);
---shard, what is split over the ranks (trainup/sharding.py): `none` (DDP), `optimizer` (ZeRO-1),
+--shard, what is split over the ranks (trainup/parallel/sharding.py): `none` (DDP), `optimizer`
+(ZeRO-1),
 `gradients` (ZeRO-2 by hand), `gradients_fsdp` (as FSDP2 ships it), `parameters` (ZeRO-3), in
 turn in one job; one step's bytes and collectives logged; DCP checkpoints, loaded by any size,
 written by every rank at a stop too (SIGTERM or --stop-signal), which --resume continues exactly.
@@ -17,7 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, models, preempt,
-                     profiling, sharding)
+                     profiling)
+from trainup.parallel import sharding
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):

@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from trainup import (UserError, checkpoint, cli, data, devices, evaluation, gpumon, hvd_group,
+from trainup import (UserError, checkpoint, cli, data, devices, evaluation, gpumon,
                      metrics, models, preempt, profiling, sweeps)
-from trainup.hvd_group import hvd  # import horovod.torch as hvd (None where it is not built)
+from trainup.engines import hvd_group
+from trainup.engines.hvd_group import hvd  # import horovod.torch as hvd (None where not built)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):

@@ -10,8 +10,8 @@ Compared with _trainup_fabric.py: the loop is the Trainer's too (the epochs, bac
 optimizer's and scheduler's steps, the test set, the rank-0 guards, the checkpoint). What remains is
 the model's step (a LightningModule), the data (a LightningDataModule) and self.log(...,
 sync_dist=True) where fabric.all_reduce summed the metrics. The course's log and checkpoint come
-from one callback (trainup/lightning_log.py); TensorBoard's from Lightning's TensorBoardLogger, in
-logs/tensorboard/<run>. The flags and the rest of the plumbing are in trainup/lightning_*.py.
+from one callback (trainup/engines/lightning_log.py); TensorBoard's from Lightning's logger, in
+logs/tensorboard/<run>. The flags and the rest of the plumbing: trainup/engines/lightning_*.py.
 """
 import pytorch_lightning as pl
 import torch
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainup import (cli, data, lightning_ckpt, lightning_compat, lightning_flags, lightning_run,
-                     metrics, models)
+from trainup import cli, data, metrics, models
+from trainup.engines import lightning_ckpt, lightning_compat, lightning_flags, lightning_run
 
 
 class LitNet(pl.LightningModule):

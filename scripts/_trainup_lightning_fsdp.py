@@ -20,8 +20,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainup import (cli, data, lightning_ckpt, lightning_compat, lightning_flags, lightning_run,
-                     metrics, models)
+from trainup import cli, data, metrics, models
+from trainup.engines import lightning_ckpt, lightning_compat, lightning_flags, lightning_run
 
 
 class LitNet(pl.LightningModule):

@@ -8,7 +8,7 @@ batch cut into micro-batches that flow through the stages, so that they work at 
     python scripts/_trainup_pipeline.py --stages 1     # the baseline: the whole model in one process
 
 Compared with _trainup_blocks.py: each process keeps only its stage's blocks of the whole model
-(trainup/pipeline.py), instead of a DDP replica; a PipelineStage per stage and a schedule
+(trainup/parallel/pipeline.py), instead of a DDP replica; a PipelineStage per stage and a schedule
 (--schedule; pipeline.Pipe holds them) run forward and backward micro-batch by micro-batch, sending
 activations forward and gradients back; the first stage feeds the inputs, the last computes the
 loss; with --data-parallel each stage is in DDP over the same stage of every pipeline; every stage
@@ -20,8 +20,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from trainup import (checkpoint, cli, data, distributed, metrics, models, pipeline,
-                     pipeline_runs, preempt)
+from trainup import checkpoint, cli, data, distributed, metrics, models, preempt
+from trainup.parallel import pipeline, pipeline_runs
 
 
 def train_epoch(model, pipe, layout, loader, optimizer, epoch, show_progress, device, log_steps):

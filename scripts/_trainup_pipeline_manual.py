@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainup import UserError, cli, data, distributed, metrics, models, pipeline
+from trainup import UserError, cli, data, distributed, metrics, models
+from trainup.parallel import pipeline
 
 
 def step(half, rank, x, y, width, clock):

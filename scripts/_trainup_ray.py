@@ -6,7 +6,8 @@ them from its own checkpoints when one dies.
     python scripts/_trainup_ray.py --ray-workers 1 --quick    # one worker (world size 1)
 
 Compared with _trainup_ddp.py: no launcher; this process is Ray's driver: it starts a Ray cluster
-on this machine (trainup/ray_run.py; stopped at the end) and hands train_loop to a TorchTrainer,
+on this machine (trainup/engines/ray_run.py; stopped at the end) and hands train_loop to a
+TorchTrainer,
 which starts --ray-workers processes, joins them into the process group (gloo, nccl on GPUs) and
 runs train_loop in each. The loop is the DDP lesson's, but every rank reports each epoch to Ray
 (ray.train.report), rank 0's report carrying the checkpoint Ray keeps. When a worker dies, Ray
@@ -22,9 +23,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from trainup import (checkpoint, cli, data, devices, distributed, evaluation, gpumon,
-                     metrics, models, preempt, profiling, ray_run)
-from trainup.ray_run import ray  # import ray (None where it is not installed)
+from trainup import (checkpoint, cli, data, devices, distributed, evaluation, gpumon, metrics,
+                     models, preempt, profiling)
+from trainup.engines import ray_run
+from trainup.engines.ray_run import ray  # import ray (None where it is not installed)
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device, precision, scaler):

@@ -7,7 +7,7 @@ every matrix product; with --dp, a 2-D mesh of tensor x data parallelism.
 
 Compared with _trainup_blocks.py: MLP blocks (--hidden); a DeviceMesh of --dp x --tp processes
 instead of one DDP group; each block's `up` cut by its output features (ColwiseParallel), `down`
-by its input features (RowwiseParallel) over 'tp' (trainup/tensor_parallel.py), so the tp
+by its input features (RowwiseParallel) over 'tp' (trainup/parallel/tensor_parallel.py), so the tp
 processes of a replica take the SAME batch; with --dp, FSDP (fully_shard) over 'dp' instead of
 DDP; the log keeps the bytes each rank holds and one step's collectives; the whole model is
 gathered (full_tensor) to save it.
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from trainup import checkpoint, cli, data, distributed, evaluation, metrics, models, preempt
-from trainup import tensor_parallel as tpar
+from trainup.parallel import tensor_parallel as tpar
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):

@@ -8,7 +8,7 @@ sequence parallelism between the cut layers and the loss on class scores that st
 Compared with _trainup_tp.py: the model is a transformer over the image's rows (--blocks layers
 of attention and MLP, --width, --heads); each layer's q, k, v and fc1 cut by output features,
 proj and fc2 by input features, so each rank attends with its own heads; --sequence-parallel
-keeps the LayerNorms and residuals cut by sequence (trainup/tp_transformer.py); the class
+keeps the LayerNorms and residuals cut by sequence (trainup/parallel/tp_transformer.py); the class
 scores stay cut by class and loss_parallel computes the cross-entropy on them.
 """
 import itertools
@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 
 from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, preempt,
                      transformer)
-from trainup import tensor_parallel as tpar
-from trainup import tp_transformer
+from trainup.parallel import tensor_parallel as tpar
+from trainup.parallel import tp_transformer
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):

@@ -288,8 +288,8 @@ def baseline_key(scripts=None):
     """What the baseline executes: its script's text, the trainup package's, its flags."""
     scripts = Path(scripts or SCRIPTS)
     digest = hashlib.sha256(repr(BASELINE).encode())
-    for path in [scripts / "_trainup_gpu.py", *sorted((scripts / "trainup").glob("*.py"))]:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in [scripts / "_trainup_gpu.py", *sorted((scripts / "trainup").rglob("*.py"))]:
+        digest.update(str(path.relative_to(scripts)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

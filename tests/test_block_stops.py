@@ -271,7 +271,8 @@ def _args(**flags):
 
 
 def test_a_pipeline_checkpoint_of_another_layout_or_torn_is_one_sentence(one_rank_group, tmp_path):
-    from trainup import UserError, pipeline
+    from trainup import UserError
+    from trainup.parallel import pipeline
 
     saved = _args(stages=1, data_parallel=1, schedule="gpipe", split="manual")
     folder = tmp_path / "r.ranks"
@@ -292,7 +293,7 @@ def test_a_pipeline_checkpoint_of_another_layout_or_torn_is_one_sentence(one_ran
 
 def test_a_tensor_parallel_checkpoint_of_another_mesh_is_one_sentence(one_rank_group, tmp_path):
     from trainup import UserError
-    from trainup import tensor_parallel as tpar
+    from trainup.parallel import tensor_parallel as tpar
 
     saved = _args(tp_layout="--dp 1 --tp 2")
     folder = tmp_path / "r.dcp"
@@ -310,8 +311,9 @@ def test_a_four_d_checkpoint_of_another_layout_is_one_sentence(one_rank_group, t
     """The layout a 4-D job saved with (ParallelDims.layout, kept beside the shards) against the
     resuming job's: another one is refused before any shard is read. Built here for a job of 4
     processes: the refusal compares the layouts alone."""
-    from trainup import UserError, four_d
-    from trainup.parallel_dims import ParallelDims
+    from trainup import UserError
+    from trainup.parallel import four_d
+    from trainup.parallel.parallel_dims import ParallelDims
 
     saved = _args(lesson="4d", checkpoint_dir=tmp_path)
     folder = four_d.folder(saved, ParallelDims(dp=1, tp=1, pp=1, cp=1, world_size=1))
@@ -332,7 +334,8 @@ def test_a_full_disk_while_the_ranks_write_keeps_the_last_whole_checkpoint(
 ):
     """A rank's write that falls short (a full disk): one sentence on every rank, the folder of the
     last whole save kept, no temporary folder left behind."""
-    from trainup import UserError, checkpoint, pipeline
+    from trainup import UserError, checkpoint
+    from trainup.parallel import pipeline
 
     saved = _args(stages=1, data_parallel=1, schedule="gpipe", split="manual")
     folder = tmp_path / "r.ranks"

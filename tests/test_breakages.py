@@ -99,7 +99,7 @@ BREAKAGES = {
         "test_fabric.py::test_fabric_on_two_processes_ends_like_one_process_and_so_does_a_resumed_run",
     ),
     "ZeRO-2's reduce-scatter not divided by the world size": (
-        "trainup/sharding.py",
+        "trainup/parallel/sharding.py",
         "piece.grad = mine[:piece.numel()].div_(self.world)",
         "piece.grad = mine[:piece.numel()]",
         "test_fsdp.py::test_every_mode_ends_with_the_parameters_of_one_process",
@@ -128,7 +128,7 @@ BREAKAGES = {
     # each cp rank's gradient is its tokens' share of one loss: FSDP must sum the shares over cp
     # and average over dp (divide by dp); its default averages over all dp x cp processes
     "the 4-D job's FSDP averages the cp ranks' shares instead of summing them": (
-        "trainup/four_d.py",
+        "trainup/parallel/four_d.py",
         "module.set_gradient_divide_factor(float(dims.dp))",
         "module.set_gradient_divide_factor(float(dims.dp * dims.cp))",
         "test_four_d.py::test_the_job_ends_with_the_parameters_of_one_process[fourd_dp2cp2]",

@@ -22,7 +22,7 @@ from conftest import (
     start_run,
 )
 from lessons import checks, equivalence, launch, report
-from trainup import context_parallel as cp
+from trainup.parallel import context_parallel as cp
 from trainup import transformer
 
 SCRIPT = "_trainup_cp.py"  # under scripts/ (conftest.SCRIPTS)
@@ -133,7 +133,9 @@ def test_ring_and_all_to_all_attention_equal_whole_attention_forward_and_backwar
     gradients against attend() over the whole sequence, float64."""
     proc = finish_job(
         start_job(
-            launch.TORCHRUN + launch.torchrun_flags(nproc=3) + ["-m", "trainup.context_parallel"],
+            launch.TORCHRUN
+            + launch.torchrun_flags(nproc=3)
+            + ["-m", "trainup.parallel.context_parallel"],
             launch.environment({"PYTHONPATH": str(SCRIPTS)}),
         )
     )

@@ -17,8 +17,8 @@ def as_errors():
     mods = (
         ["__main__"]
         + [
-            f"trainup.{p.stem}"
-            for p in sorted((SCRIPTS / "trainup").glob("*.py"))
+            ".".join(p.relative_to(SCRIPTS).with_suffix("").parts)
+            for p in sorted((SCRIPTS / "trainup").rglob("*.py"))
             if p.stem != "__init__"
         ]
         + ["trainup"]

@@ -244,7 +244,8 @@ def test_06c_bubble_activations_and_memory():
     # exercise 3 against the stages' own activation meter: the last of 2 stages holds 2 blocks and
     # the head, which keeps its input (width values a sample) besides
     import torch
-    from trainup import models, pipeline
+    from trainup import models
+    from trainup.parallel import pipeline
 
     for recompute in (False, True):
         torch.manual_seed(0)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import assert_clean_error, finish_ok, in_process, start_run
 from lessons import checks, report
-from trainup import experts as moe
+from trainup.parallel import experts as moe
 from trainup import transformer
 
 SCRIPT = "_trainup_experts.py"  # under scripts/ (conftest.SCRIPTS)

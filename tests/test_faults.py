@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import assert_clean_error, run_script
-from trainup import UserError, checkpoint, cli, sharding
+from trainup import UserError, checkpoint, cli
+from trainup.parallel import sharding
 
 # The fault list: each trial of the round two, and the test that covers it (a test's name, or the
 # start of it), here or beside its lesson's tests where it needs real jobs.
@@ -172,7 +173,7 @@ def _args(tmp_path):
 def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_last_whole_one(
     writer, as_torch_stream, tmp_path, monkeypatch
 ):
-    from trainup import pipeline, tensor_parallel
+    from trainup.parallel import pipeline, tensor_parallel
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, assert_clean_error, finish_ok, in_process, start_run
 from lessons import checks, planner, report
-from trainup import sharding
+from trainup.parallel import sharding
 
 SCRIPT = "_trainup_4d.py"  # under scripts/ (conftest.SCRIPTS)
 TRAIN, TEST = 64, 32  # two steps of 32 (the second one counted), one test batch per replica

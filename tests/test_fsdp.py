@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process
 from lessons import checks, launch, planner, zero_stages as lesson
 from trainup import models
-from trainup.sharding import MODES, RESUMABLE, STAGES
+from trainup.parallel.sharding import MODES, RESUMABLE, STAGES
 
 SCRIPT = str(SCRIPTS / "_trainup_fsdp.py")
 # a tiny model and data set: 4 steps an epoch; 4 processes on 2 cores stay quick
@@ -156,7 +156,7 @@ def test_every_rank_evaluates_as_many_batches_and_every_test_sample_once(n, worl
     """Under FSDP each forward gathers with the other ranks: a rank with a batch fewer would leave
     them waiting (2001 samples on 2 ranks: 1001 and 1000, 2 batches of 1000 against 1)."""
     from types import SimpleNamespace
-    from trainup.sharding import test_batches
+    from trainup.parallel.sharding import test_batches
 
     ranks = [test_batches(n, SimpleNamespace(rank=r, world_size=world)) for r in range(world)]
     assert len({len(b) for b in ranks}) == 1 and max(len(x) for b in ranks for x in b) <= 1000

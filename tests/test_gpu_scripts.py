@@ -23,7 +23,8 @@ from conftest import (
     start_script,
 )
 from lessons import checks, gpu, report
-from trainup import UserError, dataparallel, devices
+from trainup import UserError, devices
+from trainup.parallel import dataparallel
 
 NO_GPU = pytest.mark.skipif(
     gpu.has_gpu(), reason="this machine has GPUs, so the no-GPU errors cannot happen"
@@ -106,7 +107,7 @@ def test_a_node_s_processes_share_no_gpu(fake_gpus, capsys):
 
 def test_lightning_s_auto_accelerator_is_the_same_decision(fake_gpus, monkeypatch, capsys):
     from types import SimpleNamespace
-    from trainup import lightning_flags
+    from trainup.engines import lightning_flags
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(k, raising=False)

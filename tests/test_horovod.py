@@ -433,7 +433,8 @@ def test_without_horovod_one_sentence_says_how_to_install_it(tmp_path, log_dir):
 
 def test_cuda_under_a_horovod_built_without_nccl_is_one_sentence(monkeypatch, capsys):
     pytest.importorskip("horovod.torch")
-    from trainup import UserError, hvd_group
+    from trainup import UserError
+    from trainup.engines import hvd_group
 
     monkeypatch.setattr(hvd_group.hvd, "nccl_built", lambda: 0)
     monkeypatch.setattr(
@@ -517,7 +518,7 @@ def test_accumulation_weighs_before_the_allreduce_so_fp16_carries_a_mean():
     """No Horovod needed: K = 2 micro-batches of 16, then an epoch's short step of 4. What backward
     sees (and --fp16-allreduce casts to float16) is a mean-sized gradient, not one multiplied by the
     samples; after average() every step holds the mean gradient over its own samples."""
-    from trainup import hvd_group
+    from trainup.engines import hvd_group
 
     w = torch.nn.Parameter(torch.zeros(()))
     opt = SimpleNamespace(backward_passes_per_step=2, param_groups=[{"params": [w]}])

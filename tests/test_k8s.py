@@ -112,7 +112,7 @@ def pods(rayjob):
 
 
 def test_a_rayjob_with_the_courses_ray_and_image(rayjob, job):
-    from trainup import ray_run
+    from trainup.engines import ray_run
 
     assert (rayjob["apiVersion"], rayjob["kind"]) == ("ray.io/v1", "RayJob")
     assert rayjob["spec"]["shutdownAfterJobFinishes"] is True  # no idle cluster left to pay for
@@ -152,7 +152,7 @@ def test_the_script_fits_the_cluster_and_checkpoints_where_every_pod_sees(rayjob
 
 def test_a_ray_job_joins_the_running_cluster_and_a_run_alone_starts_its_own():
     from types import SimpleNamespace
-    from trainup import ray_run
+    from trainup.engines import ray_run
 
     args = SimpleNamespace(ray_workers=2)
     joined = ray_run.init_args(args, 0, "/tmp/r", address="10.0.0.5:6379")

@@ -431,9 +431,9 @@ def test_the_sync_dist_exercise_solution_gives_what_lightning_logged(runs):
 
 def test_the_gpu_readings_callback_logs_what_nvitop_reads_and_leaves_out_what_it_cannot():
     """On a GPU, --monitor logs nvitop's readings into TensorBoard (nvitop 1.7 has no Lightning callback of its own,
-    trainup/lightning_gpustats.py stands in); here with readings as nvitop gives them, one value missing (NA)."""
+    trainup/engines/lightning_gpustats.py stands in); here with readings as nvitop gives them, one value missing (NA)."""
     from types import SimpleNamespace
-    from trainup.lightning_gpustats import NvitopGpuStats
+    from trainup.engines.lightning_gpustats import NvitopGpuStats
 
     logged = []
     logger = SimpleNamespace(log_metrics=lambda m, step: logged.append((m, step)))
@@ -470,7 +470,7 @@ def test_the_course_callback_keeps_its_log_when_lightning_sets_callback_log(tmp_
     """Lightning sets `callback.log = module.log` on every callback: the course's run log lives elsewhere,
     so on_exception still closes the run as failed (and the one-sentence refusal is not hidden)."""
     from types import SimpleNamespace
-    from trainup import lightning_log
+    from trainup.engines import lightning_log
 
     callback = lightning_log.CourseLog.__new__(lightning_log.CourseLog)
     written = []

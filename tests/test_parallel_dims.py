@@ -1,5 +1,5 @@
-"""trainup/parallel_dims.py: the layout of a four-dimensional job is checked in one place, each
-bad layout one sentence (a UserError), and a rank's place in the mesh is where init_device_mesh
+"""trainup/parallel/parallel_dims.py: the layout of a four-dimensional job is checked in one place,
+each bad layout one sentence (a UserError), and a rank's place in the mesh is where init_device_mesh
 puts it (the mesh itself is built by the real jobs of tests/test_four_d.py)."""
 
 import itertools
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainup import UserError
-from trainup.parallel_dims import NAMES, ParallelDims
+from trainup.parallel.parallel_dims import NAMES, ParallelDims
 
 pytestmark = pytest.mark.fast
 

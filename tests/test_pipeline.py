@@ -18,7 +18,7 @@ from conftest import (
     start_wanted,
 )
 from lessons import checks, launch, recompute, report, schedules as lesson, zero_bubble
-from trainup import pipeline
+from trainup.parallel import pipeline
 
 SCRIPT = str(SCRIPTS / "_trainup_pipeline.py")
 MANUAL = str(SCRIPTS / "_trainup_pipeline_manual.py")
@@ -457,7 +457,8 @@ def test_the_activation_meter_skips_the_weights_after_the_stage_moves():
     not count the weights autograd saves as activations: one Block keeps its input, LayerNorm's
     output, its mean and 1/std, and ReLU's output, whatever the dtype."""
     import torch
-    from trainup import models, pipeline as pl
+    from trainup import models
+    from trainup.parallel import pipeline as pl
 
     torch.manual_seed(0)
     model = models.BlockStack((1, 28, 28), 10, 2, 16)
@@ -532,7 +533,7 @@ def test_the_lesson_reads_the_runs_a_job_of_one_or_several_schedules_writes():
     schedules, <name> for a job of one (as runnable() may leave on an older torch)."""
     import argparse
 
-    from trainup import pipeline_runs
+    from trainup.parallel import pipeline_runs
 
     for schedules in (["gpipe"], ["gpipe", "1f1b", "zbv"]):
         job = argparse.Namespace(run_name="pp", schedules=schedules, microbatches=4)

@@ -246,7 +246,8 @@ def test_ray_s_workers_take_gpus_as_every_job_does(monkeypatch, capsys, tmp_path
     """--device auto: a GPU for each worker, else the CPU and why (trainup/devices.py); --device
     cuda with too few GPUs is one sentence."""
     from types import SimpleNamespace
-    from trainup import UserError, devices, ray_run
+    from trainup import UserError, devices
+    from trainup.engines import ray_run
 
     def args(device):
         return SimpleNamespace(
@@ -265,7 +266,7 @@ def test_ray_s_workers_take_gpus_as_every_job_does(monkeypatch, capsys, tmp_path
 def test_a_run_ray_gave_up_on_is_one_sentence_naming_each_rank():
     from ray.train import WorkerGroupError
     from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
-    from trainup import ray_run
+    from trainup.engines import ray_run
 
     error = WorkerGroupError(
         "...",
@@ -290,7 +291,8 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
     import sys
 
     import psutil
-    from trainup import UserError, ray_run
+    from trainup import UserError
+    from trainup.engines import ray_run
 
     began, calls = [], []
 
@@ -337,7 +339,7 @@ def test_the_words_of_a_late_start_are_rays_own():
     import inspect
 
     from ray._private import node, services
-    from trainup import ray_run
+    from trainup.engines import ray_run
 
     assert ray_drill.NODE_LATE == ray_run.NODE_LATE and ray_run.NODE_LATE in inspect.getsource(node)
     assert ray_drill.DASHBOARD_LATE == ray_run.DASHBOARD_LATE

@@ -8,38 +8,58 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, SCRIPTS
 
 
+def module_of(path):
+    """(package, module) of a file under scripts/: ('trainup', 'checkpoint'), ('trainup',
+    'parallel.pipeline'), ('trainup', 'parallel') for a subpackage's __init__, ('trainup',
+    '__init__') for the package's own."""
+    parts = list(path.relative_to(SCRIPTS).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 2:
+        parts = parts[:-1]
+    return parts[0], ".".join(parts[1:])
+
+
+def _exists(top, rest):
+    folder = SCRIPTS / top / Path(*rest) if rest else SCRIPTS / top
+    return bool(rest) and (folder.with_suffix(".py").exists() or (folder / "__init__.py").exists())
+
+
 def _imports(path, package):
-    """The course's modules that path imports: ('trainup', 'checkpoint'), ('lessons', 'report'), ..."""
+    """The course's modules that path imports: ('trainup', 'checkpoint'), ('lessons', 'report'),
+    ('trainup', 'parallel.pipeline'), ... (package: path's own, None for a script)."""
     out = set()
+    here = list(path.relative_to(SCRIPTS).with_suffix("").parts[:-1]) if package else []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = package if node.level else (node.module or "").split(".")[0]
-            rest = (node.module or "").split(".")[0 if node.level else 1 :] if node.module else []
-            if base not in ("trainup", "lessons"):
-                continue
-            if rest and rest[0]:
-                out.add((base, rest[0]))
+            if node.level:
+                base = here[: len(here) - node.level + 1] + (node.module or "").split(".")
             else:
-                out.update((base, a.name) for a in node.names)
+                base = (node.module or "").split(".")
+            base = [b for b in base if b]
+            if not base or base[0] not in ("trainup", "lessons"):
+                continue
+            for a in node.names:
+                rest = base[1:] + [a.name]
+                out.add((base[0], ".".join(rest if _exists(base[0], rest) else base[1:])))
         elif isinstance(node, ast.Import):
             for a in node.names:
                 parts = a.name.split(".")
                 if parts[0] in ("trainup", "lessons"):
-                    out.add((parts[0], parts[1] if len(parts) > 1 else "__init__"))
-    return {(p, m) for p, m in out if (SCRIPTS / p / f"{m}.py").exists() or m == "__init__"}
+                    out.add((parts[0], ".".join(parts[1:])))
+    return {(p, m or "__init__") for p, m in out if not m or _exists(p, m.split("."))}
 
 
 def graph():
     return {
-        (package, path.stem): _imports(path, package)
+        module_of(path): _imports(path, package)
         for package in ("trainup", "lessons")
-        for path in sorted((SCRIPTS / package).glob("*.py"))
+        for path in sorted((SCRIPTS / package).rglob("*.py"))
     }
 
 
@@ -89,6 +109,46 @@ def test_the_floors_trainup_needs_nothing_above_it_and_scripts_only_trainup():
     for script in sorted(SCRIPTS.glob("_trainup_*.py")):
         above = [d for d in _imports(script, None) if d[0] == "lessons"]
         assert not above, f"{script.name} imports the notebooks' lessons package: {above}"
+
+
+# trainup's rooms: the plumbing every script shares at its top level, above it the parallelisms'
+# mechanisms (parallel/) and the engines beside torch.distributed (engines/), apart from each other.
+ROOMS = ("parallel", "engines")
+
+
+def crossings(edges):
+    """trainup's imports that break its floors: plumbing importing a room, or one room another."""
+
+    def room(module):
+        head = module.split(".")[0]
+        return head if head in ROOMS else ""
+
+    return sorted(
+        (m, d)
+        for (p, m), deps in edges.items()
+        if p == "trainup"
+        for q, d in deps
+        if q == "trainup" and room(d) and room(d) != room(m)
+    )
+
+
+def test_trainup_plumbing_needs_no_parallelism_or_engine_and_those_not_each_other():
+    g = graph()
+    assert ("trainup", "parallel.pipeline") in g and ("trainup", "engines.ray_run") in g
+    assert ("trainup", "parallel.pipeline") in g[("trainup", "parallel.pipeline_runs")]
+    assert not crossings(g), f"imports across trainup's floors: {crossings(g)}"
+
+
+def test_the_floor_check_finds_a_crossing():
+    edges = {
+        ("trainup", "metrics"): {("trainup", "parallel.sharding")},
+        ("trainup", "engines.ray_run"): {("trainup", "parallel.pipeline"), ("trainup", "cli")},
+        ("trainup", "parallel.four_d"): {("trainup", "parallel.tensor_parallel")},
+    }
+    assert crossings(edges) == [
+        ("engines.ray_run", "parallel.pipeline"),
+        ("metrics", "parallel.sharding"),
+    ]
 
 
 # The notebooks' toolkit: modules any lesson may use (running jobs, reading logs, checks, the
@@ -169,7 +229,7 @@ def test_the_check_finds_a_cycle():
 
 def test_module_names_say_their_package():
     names = {
-        p: {f.stem for f in (SCRIPTS / p).glob("*.py")} - {"__init__"}
+        p: {f.stem for f in (SCRIPTS / p).rglob("*.py")} - {"__init__"}
         for p in ("trainup", "lessons")
     }
     assert not names["trainup"] & names["lessons"], (
@@ -277,7 +337,16 @@ def test_notebooks_and_solutions_import_the_installed_course_without_editing_sys
     ]
     assert not edits, edits
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'package-dir = {"" = "scripts"}' in text and 'packages = ["trainup", "lessons"]' in text
+    import tomllib
+
+    setuptools = tomllib.loads(text)["tool"]["setuptools"]
+    folders = sorted(
+        ".".join(init.parent.relative_to(SCRIPTS).parts)
+        for init in SCRIPTS.rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    )
+    assert setuptools["package-dir"] == {"": "scripts"} and "trainup.parallel" in folders
+    assert sorted(setuptools["packages"]) == folders  # a subpackage left out: not installed
     assert "--editable ." in (ROOT / "tools" / "setup_env.sh").read_text()
 
 

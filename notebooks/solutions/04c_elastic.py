@@ -9,7 +9,8 @@ holding the rendezvous, so production puts the store where nothing is taken away
 Exercise 4 (Ray with --max-failures 0): the run ends with "error: Ray Train gave up on the run after
 0 restart(s) (--max-failures): rank 0: another rank is gone (...); rank 1: its process died". The
 killed worker's health check failed; the survivor's next all-reduce lost its peer. With no restart
-allowed, Ray stops the group and hands the failure to the driver (trainup/ray_run.py, why)."""
+allowed, Ray stops the group and hands the failure to the driver (trainup/engines/ray_run.py,
+why)."""
 
 import torch
 

@@ -1,6 +1,6 @@
 """Solutions to lesson 06's exercises. Run: python notebooks/solutions/06_pipeline_parallel.py"""
 from lessons import report, schedules
-from trainup import pipeline
+from trainup.parallel import pipeline
 
 
 def stages_of(rank, ranks, per_rank, shape):
@@ -14,7 +14,8 @@ def stages_of(rank, ranks, per_rank, shape):
 
 
 def check_placement(most_ranks=8):
-    """stages_of agrees with trainup.pipeline.stage_ids for every schedule and pipeline depth."""
+    """stages_of agrees with trainup.parallel.pipeline.stage_ids for every schedule and pipeline
+    depth."""
     for name, (_, per_rank, shape) in pipeline.SCHEDULES.items():
         for ranks in range(1, most_ranks + 1):
             for rank in range(ranks):
@@ -49,7 +50,7 @@ def stage_memory_mb(blocks, width, stages, bytes_per_value=4):
 
 
 if __name__ == "__main__":
-    print("stages_of agrees with trainup.pipeline.stage_ids:", check_placement())
+    print("stages_of agrees with trainup.parallel.pipeline.stage_ids:", check_placement())
     print("and with the placement logged by:", ", ".join(check_logs()) or "no run here yet")
     for ranks in (2, 4):
         print(f"{ranks} ranks, V:", [stages_of(r, ranks, 2, "v") for r in range(ranks)],

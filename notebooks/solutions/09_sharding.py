@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainup.sharding import MIXED_ADAM, STAGES, expected
+from trainup.parallel.sharding import MIXED_ADAM, STAGES, expected
 
 ROOT = Path(__file__).resolve().parents[2]
 

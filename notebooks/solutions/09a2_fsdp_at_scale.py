@@ -1,5 +1,5 @@
 """Solutions to lesson 09a2's exercises. Run: python notebooks/solutions/09a2_fsdp_at_scale.py"""
-from trainup.sharding import FP32_ADAM, expected
+from trainup.parallel.sharding import FP32_ADAM, expected
 
 
 def hybrid(psi, nodes=2, per_node=4, per_param=FP32_ADAM):

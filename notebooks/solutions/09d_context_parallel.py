@@ -1,6 +1,6 @@
 """Solutions to lesson 09d's exercises. Run: python notebooks/solutions/09d_context_parallel.py"""
 
-from trainup import context_parallel as cp
+from trainup.parallel import context_parallel as cp
 
 
 def bytes_per_step(attention, world, batch=64, rows=28, width=16, layers=2, bytes_per_value=8):

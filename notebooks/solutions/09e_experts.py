@@ -1,6 +1,6 @@
 """Solutions to lesson 09e's exercises. Run: python notebooks/solutions/09e_experts.py"""
 
-from trainup import experts as moe
+from trainup.parallel import experts as moe
 
 
 def expert_parameters_used(experts=64, top_k=2, width=4096, hidden=14336):
@@ -11,7 +11,8 @@ def expert_parameters_used(experts=64, top_k=2, width=4096, hidden=14336):
 
 
 def kept_at_most(tokens=4096, experts=64, top_k=2, factor=1.25):
-    """Exercise 2: an expert's capacity on one rank (trainup/experts.capacity, the lesson's rule),
+    """Exercise 2: an expert's capacity on one rank (trainup/parallel/experts.capacity, the
+    lesson's rule),
     and the assignments a rank can keep in one layer: every expert full, but never more than the
     tokens x top_k it made."""
     limit = moe.capacity(tokens, experts, top_k, factor)

@@ -2,7 +2,7 @@
 
 import math
 
-from trainup import compiled
+from trainup.parallel import compiled
 
 # the float64 CNN's parameters, from its output backwards (the order backward makes gradients)
 CNN_BACKWARDS = {"fc2": 1_290, "fc1": 1_179_776, "conv2": 18_496, "conv1": 320}

@@ -1,7 +1,7 @@
 """Solutions to lesson 09g's exercises. Run: python notebooks/solutions/09g_four_dimensions.py"""
 
 from trainup import UserError
-from trainup.parallel_dims import ParallelDims
+from trainup.parallel.parallel_dims import ParallelDims
 
 # the lesson's job: 32 samples a step, 28 rows an image, width 16, 4 layers, float64
 BATCH, ROWS, WIDTH, LAYERS, BYTES = 32, 28, 16, 4, 8

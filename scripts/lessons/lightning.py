@@ -142,9 +142,9 @@ def old_flags(script_main, flags=OLD_FLAGS):
 
 
 def precision_names():
-    """The precision spellings the script takes, and Lightning 2's name for each (from trainup.lightning_compat)."""
+    """The precision spellings the script takes, and Lightning 2's name for each (from trainup.engines.lightning_compat)."""
     import pandas as pd
-    from trainup.lightning_compat import PRECISIONS
+    from trainup.engines.lightning_compat import PRECISIONS
     return pd.DataFrame({"--precision": list(PRECISIONS), "Lightning 2 name": list(PRECISIONS.values())}).set_index("--precision")
 
 

@@ -42,8 +42,9 @@ _ENTRIES = (
     Script("_trainup_collectives.py", "04a1_inside_ddp.ipynb"),
     Script("_trainup_ray.py", "04c_elastic.ipynb", "_trainup_ddp.py", 97),
     # Horovod's --accumulate (backward_passes_per_step) costs 10: the step only at the K-th
-    # micro-batch, zero_grad after it, the loss weighed (trainup/hvd_group.Accumulation)
-    Script("_trainup_horovod.py", "05_horovod.ipynb", "_trainup_ddp.py", 96, DEVICE),
+    # micro-batch, zero_grad after it, the loss weighed (trainup/engines/hvd_group.Accumulation);
+    # Horovod's module is one import line of its own (trainup.engines)
+    Script("_trainup_horovod.py", "05_horovod.ipynb", "_trainup_ddp.py", 97, DEVICE),
     # the block-stack lessons (06, 09, 09c) grow from one parent: each diff is its lesson
     Script("_trainup_blocks.py", "06_pipeline_parallel.ipynb", "_trainup_ddp.py", 137, DEVICE,
            "cpu"),
@@ -80,14 +81,15 @@ _ENTRIES = (
     # it (checkpoint.save), where the parent's ranks save their slices by DCP
     Script("_trainup_cp.py", "09d_context_parallel.ipynb", "_trainup_tp_sp.py", 96),
     # torch.compile on lesson 04's DDP model: the wrap after DDP, the bucket cap that sets its
-    # graphs, the first step timed apart (trainup/compiled.py); 13 of _trainup_ddp.py's lines
+    # graphs, the first step timed apart (trainup/parallel/compiled.py); 13 of _trainup_ddp.py's
+    # lines
     # over 100 columns wrapped (about 30 changed lines), as tests/test_style.py asks of new code
     Script("_trainup_compile.py", "09f_compile.ipynb", "_trainup_ddp.py", 75, DEVICE),
     # the four dimensions on one mesh: 09c's transformer in pipeline stages (06), its layers cut
     # (09c), its rows cut (09d), sharded by FSDP2 (09); the layout checked once
-    # (trainup/parallel_dims.py), the stage, its parallelization and the counted bytes in
-    # trainup/four_d.py; loss_parallel goes; the parent's stop signal and DCP saves stay, each
-    # rank saving its shards of its stage (four_d.save)
+    # (trainup/parallel/parallel_dims.py), the stage, its parallelization and the counted bytes in
+    # trainup/parallel/four_d.py; loss_parallel goes; the parent's stop signal and DCP saves stay,
+    # each rank saving its shards of its stage (four_d.save)
     Script("_trainup_4d.py", "09g_four_dimensions.ipynb", "_trainup_tp_sp.py", 130),
 )
 SCRIPTS = {s.name: s for s in _ENTRIES}

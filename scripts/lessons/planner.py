@@ -13,7 +13,8 @@ vocabulary) has more parameters and MLP activations at the same width and depth.
 
 Bytes per GPU (each term is the course's own formula; tests/test_planner.py counts them by hand
 for a Llama-shaped layout and checks the activations against MemTracker's measurement):
-- model states: ZeRO's bytes per parameter (trainup.sharding.expected), by the recipe a precision
+- model states: ZeRO's bytes per parameter (trainup.parallel.sharding.expected), by the recipe a
+precision
   names (PER_PARAM): "32" fp32 with Adam, 4+4+8; "bf16" FSDP2's MixedPrecisionPolicy(bf16, reduce
   fp32), fp32 weight and gradient shards and fp32 Adam, 4+4+8 too; "16" the ZeRO paper's fp16
   weights and gradients beside an fp32 master copy and Adam, 2+2+12; of the parameters one GPU owns
@@ -45,7 +46,8 @@ import math
 from dataclasses import dataclass
 
 from trainup.flops import PEAK_TFLOPS
-from trainup.sharding import FP32_ADAM, FSDP2_BF16, MIXED_ADAM, STAGES, ZERO_STAGE, expected
+from trainup.parallel.sharding import (FP32_ADAM, FSDP2_BF16, MIXED_ADAM, STAGES, ZERO_STAGE,
+                                       expected)
 
 from . import perfmodel as pm
 from .activations import formula as activation_formula
@@ -103,7 +105,7 @@ class Layout:
     dp: int
     tp: int = 1
     pp: int = 1
-    stage: str = "none"  # a trainup.sharding mode: none, optimizer, gradients, parameters
+    stage: str = "none"  # a trainup.parallel.sharding mode: none, optimizer, gradients, parameters
     recompute: str = "none"  # lessons/activations: none, selective, full
     micro: int = 1  # samples a micro-batch (per data-parallel replica)
     attention: str = "fused"  # ATTENTION: fused keeps no s^2 scores; unfused keeps them

@@ -39,7 +39,7 @@ MARK = "TRAINUP_RAY_DRILL"  # inherited by every process Ray starts: how the dri
 # and its restart after the kill each took minutes, beyond any fixed total a healthy run needs.
 START_S = 300  # from the start to the first record; without one, Ray's start stalled
 QUIET_S = 240  # between one record of the log and the next (the restart after the kill included)
-STATE_LINE = "Ray's state API: "  # how the driver prints each actor (trainup/ray_run.py)
+STATE_LINE = "Ray's state API: "  # how the driver prints each actor (trainup/engines/ray_run.py)
 
 
 @dataclass
@@ -55,8 +55,8 @@ class Drill:
 
 # Ray gives a new node's raylet 30 s, its own constant, to register, and its dashboard 60 s to
 # start; its agents (Python processes) start first, and on a loaded machine (2 cores running the
-# test suite) that takes longer, start after start (trainup/ray_run.start). The drill then waits
-# for the load to fall and runs again.
+# test suite) that takes longer, start after start (trainup/engines/ray_run.start). The drill then
+# waits for the load to fall and runs again.
 NODE_LATE = "timed out during startup"  # ray_run.NODE_LATE (importing it imports Ray)
 DASHBOARD_LATE = "(it contains the error message from the dashboard)"  # ray_run.DASHBOARD_LATE
 STARTS = 3
@@ -90,7 +90,7 @@ def available():
     logging.getLogger("ray.widgets").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="IProgress not found")
-        from trainup import ray_run
+        from trainup.engines import ray_run
     if ray_run.ray is None:
         return False, (f"Ray is not installed in this Python ({ray_run.RAY_MISSING}): the Ray "
                        f"cells print this and go on (pip install '{ray_run.PIN}')")
@@ -98,7 +98,7 @@ def available():
 
 
 def storage(run, checkpoint_dir):
-    """Where Ray keeps the run's checkpoints (trainup/ray_run.py's storage)."""
+    """Where Ray keeps the run's checkpoints (trainup/engines/ray_run.py's storage)."""
     return Path(checkpoint_dir) / "ray" / run
 
 

@@ -26,7 +26,8 @@ def traced_code(blocks=4, width=32, stages=2, micro_batch=8):
     import warnings
 
     import torch
-    from trainup import models, pipeline
+    from trainup import models
+    from trainup.parallel import pipeline
     torch.manual_seed(1)
     model = models.BlockStack((1, 28, 28), 10, blocks, width)
     with warnings.catch_warnings():  # the tracer's own deprecation notes, not the lesson's
@@ -438,10 +439,10 @@ def about_memory(t):
 
 def runnable(names):
     """The schedules of `names` that this torch runs on CPU processes over gloo, in their order
-    (trainup.pipeline.runs_over_gloo): on a torch older than pipeline.V_OVER_GLOO the V-shaped ones
+    (trainup.parallel.pipeline.runs_over_gloo): on a torch older than pipeline.V_OVER_GLOO the V-shaped ones
     are left out, and one printed sentence says which and why; on a newer one nothing is printed."""
     import torch
-    from trainup import pipeline
+    from trainup.parallel import pipeline
     kept = [s for s in names if pipeline.runs_over_gloo(s)]
     left = [s for s in names if s not in kept]
     if left:
@@ -456,7 +457,7 @@ def runnable(names):
 
 def run_names(name, schedules):
     """The runs a job of these schedules writes, as the script names them (pipeline_runs)."""
-    from trainup.pipeline_runs import run_name
+    from trainup.parallel.pipeline_runs import run_name
     return [run_name(name, s, schedules) for s in schedules]
 
 

@@ -10,7 +10,8 @@ the ZeRO formulas. Lessons 09a1 and 09a2 read lesson 09's runs where it left the
 from pathlib import Path
 
 from trainup import LOG_DIR
-from trainup.sharding import FP32_ADAM, MIXED_ADAM, MODES, SHARDED, STAGES, ZERO_STAGE, expected
+from trainup.parallel.sharding import (FP32_ADAM, MIXED_ADAM, MODES, SHARDED, STAGES, ZERO_STAGE,
+                                       expected)
 
 from . import checks, jobs, launch
 from .log_reader import records as _records

@@ -9,12 +9,14 @@
 - gpumon:     GPU utilisation and memory sampled in the background during a run (nvitop)
 - preempt, spot: stop at a step to resume later (SIGTERM, --stop-signal); on a spot cloud machine,
               the cloud's notice turned into that signal (python -m trainup.spot -- <command>)
-- dataparallel, distributed: the plumbing of nn.DataParallel and of DDP (ranks, backends, ports, failures)
-- one module per lesson's mechanism, so that a script's diff against its parent is its lesson:
-  workers (Hogwild's processes), tuning (lesson 04a2's tuned DDP), hvd_group (Horovod's job),
-  lightning_* (Lightning's flags, run, log, checkpoint), pipeline and pipeline_runs (lessons 06
-  to 06c), sharding and tensor_parallel (lesson 09), experts (lesson 09e: mixture of experts),
-  compiled (lesson 09f: torch.compile on DDP)
+- distributed: the plumbing of a DDP job (ranks, backends, ports, failures)
+- workers (Hogwild's processes), tuning (lesson 04a2's tuned DDP), sweeps, flops, profiling:
+  one module per lesson's mechanism, so that a script's diff against its parent is its lesson
+- parallel/: the parallelisms' mechanisms, one module each (DataParallel's plumbing, ZeRO and FSDP
+  sharding, pipeline stages and schedules, tensor, context and expert parallelism, their 4-D
+  composition, torch.compile on DDP)
+- engines/: the engines beside torch.distributed (Horovod's job, Lightning's flags, run, log and
+  checkpoint, Fabric's run, Ray Train's run)
 
 What only the notebooks use (running lessons, tables, plots, one module per lesson) is the package
 beside this one, `lessons`.

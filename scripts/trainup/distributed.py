@@ -165,8 +165,8 @@ def pick_backend(requested, device_request):
 # imported. Imported after joining, as DDP's constructor imports it (through torch._dynamo), it would hold
 # the run's group past destroy_process_group() into the interpreter's shutdown, and its gloo threads with
 # it: one of them then ends the process with "terminate called without an active exception". Imported
-# before joining, it binds None. (ZeroRedundancyOptimizer's module does the same: trainup/sharding.py
-# imports it before joining.)
+# before joining, it binds None. (ZeroRedundancyOptimizer's module does the same:
+# trainup/parallel/sharding.py imports it before joining.)
 import torch.distributed.nn.functional  # noqa: E402,F401  (milliseconds)
 
 

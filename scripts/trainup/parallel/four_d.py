@@ -1,6 +1,6 @@
 """The plumbing of _trainup_4d.py: lesson 09c's transformer on a mesh of four dimensions
-(trainup/parallel_dims.py), each dimension applied as the course's lesson for it applies it, in
-torchtitan's order (torchtitan/models/llama3/infra/parallelize.py and pipeline.py):
+(trainup/parallel/parallel_dims.py), each dimension applied as the course's lesson for it applies
+it, in torchtitan's order (torchtitan/models/llama3/infra/parallelize.py and pipeline.py):
 
 1. pipeline ("pp"): every rank builds the whole model from the seed and keeps its stage, a run of
    consecutive layers (the embedding with the first, the norm and head with the last), as lesson
@@ -27,9 +27,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from . import checkpoint
+from .. import checkpoint
 from . import context_parallel as cp
-from .meter import Meter
+from ..meter import Meter
 from .parallel_dims import NAMES
 from . import tensor_parallel as tpar
 from . import tp_transformer

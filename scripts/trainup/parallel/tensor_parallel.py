@@ -19,8 +19,9 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import UserError, checkpoint, cli, sharding
-from .devices import synchronize
+from .. import UserError, checkpoint, cli
+from . import sharding
+from ..devices import synchronize
 
 # Megatron-LM's cut of an MLP: `up` by output features (each rank a slice of the hidden layer), `down` by
 # input features (each rank's slice gives a partial sum of the output; an all-reduce adds them up).

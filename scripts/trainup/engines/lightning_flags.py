@@ -4,8 +4,9 @@ devices and num_nodes come from when the flags are left out (torchrun's or SLURM
 import os
 import sys
 
-from . import UserError, cli, distributed, lightning_callbacks, lightning_compat
-from . import devices as trainup_devices
+from .. import UserError, cli, distributed
+from . import lightning_callbacks, lightning_compat
+from .. import devices as trainup_devices
 
 
 def add_launch(t):

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import ROOT, UserError, checkpoint, cli, devices, preempt
-from .distributed import Context
+from .. import ROOT, UserError, checkpoint, cli, devices, preempt
+from ..distributed import Context
 
 try:
     import ray

@@ -15,10 +15,10 @@ import sys
 
 import torch
 
-from . import UserError, cli, devices
-from .cli import positive
-from .distributed import Context, per_rank_batch
-from .meter import Meter
+from .. import UserError, cli, devices
+from ..cli import positive
+from ..distributed import Context, per_rank_batch
+from ..meter import Meter
 
 try:
     import horovod.torch as hvd

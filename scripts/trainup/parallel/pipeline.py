@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 from torch.utils.checkpoint import checkpoint
 
-from . import UserError, devices
-from .checkpoint import load_ranks, plain, save_ranks, whole
-from .meter import Meter
+from .. import UserError, devices
+from ..checkpoint import load_ranks, plain, save_ranks, whole
+from ..meter import Meter
 
 # name: (schedule class, stages a rank holds, how stages map to ranks)
 #   loop: rank r holds stages r, r+P, ...;  v: rank r holds r and 2P-1-r (the last stage, and the loss, on rank 0)

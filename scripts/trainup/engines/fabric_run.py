@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from . import UserError, distributed, lightning_compat, lightning_flags
+from .. import UserError, distributed
+from . import lightning_compat, lightning_flags
 
 
 def make(args):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import devices
+from .. import devices
 
 
 def visible_gpus():

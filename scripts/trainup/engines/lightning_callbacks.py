@@ -1,5 +1,5 @@
 """Lightning's own callbacks that a learner asks for by flag, on top of the course's (its log and
-checkpoint: trainup/lightning_log.py):
+checkpoint: trainup/engines/lightning_log.py):
 
     --keep-best K           ModelCheckpoint(monitor="test_loss", save_top_k=K): the K best
                             epochs' checkpoints in checkpoints/<run>-best/ (named by Lightning's
@@ -16,7 +16,7 @@ reduce_boolean_decision), so every rank stops together.
 import argparse
 from pathlib import Path
 
-from . import cli
+from .. import cli
 
 MONITOR = "test_loss"  # logged by validation_step, once an epoch
 

@@ -16,7 +16,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
-from . import UserError, preempt
+from .. import UserError, preempt
 
 
 def readable(ckpt):

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning import Callback
 
-from . import checkpoint, devices, metrics, preempt
+from .. import checkpoint, devices, metrics, preempt
 
 
 def _gathered(pl_module, meter):

@@ -16,7 +16,7 @@ torchtitan orders them the same way (pp, dp_replicate, dp_shard, cp, tp).
 """
 from dataclasses import dataclass
 
-from . import UserError, cli
+from .. import UserError, cli
 
 NAMES = ("pp", "dp", "cp", "tp")  # the mesh's dimensions, outermost first
 

@@ -9,7 +9,7 @@ import importlib.util
 
 from pytorch_lightning import Callback
 
-from . import gpumon
+from .. import gpumon
 
 
 def nvitop_callback():

@@ -1,11 +1,13 @@
 """Lesson 06's runs around the pipeline: its flags, one run per schedule in a job, the layout record
-in the log, and the --sweep over micro-batch counts. The pipeline itself is trainup/pipeline.py."""
+in the log, and the --sweep over micro-batch counts. The pipeline itself is
+trainup/parallel/pipeline.py."""
 import argparse
 import itertools
 
 import torch.distributed as dist
 
-from . import UserError, cli, data, pipeline
+from .. import UserError, cli, data
+from . import pipeline
 
 
 def schedule_list(text):

@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
-from . import UserError, cli
+from .. import UserError, cli
 
 
 def add_flags(p):

@@ -52,7 +52,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import UserError, cli
+from .. import UserError, cli
 
 ATTENTIONS = ("ring", "ulysses")
 
@@ -387,7 +387,7 @@ def self_check(world_rows=24, batch=2, heads_per_rank=2, head_dim=8, seed=0):
 
 
 if __name__ == "__main__":
-    # torchrun --nproc-per-node 2 -m trainup.context_parallel: the self-check on gloo
+    # torchrun --nproc-per-node 2 -m trainup.parallel.context_parallel: the self-check on gloo
     import json
     import os
     import sys

@@ -55,8 +55,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import UserError, checkpoint, cli
-from .transformer import MLP
+from .. import UserError, checkpoint, cli
+from ..transformer import MLP
 
 
 def add_flags(p):

@@ -17,8 +17,8 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from . import (UserError, distributed, lightning_callbacks, lightning_ckpt, lightning_flags,
-               lightning_gpustats, runlock)
+from .. import UserError, distributed, runlock
+from . import lightning_callbacks, lightning_ckpt, lightning_flags, lightning_gpustats
 from .lightning_log import CourseLog
 
 # Lightning's banners ("GPU available: ...", "Initializing distributed ...", "`Trainer.fit`

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from . import UserError, devices
+from .. import UserError, devices
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # DDPOptimizer's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, as DDP's): its

@@ -4,7 +4,7 @@ Lightning 2.0 removed the Trainer's device-count flags (gpus, num_processes, tpu
 `devices`) and the strategies dp (torch's DataParallel) and horovod; precision 16 became '16-mixed'.
 The sentences name the new spelling, or the course's lesson for what was removed.
 """
-from . import UserError
+from .. import UserError
 
 # Trainer flags Lightning 2 removed: the flag (as this script spells it) -> what to write now.
 REMOVED_FLAGS = {

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401  before joining: see distributed.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import UserError, checkpoint, cli, distributed
+from .. import UserError, checkpoint, cli, distributed
 
 # torch 2.13 names them *_single; older releases (a GPU machine's or Colab's torch) have only the old names
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
