@@ -332,3 +332,32 @@ def test_the_exercise_solution_of_lesson_08b(runs, tmp_path):
     s = solution("08b_tensorboard")
     back = s.ranks_to_tensorboard("ddp", tmp_path / "tb", runs)
     assert sorted(back) == [0, 1] and all(len(points) == 1 for points in back.values())
+
+
+def test_one_step_of_a_hand_made_trace_is_drawn_where_it_ran():
+    """Lesson 08a's picture of one step: the phases on the main thread, the collectives of the
+    other threads merged (the main thread's hand-off is a tick, not a bar), times from the step's
+    start; and its sentence, every number from those ranges. HAND_MADE's microseconds read as
+    milliseconds here (times 1000), with step 3's phases and its hand-off added."""
+    events = [
+        *HAND_MADE["traceEvents"],
+        X("phase:forward", 100, 50, cat="user_annotation"),
+        X("phase:backward", 150, 40, cat="user_annotation"),
+        X("c10d::allreduce_", 185, 1),  # after the collective: a tick, never a bar
+        X("phase:optimizer", 190, 10, cat="user_annotation"),
+    ]
+    trace = {"traceEvents": [dict(e, ts=e["ts"] * 1000, dur=e["dur"] * 1000) for e in events]}
+    table, launched, step_ms = traces.step_timeline(trace)  # the last recorded step: 100-200
+    assert [tuple(r) for r in table.itertuples(index=False)] == [
+        ("main thread", "forward", 0, 50),
+        ("main thread", "backward", 50, 90),
+        ("main thread", "optimizer", 90, 100),
+        ("collectives", "in flight", 40, 80),  # 140-180; 300-350 is after the step
+    ]
+    assert launched == [85] and step_ms == 100
+    assert traces.about_timeline(0, table, launched) == (
+        "Rank 0: backward() ran from 50.0 to 90.0 ms; DDP launched 1 of 1 all-reduce(s) inside "
+        "it, the first collective in flight from 40.0 ms, 50.0 ms before backward() returned."
+    )
+    fig = traces.timeline_plot({0: (table, launched, step_ms)}, "test_timeline")
+    assert len(fig.axes[0].patches) == 4 and fig.axes[0].lines  # four ranges, the tick

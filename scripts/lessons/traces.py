@@ -243,6 +243,80 @@ def split_plot(table, name, title="Where a step's time went, per rank"):
     return fig
 
 
+# --- one step, drawn ------------------------------------------------------------------------------
+
+PHASE_COLOURS = {"data": "0.75", "forward": "tab:blue", "backward": "tab:orange",
+                 "optimizer": "tab:green"}
+
+
+def step_timeline(trace, step=-1):
+    """One recorded step (the last by default) as ranges in milliseconds from the step's start:
+    rows (lane, part, start_ms, end_ms). Lane "main thread": the step's phases (phase:<name>
+    ranges, trainup/profiling.py). Lane "collectives": what was in flight, merged: on a CPU trace
+    the collectives on the threads that run them (gloo's), on a GPU trace the communication
+    kernels. launches: the main thread's c10d calls (DDP handing a bucket over), in ms."""
+    import pandas as pd
+    start, end = steps(trace)[step]
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e
+          and e.get("cat") != GPU_ANNOTATION]
+    main = next(e["tid"] for e in ev if e["name"].startswith("ProfilerStep#"))
+    if has_gpu_kernels(trace):
+        comm = [e for e in ev if e.get("cat") == "kernel" and is_comm(e)]
+    else:
+        comm = [e for e in ev if is_comm(e) and e["tid"] != main]
+    window = [(start, end)]
+    rows = [("main thread", p, a, b) for p, a, b in phase_ranges(trace) if start <= a < end]
+    rows += [("collectives", "in flight", a, b) for a, b in intersect(_ranges(comm), window)]
+    table = pd.DataFrame(rows, columns=["lane", "part", "start_ms", "end_ms"])
+    table[["start_ms", "end_ms"]] = (table[["start_ms", "end_ms"]] - start) / 1e3
+    launched = [(e["ts"] - start) / 1e3 for e in ev
+                if e["tid"] == main and e["name"].startswith("c10d::") and start <= e["ts"] < end]
+    return table, launched, (end - start) / 1e3
+
+
+def about_timeline(rank, table, launched):
+    """A sentence of what the drawn step holds, every number from the trace: backward()'s range,
+    the all-reduces DDP launched inside it, and how long before backward() returned the first
+    collective was already in flight."""
+    back = union([(a, b) for _, a, b in table.loc[table["part"] == "backward",
+                                                  ["start_ms", "end_ms"]].itertuples()])
+    comm = union([(a, b) for _, a, b in table.loc[table["lane"] == "collectives",
+                                                  ["start_ms", "end_ms"]].itertuples()])
+    if not back or not comm:
+        return f"Rank {rank}: the drawn step has no backward range or no collective to compare."
+    inside = sum(back[0][0] <= t <= back[-1][1] for t in launched)
+    return (f"Rank {rank}: backward() ran from {back[0][0]:.1f} to {back[-1][1]:.1f} ms; DDP "
+            f"launched {inside} of {len(launched)} all-reduce(s) inside it, the first collective "
+            f"in flight from {comm[0][0]:.1f} ms, {back[-1][1] - comm[0][0]:.1f} ms before "
+            f"backward() returned.")
+
+
+def timeline_plot(by_rank, name, title="One DDP step, per rank: backward and the all-reduce"):
+    """Per rank, two lanes over one step: the main thread's phases and the collectives in
+    flight; a tick where DDP launched a bucket's all-reduce. by_rank: {rank: step_timeline()}."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.9 * len(by_rank)))
+    labels = []
+    for i, (rank, (table, launched, _)) in enumerate(sorted(by_rank.items())):
+        y_main, y_comm = 2 * i + 1, 2 * i
+        for _, r in table.iterrows():
+            y = y_main if r["lane"] == "main thread" else y_comm
+            colour = PHASE_COLOURS.get(r["part"], "tab:red")
+            ax.barh(y, r["end_ms"] - r["start_ms"], left=r["start_ms"], height=0.7, color=colour)
+        ax.plot(launched, [y_main + 0.45] * len(launched), "v", color="black", markersize=5)
+        labels += [(y_comm, f"rank {rank}: collectives"), (y_main, f"rank {rank}: main thread")]
+    ax.set_yticks([y for y, _ in labels], [text for _, text in labels])
+    ax.set(xlabel="milliseconds from the step's start", title=title)
+    handles = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
+    handles += [Patch(color="tab:red", label="all-reduce in flight"),
+                plt.Line2D([], [], marker="v", color="black", linestyle="", label="bucket launched")]
+    ax.legend(handles=handles, fontsize="small", ncol=3, loc="upper center",
+              bbox_to_anchor=(0.5, -0.35))
+    save(fig, name)
+    return fig
+
+
 # --- top operators --------------------------------------------------------------------------------------
 
 def self_times(events):
