@@ -325,6 +325,13 @@ def test_a_node_that_timed_out_starting_is_ended_and_started_once_more(monkeypat
     with pytest.raises(UserError, match="^Ray's dashboard did not start 2 times .* quieter$"):
         ray_run.start({})
 
+    def dashboard_silent(**kwargs):  # its logs both empty: Ray cannot show their last lines
+        raise Exception("Failed to read dashboard.err file: cannot mmap an empty file. It is ...")
+
+    monkeypatch.setattr(ray_run.ray, "init", dashboard_silent)
+    with pytest.raises(UserError, match="^Ray's dashboard did not start 2 times .* quieter$"):
+        ray_run.start({})
+
     def other(**kwargs):
         raise Exception("something else")
 
@@ -344,6 +351,9 @@ def test_the_words_of_a_late_start_are_rays_own():
     assert ray_drill.NODE_LATE == ray_run.NODE_LATE and ray_run.NODE_LATE in inspect.getsource(node)
     assert ray_drill.DASHBOARD_LATE == ray_run.DASHBOARD_LATE
     assert ray_run.DASHBOARD_LATE in inspect.getsource(services)
+    assert ray_drill.DASHBOARD_SILENT == ray_run.DASHBOARD_SILENT
+    assert ray_run.DASHBOARD_SILENT in inspect.getsource(services)
+    assert ray_drill.late(f"Exception: {ray_drill.DASHBOARD_SILENT}: cannot mmap an empty file")
 
 
 def test_a_node_late_on_a_loaded_machine_runs_again_once_the_load_falls(monkeypatch, tmp_path):

@@ -59,13 +59,14 @@ class Drill:
 # waits for the load to fall and runs again.
 NODE_LATE = "timed out during startup"  # ray_run.NODE_LATE (importing it imports Ray)
 DASHBOARD_LATE = "(it contains the error message from the dashboard)"  # ray_run.DASHBOARD_LATE
+DASHBOARD_SILENT = "Failed to read dashboard.err file"  # ray_run.DASHBOARD_SILENT
 STARTS = 3
 CALM_WAIT_S = 120
 
 
 def late(output):
     """Whether the driver's output says Ray's start missed one of Ray's own waits."""
-    return NODE_LATE in output or DASHBOARD_LATE in output
+    return any(words in output for words in (NODE_LATE, DASHBOARD_LATE, DASHBOARD_SILENT))
 
 
 def calm(wait_s=CALM_WAIT_S, poll_s=5):

@@ -140,6 +140,8 @@ NODE_LATE = "timed out during startup"  # Ray's words (ray/_private/node.py)
 # Ray's heading above the last lines of dashboard.log, raised when its dashboard did not come up
 # within RAY_DASHBOARD_STARTUP_TIMEOUT_S (60 s) or exited (ray/_private/services.py)
 DASHBOARD_LATE = "(it contains the error message from the dashboard)"
+# raised instead when the dashboard died before writing either of its logs (both empty)
+DASHBOARD_SILENT = "Failed to read dashboard.err file"
 # for each start Ray gave up on: what to say once, and for good
 LATE = {
     NODE_LATE: ("Ray's node did not register within Ray's 30 s",
@@ -150,6 +152,7 @@ LATE = {
                      "RAY_DASHBOARD_STARTUP_TIMEOUT_S): this machine is too busy, or the "
                      "dashboard fails; run again once it is quieter"),
 }
+LATE[DASHBOARD_SILENT] = LATE[DASHBOARD_LATE]
 
 
 def start(init, tries=2):
