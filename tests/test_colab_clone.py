@@ -329,7 +329,7 @@ LESSONS = {
     ),
     "03_data_parallel": (
         [
-            whole("from trainup import LOG_DIR, dataparallel"),
+            whole("from trainup.parallel import dataparallel"),
             call(
                 'cpu_run = report.run("_trainup_dp.py", name="dp_here_cpu", '
                 'env={"CUDA_VISIBLE_DEVICES": ""})'

@@ -1199,7 +1199,7 @@ def test_experts_that_drop_tokens_are_not_held_to_one_process(tmp_path):
     assert sr.performance(runs).set_index("run").loc["moe_drops", "no_speedup"] == sr.UNMATCHED
 
 
-def test_no_stored_sentence_of_notebook_10_claims_an_efficiency_above_120_percent():
+def test_no_stored_sentence_of_notebook_10_claims_more_than_perfect_efficiency():
     """What notebooks 10 and 10a show a learner, stored: every efficiency they state is one a
     baseline can give (10a holds the recommendation, whose sentences state them)."""
     for name in ("10_scaling_report.ipynb", "10a_same_model.ipynb"):

@@ -54,8 +54,9 @@ SAME_SETUP = ("precision", "monitor", "profile")
 # A flag left out means the script's default: a script without --accumulate takes whole batches.
 WORK_DEFAULTS = dict(accumulate=1, compile=False, compile_mode="default")
 # Above this efficiency the "one device" did other work than the run, whatever the flags say (a loaded
-# machine, another data path): such a row is shown without speedup, never recommended.
-COMPARABLE_EFFICIENCY = 1.2
+# machine, another data path): N devices more than N times as fast as one would need a cache or memory
+# effect the course does not measure. Such a row is shown without speedup, never recommended.
+COMPARABLE_EFFICIENCY = 1.0
 # Lesson records whose fields say how a run was laid out (a flag's default is worked out in the script).
 LAYOUT_RECORDS = {"tp": ("tp", "dp")}
 FLOAT64 = ("64", "64-true", "double")  # --precision's spellings of float64 (Lightning's too)
