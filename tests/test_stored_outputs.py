@@ -380,3 +380,57 @@ def test_the_stray_value_check_finds_a_name_and_leaves_a_table():
         ]
     }
     assert list(bare_values(notebook)) == [(0, "'fourd_16'")]
+
+
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+
+
+def stored_label(notebook):
+    """The opening's Stored outputs bullet, unwrapped, or None."""
+    cells = notebook["cells"]
+    title = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("# "))
+    opening = "".join(cells[title + 1]["source"])
+    found = re.search(re.escape(stored_notebook.LABEL) + r"(.*?)(?=\n- |\Z)", opening, re.S)
+    return " ".join(found.group(1).split()) if found else None
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_every_lesson_says_what_run_its_stored_outputs_come_from(path):
+    """A learner reads the stored outputs before running anything: the opening says whether they
+    come from full-length or quick runs, on what machine and day, as the metadata records."""
+    notebook = json.loads(path.read_text())
+    stored = notebook["metadata"].get("trainup", {})
+    label = stored_label(notebook)
+    assert label, f"{path.name}: no '{stored_notebook.LABEL.strip()}' bullet in its opening"
+    assert stored.get("mode") in stored_notebook.MODES, f"{path.name}: no stored mode"
+    said = f"from {stored_notebook.MODES[stored['mode']]} on {stored['machine']}, {stored['date']}"
+    assert label.startswith(said), (label, said)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", stored["date"])
+
+
+@pytest.mark.parametrize("quick", ["1", "0"])
+def test_the_store_tool_labels_the_run_once(tmp_path, quick):
+    plan = "- **You will learn:** a thing.\n- **Time:** about 1 min in quick mode."
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# 99 · A lesson"]},
+        {"cell_type": "markdown", "metadata": {}, "source": plan.splitlines(keepends=True)},
+    ]
+    path = tmp_path / "99_lesson.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}}))
+    for _ in range(2):  # stored again: the bullet is replaced, not added
+        subprocess.run(
+            [sys.executable, "tools/stored_notebook.py", str(path), "0.5", "0.7", "2"],
+            cwd=ROOT,
+            check=True,
+            timeout=60,
+            env={**os.environ, "TRAINUP_QUICK": quick},
+        )
+    stored = json.loads(path.read_text())
+    opening = "".join(stored["cells"][1]["source"])
+    assert opening.startswith(plan + "\n" + stored_notebook.LABEL)
+    assert opening.count(stored_notebook.LABEL) == 1
+    mode = "quick" if quick == "1" else "full"
+    assert stored["metadata"]["trainup"]["mode"] == mode
+    assert stored_label(stored).startswith(f"from {stored_notebook.MODES[mode]} on 2 CPU cores")
+    assert "load average 0.5 at the start, 0.7 at the end" in stored_label(stored)
+    test_every_lesson_says_what_run_its_stored_outputs_come_from(path)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Store a notebook's outputs from a quick run (what nbval compares against): executes each notebook
-# given (default: all) in place, in quick mode, from its own folder. Only on a quiet machine: the stored
-# outputs are what a learner reads before running anything, so it waits for the load average to fall
-# to the cores (the course's one threshold, lessons/claims.py), and refuses if it does not.
+# Store a notebook's outputs (what a learner reads before running anything, and what nbval compares
+# its tagged cells against): executes each notebook given (default: all) in place, from its own
+# folder, with full-length runs; TRAINUP_QUICK=1 stores quick runs instead. The notebook's opening
+# then says which (tools/stored_notebook.py). Only on a quiet machine: it waits for the load average
+# to fall to the cores (the course's one threshold, lessons/claims.py), and refuses if it does not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export TRAINUP_QUICK=1
+export TRAINUP_QUICK=${TRAINUP_QUICK:-0}
 WAIT_S=${TRAINUP_STORE_WAIT_S:-300}  # a notebook just stored leaves its own load: it decays in minutes
 cores=$(nproc)
 LOADAVG=${TRAINUP_LOADAVG_FILE:-/proc/loadavg}  # another file: tests/test_stored_outputs.py

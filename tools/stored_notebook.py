@@ -1,6 +1,7 @@
 """What tools/store_outputs.sh does to a notebook once it has run: the outputs a reader of the
 stored notebook (on GitHub, nbviewer, a course page) would see dead are replaced by a sentence,
-and the notebook says what load its stored timings were taken under.
+and the notebook says, in a bullet of its opening a reader sees and in its metadata, what run its
+outputs come from: full-length or quick mode, on which machine, on which day, under what load.
 
 `%tensorboard` shows the dashboard in an iframe onto the server the cell started (tensorboard's
 notebook.py): stored, the frame points at a port on the reader's own machine and shows nothing.
@@ -13,9 +14,13 @@ the scripts as they are: --diffs stores what that cell shows now (launch.code_bl
 for a script edited after the notebook last ran; nothing else of the notebook changes.
 """
 
+import datetime
 import json
+import os
 import re
+import subprocess
 import sys
+import textwrap
 
 FRAME = "tensorboard-frame-"  # the id of the iframe tensorboard's notebook extension writes
 LIVE_ONLY = (
@@ -86,14 +91,85 @@ def diffs(paths):
         print(f"{path}: {changed} diff(s) stored again")
 
 
+LABEL = "- **Stored outputs:** "  # the opening's bullet that says what run a reader sees
+MODES = {"full": "full-length runs (TRAINUP_QUICK=0)", "quick": "quick runs (TRAINUP_QUICK=1)"}
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+        return found.group(1).strip() if found else None
+    except OSError:
+        return None
+
+
+def gpu_names():
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return (
+        [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+        if (listed.returncode == 0)
+        else []
+    )
+
+
+def machine(cores):
+    """This machine in words: its cores, CPU model and GPUs."""
+    gpus = gpu_names()
+    on_gpus = f"{len(gpus)} GPU ({', '.join(sorted(set(gpus)))})" if gpus else "no GPU"
+    model = cpu_model()
+    return f"{cores} CPU cores{f' ({model})' if model else ''}, {on_gpus}"
+
+
+def labelled(notebook, mode, where, day, start, end, cores):
+    """The notebook with its metadata and its opening's Stored outputs bullet (the cell of the
+    plan, after the title) saying what run its outputs come from."""
+    load = (
+        f"load average {start} at the start, {end} at the end"
+        if start is not None
+        else "load average not recorded"
+    )
+    notebook["metadata"]["trainup"] = {
+        "mode": mode,
+        "machine": where,
+        "date": day,
+        "stored_under": f"{load}, on {cores} cores",
+    }
+    cells = notebook["cells"]
+    title = next(
+        (
+            i
+            for i, c in enumerate(cells)
+            if c["cell_type"] == "markdown" and re.match(r"# \w+ ·", "".join(c["source"]))
+        ),
+        None,
+    )
+    if title is None or title + 1 >= len(cells) or cells[title + 1]["cell_type"] != "markdown":
+        return notebook  # not a lesson: no opening to label
+    sentence = f"from {MODES[mode]} on {where}, {day}, {load}."
+    text = "".join(cells[title + 1]["source"]).rstrip("\n")
+    # the bullet stored before, with its wrapped lines, gives way to today's
+    text = re.sub(r"\n" + re.escape(LABEL) + r".*?(?=\n- |\Z)", "", text, flags=re.S)
+    bullet = textwrap.fill(LABEL + sentence, width=100, subsequent_indent="  ")
+    cells[title + 1]["source"] = (text + "\n" + bullet).splitlines(keepends=True)
+    return notebook
+
+
 def main(path, start, end, cores):
     with open(path) as f:
         notebook = json.load(f)
     notebook, _ = without_dead_frames(notebook)
-    notebook["metadata"]["trainup"] = {
-        "stored_under": f"load average {start} at the start, {end} at the end, on {cores} cores"
-    }
-    write(path, notebook)
+    mode = "quick" if os.environ.get("TRAINUP_QUICK", "0") == "1" else "full"
+    day = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    write(path, labelled(notebook, mode, machine(cores), day, start, end, cores))
 
 
 if __name__ == "__main__":
