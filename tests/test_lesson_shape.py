@@ -191,10 +191,16 @@ MOST_SCREENS = 10
 LONGER = {}
 
 
+# a link whose text is a small badge image (Colab's "Open In Colab"), alone on its line
+BADGE = re.compile(r"\[!\[[^\]]*\]\([^)\s]*badge[^)\s]*\.svg\)\]\([^)\s]+\)")
+
+
 def markdown_lines(text):
     lines = 1  # the space between cells
     for line in text.splitlines():
-        if re.search(r"!\[[^\]]*\]\(|<img\b", line):
+        if BADGE.fullmatch(line.strip()):
+            lines += 1  # a badge is one line of type tall, not a figure
+        elif re.search(r"!\[[^\]]*\]\(|<img\b", line):
             lines += IMAGE
         elif line.startswith("#"):
             lines += 2  # a heading: larger type, space above
@@ -261,6 +267,14 @@ def test_the_screen_count_adds_what_a_reader_scrolls_past(tmp_path):
         "metadata": {},
         "source": ["# A heading\n", "x" * 250 + "\n", "\n", "![plot](p.png)"],
     }
+    badge = {
+        "cell_type": "markdown",
+        "metadata": {},
+        "source": [
+            "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            "(https://colab.research.google.com/github/o/r/blob/main/notebooks/99_x.ipynb)"
+        ],
+    }
     code = {
         "cell_type": "code",
         "metadata": {},
@@ -275,8 +289,8 @@ def test_the_screen_count_adds_what_a_reader_scrolls_past(tmp_path):
         ],
     }
     path = tmp_path / "99_x.ipynb"
-    path.write_text(json.dumps({"cells": [prose, code]}))
-    expected = (1 + 2 + 3 + 1 + IMAGE) + (2 + 1 + SCROLL_BOX + IMAGE)
+    path.write_text(json.dumps({"cells": [badge, prose, code]}))
+    expected = (1 + 1) + (1 + 2 + 3 + 1 + IMAGE) + (2 + 1 + SCROLL_BOX + IMAGE)
     assert screens(path) == expected / SCREEN
     cells = math.floor(MOST_SCREENS * SCREEN / (2 + 1 + SCROLL_BOX + IMAGE)) + 1
     path.write_text(json.dumps({"cells": [code] * cells}))
