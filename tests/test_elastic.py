@@ -86,3 +86,18 @@ def test_a_finished_drill_reads_back_from_its_files(drill):
     drill, _ = drill
     assert elastic.load("elastic", drill.log.parent, drill.checkpoint_dir) == drill
     assert elastic.load("no_such_drill", drill.log.parent, drill.checkpoint_dir) is None
+
+
+def test_the_membership_picture_draws_the_logs_starts_over_time(drill):
+    d, _ = drill
+    starts, lives, marks = elastic.spans(d)
+    assert [s["world_size"] for s in starts] == elastic.membership(d.log).world_size.tolist()
+    assert [s["nodes"] for s in starts] == [["node A", "node B"], ["node A"], ["node A", "node B"]]
+    assert all(
+        a["end_s"] <= b["start_s"] for a, b in zip(starts, starts[1:])
+    )  # nobody trains between
+    assert starts[0]["end_s"] == marks["killed"] and starts[1]["start_s"] <= marks["back"]
+    ax = elastic.plot_membership(d, "test_elastic_membership").axes[0]
+    assert len(ax.patches) == 5  # a bar per node per start: 2 + 1 + 2
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["node A", "node B"]
+    assert "seconds" in ax.get_xlabel() and "membership" in ax.get_title()

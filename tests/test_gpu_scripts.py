@@ -555,3 +555,17 @@ def test_gpu_throughput_leaves_out_the_first_epoch(tmp_path):
     one.write_text("\n".join(kept) + "\n")
     assert gpu.warm_throughput(one) == pytest.approx(epochs[0]["samples"] / epochs[0]["wall_s"])
     assert gpu.first_epochs(gpu.runs([one])) == []
+
+
+def test_the_dataparallel_picture_draws_torchs_steps_and_chunks_pieces():
+    step = gpu.dp_step(batch=6, gpus=4)
+    assert (
+        step["pieces"] == [2, 2, 2, 0] and step["replicas"] == 3
+    )  # replicate: only GPUs with a piece
+    fig = gpu.plot_dp_step(step, "test_dp_step")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(gpu.DP_STEPS)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"GPU {g}" for g in range(4)]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("nothing") == 4 and texts.count("2 samples copied here") == 3
+    assert "a batch of 6 on 4 GPUs" in ax.get_title() and "optimizer" in ax.get_xlabel()

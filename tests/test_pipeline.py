@@ -225,6 +225,22 @@ def test_pipelines_side_by_side_split_the_batch_and_place_ranks(runs):
     ]
 
 
+@pytest.mark.jobs("s")
+def test_the_cut_picture_draws_the_stages_and_micro_batches_the_run_logged(runs):
+    rec = lesson.layout("s_interleaved1f1b", log_dir=runs)
+    fig = lesson.plot_cut("s_interleaved1f1b", "test_pp_cut", log_dir=runs)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    held = {s: p["rank"] for p in rec["placement"] for s in p["stages"]}
+    assert [t for t in texts if t.startswith("stage ")] == [
+        f"stage {s} on rank {held[s]}" for s in range(rec["stages"])
+    ]
+    assert rec["stages"] == 4 and held == {0: 0, 1: 1, 2: 0, 3: 1}  # looped: 2 stages a rank
+    assert [str(k) for k in range(rec["microbatches"])] == [t for t in texts if t.isdigit()]
+    assert f"of {rec['microbatch_size']} samples" in " ".join(texts)
+    blocks = [t for t in texts if t.startswith("block ")]
+    assert len(blocks) == rec["blocks"] and "stem" in texts and "head, loss" in texts
+
+
 @pytest.mark.jobs("manual")
 def test_the_manual_halves_wait_for_each_other(runs):
     log_dir = runs

@@ -221,6 +221,17 @@ def test_when_tp_pays_adds_up_the_measured_step(runs):
     assert "everything else" in split["sentence"]
 
 
+def test_the_cut_picture_draws_the_runs_plan_on_each_rank(runs):
+    cfg = lesson.layout("tp_2", runs)
+    fig = lesson.plot_cuts("tp_2", "test_tp_cuts", runs)
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert [f"rank {r}" in texts for r in range(cfg["tp"] + 1)] == [True] * cfg["tp"] + [False]
+    assert f"{cfg['width']} x {cfg['hidden']}: its columns" in texts  # up: colwise
+    assert f"{cfg['hidden']} x {cfg['width']}: its rows" in texts  # down: rowwise
+    assert f"batch x {cfg['hidden'] // cfg['tp']}" in texts and "one all-reduce" in texts
+    assert texts.count("ColwiseParallel") == texts.count("RowwiseParallel") == cfg["tp"]
+
+
 def test_the_exercise_solution_matches_the_measured_bytes(runs):
     path = ROOT / "notebooks" / "solutions" / "09c_tensor_parallel.py"  # lesson 09c's exercises
     spec = importlib.util.spec_from_file_location("solution_09c_tp", path)

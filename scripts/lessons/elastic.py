@@ -33,7 +33,7 @@ from trainup import ROOT
 from trainup.distributed import free_port
 from . import checks
 from .launch import HOST, TORCHRUN, environment, torchrun_flags
-from .report import QUICK, failed
+from .report import QUICK, failed, save
 
 # The job: lesson 04's DDP script, float64 with no dropout so that its end can be compared with one
 # process at float64's tolerance whatever the world size did (dropout masks follow the ranks, and
@@ -319,6 +319,69 @@ def costs(d):
     return dict(
         restart_after_loss_s=alone - killed, training_lost_s=killed - saved, rejoin_s=again - back
     )
+
+
+
+def spans(d):
+    """The drill's membership over time, from its log and its record, in seconds from the job's
+    first start (membership's zero): each start's training span (to the record that ended it: a
+    stop, the end, or for the start the kill hit, the kill) with its world size and the nodes in it
+    (a start of 1 is node A's: node B was killed before it and came back after it), and each
+    node's own span, from its launch to its kill or the job's end."""
+    rows = records(d.log)
+    t0 = next(r["time"] for r in rows if r["type"] == "ddp")
+    killed, back = d.events["node B killed"] - t0, d.events["node B again started"] - t0
+    out, start = [], None
+    for r in rows:
+        if r["type"] == "ddp":
+            if start is not None:  # no record ended it: the kill did
+                out.append(dict(start, end_s=killed))
+            start = dict(start_s=r["time"] - t0, world_size=r["world_size"])
+        elif r["type"] == "summary" and start is not None:
+            out.append(dict(start, end_s=r["time"] - t0, status=r["status"]))
+            start = None
+    for s in out:
+        alone = s["world_size"] == 1 and killed <= s["start_s"] <= back
+        s["nodes"] = ["node A"] if alone else ["node A", "node B"][: s["world_size"]]
+    end = out[-1]["end_s"]
+    lives = {"node A": [(d.events["node A started"] - t0, end)],
+             "node B": [(d.events["node B started"] - t0, killed), (back, end)]}
+    return out, lives, dict(killed=killed, back=back)
+
+
+def plot_membership(d, image):
+    """spans(d) drawn: a row a node, a thin line while its torchrun runs, a thick bar while it
+    trains in the job, labelled with the world size; the kill and the return marked; saved to
+    images/<image>.png."""
+    import matplotlib.pyplot as plt
+    out, lives, marks = spans(d)
+    nodes = list(lives)
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    for row, node in enumerate(nodes):
+        for a, b in lives[node]:
+            ax.plot([a, b], [row, row], color="0.6", lw=1.5)
+    for s in out:
+        for node in s["nodes"]:
+            row = nodes.index(node)
+            ax.barh(row, s["end_s"] - s["start_s"], left=s["start_s"], height=0.45,
+                    color=f"C{s['world_size'] - 1}", alpha=0.75)
+        ax.text((s["start_s"] + s["end_s"]) / 2, len(nodes) - 0.55,
+                f"{s['world_size']} node{'s' * (s['world_size'] > 1)}", ha="center", fontsize=8)
+    for a, b in zip(out, out[1:]):  # between two starts nobody trains
+        ax.text((a["end_s"] + b["start_s"]) / 2, 0.5, "new\nrendezvous", ha="center",
+                va="center", fontsize=7, color="0.35")
+    for what, t, colour, side in (("node B killed ", marks["killed"], "C3", "right"),
+                                  (" node B back", marks["back"], "C2", "left")):
+        ax.axvline(t, color=colour, ls="--", lw=1)
+        ax.text(t, -0.6, what, color=colour, ha=side, va="center", fontsize=8)
+    ax.set_yticks(range(len(nodes)), nodes)
+    ax.set_ylim(len(nodes) - 0.3, -0.95)
+    ax.set_xlabel("seconds since the job's first start (grey line: the node's torchrun runs; "
+                  "bar: it trains in the job)", fontsize=8)
+    ax.set_title("The elastic drill's membership, from its log: 2 nodes, 1 after the kill, "
+                 "2 again after the return", fontsize=10)
+    save(fig, image)
+    return fig
 
 
 # A spot (preemptible) machine comes with a notice before the cloud takes it back: two minutes on

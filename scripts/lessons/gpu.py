@@ -258,3 +258,57 @@ def plot_phases(table, name, title="One DataParallel step, phase by phase"):
     ax.grid(alpha=0.3, axis="x")
     report.save(fig, name)
     return fig
+
+
+DP_STEPS = ("1 scatter", "2 replicate", "3 parallel_apply", "4 gather")
+
+
+def dp_step(batch, gpus):
+    """What DataParallel.forward does with a batch of `batch` samples on `gpus` GPUs, step by step
+    (torch/nn/parallel/data_parallel.py): the pieces scatter cuts (as torch.chunk does), and the
+    GPUs that get a replica: only those with a piece (replicate takes device_ids[:len(inputs)])."""
+    import torch
+    pieces = [len(p) for p in torch.arange(batch).chunk(gpus)]
+    return dict(batch=batch, gpus=gpus, pieces=pieces + [0] * (gpus - len(pieces)),
+                replicas=len(pieces))
+
+
+def plot_dp_step(step, name):
+    """dp_step drawn: a row a GPU, a column a step of one forward, in the order DataParallel takes
+    them; saved to images/<name>.png."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+    gpus, pieces = step["gpus"], step["pieces"]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.75 * gpus))
+    colours = dict(piece="C0", model="C1", compute="C2", out="C3", none="0.85")
+
+    def box(col, row, text, kind):
+        ax.add_patch(FancyBboxPatch((col * 2.6 + 0.1, -row - 0.35), 2.2, 0.7, fc=colours[kind],
+                                    alpha=0.35 if kind != "none" else 1, ec="0.3",
+                                    boxstyle="round,pad=0.02"))
+        ax.text(col * 2.6 + 1.2, -row, text, ha="center", va="center", fontsize=8)
+
+    for g, n in enumerate(pieces):
+        if not n:  # no piece: no replica, no thread, nothing to gather
+            for col in range(4):
+                box(col, g, "nothing", "none")
+            continue
+        box(0, g, f"{n} sample{'s' * (n > 1)} copied here", "piece")
+        box(1, g, "GPU 0's model" if g == 0 else "a copy of GPU 0's model", "model")
+        box(2, g, f"thread {g}: forward on {n}", "compute")
+        box(3, g, f"all {step['batch']} outputs, the loss" if g == 0 else "output sent to GPU 0",
+            "out")
+    ax.set_yticks([-g for g in range(gpus)], [f"GPU {g}" for g in range(gpus)])
+    ax.set_xticks([c * 2.6 + 1.2 for c in range(4)], DP_STEPS)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_xlim(0, 4 * 2.6)
+    ax.set_ylim(-gpus + 0.45, 0.55)
+    ax.set_xlabel("backward: each replica's gradients are summed into GPU 0's model, where the "
+                  "optimizer steps; the next forward copies the model again", fontsize=8)
+    ax.set_title(f"One DataParallel forward, one process: a batch of {step['batch']} on {gpus} "
+                 f"GPUs, the model copied every step", fontsize=10, pad=22)
+    report.save(fig, name)
+    return fig

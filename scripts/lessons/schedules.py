@@ -538,3 +538,49 @@ def sweep_on_gpus(batch, size, gpus=None, quick=None):
           f"only. " + gpu.about_references(f"{GPU_SWEEP}_gpipe"))
     found = gpu.references(f"{GPU_SWEEP}_gpipe")
     return {p.parent.name: bubble_table([f"{GPU_SWEEP}_gpipe", f"{GPU_SWEEP}_1f1b"], p.parent) for p in found}
+
+
+def plot_cut(name, image, log_dir=LOG_DIR):
+    """The run's cut, from its 'pipeline' record: the model's layers left to right (stem, blocks,
+    head), each stage's blocks on the rank that holds it, and the batch cut into micro-batches that
+    flow through the stages; saved to images/<image>.png."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+    cfg = layout(name, log_dir)
+    where = {s: p["rank"] for p in cfg["placement"] if p["pipeline"] == 0 for s in p["stages"]}
+    n, m = cfg["stages"], cfg["microbatches"]
+    layers = 2 + cfg["blocks"]  # the stem, the blocks, the head (with the loss)
+    fig, ax = plt.subplots(figsize=(10, 2.9))
+    for s, (first, end) in enumerate(cfg["stage_blocks"]):
+        a = first + (s > 0)  # slots: the stem is slot 0, block i slot i + 1, the head the last
+        b = end + 1 + (s == n - 1)
+        ax.add_patch(Rectangle((a + 0.05, -0.15), b - a - 0.1, 1.3, fc=f"C{where[s]}", alpha=0.18,
+                               ec=f"C{where[s]}"))
+        ax.text((a + b) / 2, 1.25, f"stage {s} on rank {where[s]}", ha="center", fontsize=9)
+        if s < n - 1:
+            ax.add_patch(FancyArrowPatch((b - 0.6, 1.0), (b + 0.6, 1.0), arrowstyle="-|>",
+                                         mutation_scale=14, color="0.2", lw=1.5, zorder=5))
+            ax.add_patch(FancyArrowPatch((b + 0.6, 0.0), (b - 0.6, 0.0), arrowstyle="-|>",
+                                         mutation_scale=14, color="C3", lw=1.5, zorder=5))
+    names = ["stem"] + [f"block {i}" for i in range(cfg["blocks"])] + ["head, loss"]
+    for i, label in enumerate(names):
+        ax.add_patch(Rectangle((i + 0.15, 0.1), 0.7, 0.8, fc="white", ec="0.4"))
+        ax.text(i + 0.5, 0.5, label, ha="center", va="center", fontsize=7, rotation=90)
+    size = cfg["microbatch_size"]
+    for k in range(m):  # the micro-batches wait at the first stage's door, in order
+        ax.add_patch(Rectangle((-1.1 - 0.45 * k, 0.25), 0.35, 0.5, fc="C2", alpha=0.5, ec="C2"))
+        ax.text(-0.93 - 0.45 * k, 0.5, str(k), ha="center", va="center", fontsize=8)
+    ax.add_patch(FancyArrowPatch((-0.65, 0.5), (0.1, 0.5), arrowstyle="-|>", mutation_scale=14,
+                                 color="C2", lw=1.5))
+    ax.text(-0.75 - 0.225 * m, -0.05, f"{m} micro-batches\nof {size} samples", ha="center",
+            va="top", fontsize=8)
+    ax.text(layers / 2, -0.35, "black arrow: a micro-batch's activations sent forward;  red: the "
+            "gradient of that input sent back", ha="center", va="top", fontsize=8)
+    ax.set_xlim(-1.3 - 0.45 * m, layers + 0.2)
+    ax.set_ylim(-0.75, 1.55)
+    ax.axis("off")
+    per = cfg["stages_per_rank"]
+    ax.set_title(f"{name}: {cfg['blocks']} blocks cut into {n} stages on {cfg['pipeline_ranks']} "
+                 f"ranks ({per} each); each batch cut into {m} micro-batches", fontsize=10)
+    save(fig, image)
+    return fig

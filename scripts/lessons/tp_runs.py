@@ -214,3 +214,64 @@ def processes_note(processes, cores):
         return f"{processes} processes ran on {cores} core(s), one each."
     return (f"{processes} processes ran on {cores} core(s), {processes / cores:.0f} per core: they took turns, so "
             f"this run shows the layout and its correctness, not its speed; the model is kept tiny for that reason.")
+
+
+def plot_cuts(name, image, log_dir=LOG_DIR):
+    """The run's plan drawn for one MLP block, from its 'tp' record: a row a rank of one tp group,
+    X (every rank the same) times its columns of A (up, colwise: weight Shard(0) of the Linear's
+    out x in, so Y = XA's columns), relu, times its rows of B (down, rowwise: Shard(1)) gives a
+    partial sum; one all-reduce adds them. Saved to images/<image>.png."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+    cfg = layout(name, log_dir)
+    tp, width, hidden = cfg["tp"], cfg["width"], cfg["hidden"]
+    assert cfg["plan"] == {"up": "colwise", "down": "rowwise"}, cfg["plan"]
+    unit = 1.6 / max(width, hidden)  # the matrices drawn to scale
+    w, h, rows = width * unit, hidden * unit, 0.5  # X's rows: a batch, drawn at one height
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 1.4 * tp))
+
+    def matrix(x, y, cols, height, part=None, parts=1, by="columns", colour="0.6", text=""):
+        ax.add_patch(Rectangle((x, y - height / 2), cols, height, fc="white", ec="0.4"))
+        if part is None:
+            ax.add_patch(Rectangle((x, y - height / 2), cols, height, fc=colour, alpha=0.35))
+        elif by == "columns":
+            ax.add_patch(Rectangle((x + part * cols / parts, y - height / 2), cols / parts, height,
+                                   fc=colour, alpha=0.6))
+        else:
+            ax.add_patch(Rectangle((x, y + height / 2 - (part + 1) * height / parts), cols,
+                                   height / parts, fc=colour, alpha=0.6))
+        ax.text(x + cols / 2, y - height / 2 - 0.08, text, ha="center", va="top", fontsize=7)
+
+    step = 2.1 * max(w, h, 0.8)
+    for r in range(tp):
+        y, c = -r * 2.4, f"C{r}"
+        matrix(0, y, w, rows, text=f"X: batch x {width}\n(every rank)")
+        ax.text(w + 0.15, y, "x", ha="center", va="center")
+        matrix(w + 0.3, y, h, w, part=r, parts=tp, colour=c,
+               text=f"A (up, ColwiseParallel)\n{width} x {hidden}: its columns")
+        x = w + 0.3 + h + step * 0.25
+        ax.text(x, y, "relu ->", ha="left", va="center", fontsize=8)
+        x += 0.6
+        matrix(x, y, h, rows, part=r, parts=tp, colour=c,
+               text=f"Y's columns\nbatch x {hidden // tp}")
+        ax.text(x + h + 0.15, y, "x", ha="center", va="center")
+        x += h + 0.3
+        matrix(x, y, w, h, part=r, parts=tp, by="rows", colour=c,
+               text=f"B (down, RowwiseParallel)\n{hidden} x {width}: its rows")
+        x += w + 0.2
+        ax.text(x, y, "=", ha="left", va="center")
+        x += 0.3
+        matrix(x, y, w, rows, colour=c, text=f"a partial sum\nbatch x {width}")
+        ax.text(x + w + 0.1, y, f"rank {r}", ha="left", va="center", fontsize=9, color=c)
+    right = x + w + 0.9
+    ax.annotate("", xy=(right, -(tp - 1) * 2.4), xytext=(right, 0),
+                arrowprops=dict(arrowstyle="<->", color="0.2"))
+    ax.text(right + 0.1, -(tp - 1) * 1.2, "one all-reduce:\nZ = the sum,\nthen down's bias",
+            va="center", fontsize=8)
+    ax.set_xlim(-0.2, right + 1.6)
+    ax.set_ylim(-(tp - 1) * 2.4 - 1.5, 1.0)
+    ax.axis("off")
+    ax.set_title(f"{name}: one MLP block on tp = {tp} ranks, Y = XA with A cut by columns, then "
+                 f"B by rows: one all-reduce in forward", fontsize=10)
+    save(fig, image)
+    return fig
