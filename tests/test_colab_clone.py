@@ -603,6 +603,14 @@ LESSONS = {
         ],
         True,
     ),
+    # a short run in the notebook's process: the course's model and data, imported from the copy
+    "09h_float8": (
+        [
+            whole("from lessons import checks, float8"),
+            whole("f8_weight, f8_input, f8_grads = float8.short_run(steps=12)"),
+        ],
+        False,
+    ),
 }
 
 

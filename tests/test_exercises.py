@@ -429,3 +429,18 @@ def test_09f_buckets_and_when_compiling_pays():
     steps = answers.steps_to_pay()
     saved = (steps - 1) * (0.75 - 0.70)
     assert saved >= 150.0 - 0.75 > saved - 0.05  # the first step after which it has paid
+
+
+def test_09h_float8_values_and_the_margin_that_stops_saturation():
+    import torch
+
+    answers = solution("09h_float8")
+    # by hand: E4M3fn's positive patterns 0x01 to 0x7F but its one NaN (all ones); E5M2's 0x01 to
+    # 0x7B (its top exponent, 0x7C to 0x7F, is infinity and NaN)
+    assert answers.finite_positive_values(torch.float8_e4m3fn) == 126
+    assert answers.finite_positive_values(torch.float8_e5m2) == 123
+    # amax 1, 1, then 4: the delayed scale is 4 times too large at the last step; 2^2 takes it back
+    grads = [torch.full((4,), v) for v in (1.0, 1.0, 4.0)]
+    assert answers.margin_without_saturation(grads, torch.float8_e4m3fn)[0] == 2
+    m, error, plain = answers.margin_without_saturation()  # the lesson's 12 steps
+    assert m >= 1 and error > 0 and plain > 0  # margin 0 saturates there (lesson 09h asserts it)

@@ -117,6 +117,7 @@ USES_ONE_GPU = {
     "11b_simulated_world": (False, "no GPU is used"),
     "09f_compile": (False, "no GPU is used"),
     "09g_four_dimensions": (False, "no GPU is used"),
+    "09h_float8": (False, "no GPU is used"),
 }
 
 

@@ -35,6 +35,7 @@ checkpoint, devices, distributed...). Here:
 - equivalence: lesson 10a, the proof: float64 runs against one process, one tolerance, the
   noise floor; the equivalence table and the computed recommendation
 - activations: lesson 09b, a transformer layer's activation bytes measured, and recomputation
+- float8: lesson 09h, a tensor through torch's float8 dtypes: formats, scales, what is lost
 - perfmodel, hardware, predict, predict_plots: lessons 11 to 11a2, a step's time as arithmetic,
   published links and machines, the fits and predictions against published runs
 - planner: lesson 11a2 (with 09's and 09b's formulas), the layouts that fit a GPU's memory, the
