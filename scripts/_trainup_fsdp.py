@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from trainup import (checkpoint, cli, data, distributed, evaluation, metrics, models, preempt,
                      profiling)
-from trainup.parallel import sharding
+from trainup.parallel import compiled, sharding
 
 
 def train_epoch(model, loader, optimizer, epoch, show_progress, device):
@@ -47,7 +47,7 @@ def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="fsdp", precisions=("32", "64", "bf16"),
                    models=("blocks",) + models.MODELS)  # lesson 06's block stack, or the CNN
     p.set_defaults(lr=1e-3, model="blocks")  # Adam's usual step
-    sharding.add_flags(p)  # --shard, --blocks, --width, --resume-from, --mesh, --device
+    sharding.add_flags(p)  # --shard, --blocks, --width, --resume-from, --compile, ...
     profiling.add_flag(p)  # --profile STEPS: a trace per rank, to see what overlaps
     cli.add_group(p, set_epoch=False)
     return sharding.check_flags(p, cli.parse(p, argv))
@@ -74,6 +74,7 @@ def one_run(args, resume_from, ctx, device, train_set, test_set, stop):
     with sharding.building(args, ctx):  # --meta-init: only rank 0 builds it in memory
         model = (models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
                  if args.model == "blocks" else models.build(args, train_set))
+    compiled.blocks(model, args)  # --compile: each block, before fully_shard (lesson 09f)
     model, optimizer, scheduler = optimizer_for(model, device, args)
     start_epoch = sharding.load_sharded(resume_from, model, optimizer, scheduler, args)  # any size
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)

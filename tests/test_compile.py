@@ -3,7 +3,10 @@ the CPU) on 2 processes under torchrun over gloo, against the eager script on on
 float64 (Inductor compiles float64 on the CPU) the compiled pair must end with the eager process's
 parameters; the log must keep the first step, which compiles, apart from the others, and count
 the graphs (one per DDP bucket), the graph breaks and the recompiles. Bad flags: one sentence,
-exit status 2, checked in this process (no job started).
+exit status 2, checked in this process (no job started). Lesson 09's block stack compiled
+as torchtitan compiles a transformer (each block, then fully_shard: FSDP2), on 2 processes, must
+end with one eager process's parameters too, its one graph holding the block's operations and no
+collective.
 
 Inductor keeps what it compiled in /tmp/torchinductor_<user> and reuses it; these jobs must also
 pass where that cache is empty (a fresh machine, CI): their guard is sized for a cold compile."""
@@ -145,3 +148,111 @@ def test_bad_flags_are_one_sentence_and_a_nonzero_exit(monkeypatch, capsys, log_
     assert proc.returncode == 2
     assert_clean_error(proc, *words)
     assert not log_dir.exists()  # nothing half-written, and no process group was joined
+
+
+FSDP = "_trainup_fsdp.py"
+# lesson 09's block stack, tiny: 4 steps an epoch, every batch whole (no second shape)
+BLOCKS = [
+    "--quick",
+    "--train-size",
+    128,
+    "--test-size",
+    64,
+    "--batch-size",
+    32,
+    "--blocks",
+    2,
+    "--width",
+    32,
+    "--shard",
+    "parameters",
+    "--device",
+    "cpu",
+    *checks.PROOF,
+    "--no-progress",
+]
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    """The eager block stack on one process, and its blocks compiled and sharded by FSDP2 on 2
+    (TORCH_LOGS=graph_code: each rank prints the graphs Dynamo captured): (log folder, the
+    compiled job's stderr)."""
+    log_dir = tmp_path_factory.mktemp("compile_fsdp") / "logs"
+    eager = start_run(FSDP, 1, BLOCKS, log_dir, "fsdp_eager_one")
+    two = start_run(
+        FSDP,
+        2,
+        [*BLOCKS, "--compile"],
+        log_dir,
+        "fsdp_compiled_two",
+        env={"TORCH_LOGS": "graph_code"},
+    )
+    done = {name: finish(proc) for name, proc in (("eager", eager), ("compiled", two))}
+    for name, proc in done.items():
+        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    return log_dir, done["compiled"].stderr
+
+
+def test_two_ranks_of_compiled_fsdp2_blocks_end_with_the_parameters_of_one_eager_process(fsdp_runs):
+    log_dir, _ = fsdp_runs
+    one, two = params(log_dir, "fsdp_eager_one"), params(log_dir, "fsdp_compiled_two")
+    assert two.keys() == one.keys()  # Module.compile in place: the eager names, no _orig_mod.
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=0, atol=checks.FLOAT64_ATOL, msg=k)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # as the script builds it under --precision 64
+    try:
+        torch.manual_seed(1)  # the script's --seed
+        init = models.BlockStack((1, 28, 28), 10, 2, 32).state_dict()
+    finally:
+        torch.set_default_dtype(default)
+    assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-3  # far beyond atol
+    run = report.read_run(log_dir / "fsdp_compiled_two.jsonl")
+    assert run["problems"] == [] and run["summary"]["status"] == "finished"
+    for e, f in zip(
+        run["epochs"], report.read_run(log_dir / "fsdp_eager_one.jsonl")["epochs"], strict=True
+    ):
+        assert e["samples"] == f["samples"] == 128
+        assert e["loss"] == pytest.approx(f["loss"], abs=checks.FLOAT64_ATOL)
+
+
+def test_each_rank_compiled_one_graph_of_the_blocks_and_fsdp2s_collectives_stayed_out(fsdp_runs):
+    _, stderr = fsdp_runs
+    for rank in (0, 1):
+        lines = [line for line in stderr.splitlines() if line.startswith(f"[rank{rank}]:")]
+        graphs = "\n".join(lines).split("TRACED GRAPH")[1:]
+        assert len(graphs) == 1, f"rank {rank}: {len(graphs)} graphs"  # both blocks share it
+        graph = graphs[0]
+        for op in ("layer_norm", "linear", "relu"):  # the block's forward (models.Block)
+            assert op in graph, f"rank {rank}: no {op} in the graph"
+        # fully_shard's gathers and reduce-scatters run in its hooks, outside the graph
+        assert "all_gather" not in graph and "reduce_scatter" not in graph
+
+
+def test_compile_on_a_stage_without_fully_shard_is_one_sentence(monkeypatch, capsys, log_dir):
+    import _trainup_fsdp
+
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(k, v)
+    proc = in_process(
+        _trainup_fsdp.main,
+        [
+            "--quick",
+            "--compile",
+            "--shard",
+            "none",
+            "--log-dir",
+            log_dir,
+            "--checkpoint-dir",
+            log_dir,
+        ],
+        capsys,
+    )
+    assert proc.returncode == 2
+    assert_clean_error(
+        proc,
+        "--compile compiles each block before fully_shard shards it",
+        "--shard parameters or gradients_fsdp only, got --shard none",
+    )
+    assert not log_dir.exists()

@@ -63,6 +63,22 @@ def check(args):
                         f"bucket of 1 MiB, which torch refuses to compile; take 1 or more")
 
 
+def blocks(model, args):
+    """--compile on the block stack of lesson 09 (_trainup_fsdp.py): each block compiled on its
+    own, before fully_shard wraps it, as torchtitan's apply_compile compiles each transformer
+    block (torchtitan/models/llama3/infra/parallelize.py). fully_shard's hooks, which gather a
+    block's parameters before its forward and free them after, run around the compiled block, not
+    in its graph: FSDP2 disables Dynamo in them (`_dynamo_disable` in
+    torch/distributed/fsdp/_fully_shard/_fsdp_common.py). The blocks are identical, so one graph
+    serves them all. `Module.compile` compiles each block in place, where torchtitan replaces it
+    by `torch.compile(block)`: the parameters keep their names (no `_orig_mod.`), so the
+    checkpoints are those of an eager run."""
+    if args.compile:
+        for block in model.blocks:
+            block.compile()
+    return model
+
+
 def wrap(model, args):
     """The DDP model compiled (after DDP, see above), or as it is. The compiled module forwards
     attribute reads to the original, so `model.module` is still the plain model."""

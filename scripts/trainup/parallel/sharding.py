@@ -57,7 +57,8 @@ def expected(mode, parameters, world_size, per_param=None):
 
 def add_flags(p):
     """Lesson 09's flags: the ZeRO stages to run, the block stack's size, a sharded checkpoint to
-    start from, the mesh's size and the device (a GPU when there is one)."""
+    start from, the mesh's size and the device (a GPU when there is one); FSDP2's options, and
+    --compile (lesson 09f, trainup/parallel/compiled.py)."""
     p.add_argument("--shard", default="parameters",
                    help="what is split over the ranks, or several comma-separated: "
                         + ", ".join(MODES))
@@ -79,6 +80,9 @@ def add_flags(p):
     p.add_argument("--offload", action="store_true",
                    help="FSDP2's CPUOffloadPolicy: shards, gradients and Adam's state in host "
                         "memory (--shard parameters or gradients_fsdp)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block before fully_shard shards it (lesson 09f; "
+                        "--shard parameters or gradients_fsdp)")
     p.add_argument("--meta-init", action="store_true",
                    help="every rank but 0 builds the model on the meta device (no memory); rank "
                         "0's values are cut into each rank's shards (--shard parameters or "
@@ -108,6 +112,9 @@ def check_flags(p, args):
         if value and not set(args.shard) <= set(FULLY_SHARDED):
             p.error(f"{flag} is an option of FSDP2's fully_shard: use it with --shard "
                     f"{' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
+    if args.compile and not set(args.shard) <= set(FULLY_SHARDED):
+        p.error(f"--compile compiles each block before fully_shard shards it: use it with --shard "
+                f"{' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
     if args.meta_init and not set(args.shard) <= set(FULLY_SHARDED):
         p.error(f"--meta-init hands each rank its shards of fully_shard's parameters: use it with "
                 f"--shard {' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
