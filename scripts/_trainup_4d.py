@@ -120,6 +120,7 @@ def main(argv=None):
         whole = four_d.full_state(stage)  # every rank takes part in gathering the slices
         if ctx.is_main:  # one writer
             tpar.save_model(checkpoint.path_for(args), whole, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     log.summary(checkpoint=checkpoint.path_for(args))
     distributed.cleanup(ctx)
 

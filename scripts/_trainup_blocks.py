@@ -84,6 +84,7 @@ def main(argv=None):
         log.epoch(epoch, distributed.reduce(train), distributed.reduce(test), wall)
         if ctx.is_main:  # one writer
             checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     log.summary(checkpoint=ckpt)
     distributed.cleanup(ctx)
 

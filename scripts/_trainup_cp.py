@@ -98,6 +98,7 @@ def main(argv=None):
                   distributed.reduce(tpar.one_per_replica(test, ctx.rank)), wall)
         if ctx.is_main:  # one writer; every rank holds the same whole model
             checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     log.summary(checkpoint=ckpt)
     distributed.cleanup(ctx)
 

@@ -115,6 +115,7 @@ def main(argv=None):
                   distributed.reduce(evaluation.evaluate(model.module, test_loader, device, args.precision)), wall)
         if ctx.is_main:  # one writer; the others would race for the same file
             checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args, scaler)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     profiler.stop()
     monitor.stop()
     log.summary(checkpoint=ckpt)

@@ -93,6 +93,7 @@ def main(argv=None):
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.epoch(epoch, train, evaluation.evaluate(model, test_loader, device, args.precision), wall)
         checkpoint.save(ckpt, net, optimizer, scheduler, epoch, args, scaler)  # the model, not its wrappers
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     if args.phases:  # one more batch, with each phase of a DataParallel step timed apart
         x, y = (t.to(device) for t in next(iter(train_loader)))
         timed = dataparallel.time_phases(model.module, x, y, ids)  # the Autocast-wrapped net: --precision holds

@@ -100,6 +100,7 @@ def main(argv=None):
         whole = moe.full_state(model, ctx.world_size)  # every rank sends its experts
         if ctx.is_main:  # one writer
             tpar.save_model(checkpoint.path_for(args), whole, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     log.summary(checkpoint=checkpoint.path_for(args))
     distributed.cleanup(ctx)
 

@@ -105,6 +105,7 @@ def main(argv=None):
                   reduce(fabric, evaluation.evaluate(model.module, test_loader, device, args.precision)), wall)
         if fabric.is_global_zero:  # one writer; the others would race for the same file
             checkpoint.save(ckpt, model.module, optimizer, scheduler, epoch, args, scaler)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     profiler.stop()
     log.summary(checkpoint=ckpt)
     fabric_run.leave(fabric)  # a barrier, then destroy_process_group()

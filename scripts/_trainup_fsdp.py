@@ -104,6 +104,7 @@ def one_run(args, resume_from, ctx, device, train_set, test_set, stop):
         whole = sharding.full_state(model)  # gathered from the shards, on rank 0
         if ctx.is_main:  # one writer
             sharding.save_full(checkpoint.path_for(args), whole, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     profiler.stop()
     log.summary(checkpoint=checkpoint.path_for(args))
 

@@ -88,6 +88,7 @@ def main(argv=None):
         wall = time.perf_counter() - tick  # training only, as in the CPU baseline: the test set is not timed
         log.epoch(epoch, train, evaluation.evaluate(model, test_loader, device, args.precision), wall)
         checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args, scaler)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     profiler.stop()
     monitor.stop()
     log.summary(checkpoint=ckpt)

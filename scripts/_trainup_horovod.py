@@ -123,6 +123,7 @@ def main(argv=None):
         log.epoch(epoch, hvd_group.reduce(train), hvd_group.reduce(test), wall)  # all ranks' sums
         if ctx.is_main:  # one writer; the others would race for the same file
             checkpoint.save(ckpt, model, optimizer, scheduler, epoch, args, scaler)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     profiler.stop()
     monitor.stop()
     log.summary(checkpoint=ckpt)

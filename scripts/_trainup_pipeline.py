@@ -121,6 +121,7 @@ def train(args, ctx, layout, train_set, test_set, stop):
         whole = pipeline.gather_model(parts, model)
         if ctx.is_main:
             pipeline.save_model(checkpoint.path_for(args), whole, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     log.summary(checkpoint=checkpoint.path_for(args))
 
 

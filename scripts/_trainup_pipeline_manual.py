@@ -7,6 +7,8 @@ Rank 0 holds the stem and the first half of the blocks, rank 1 the second half a
 the loss). One step: rank 0 forward, send; rank 1 receive, forward, loss, backward, send the
 gradient of its input; rank 0 receive it, backward. Each process notes when it computed (F, B),
 sent (S) and waited to receive (R): the log's 'pipe_step' records, drawn by the notebook.
+SIGTERM or --stop-signal: both halves stop after the same step, each rank saves its own half
+(checkpoint.save_ranks), and --resume goes on from the next step.
 """
 import sys
 import time
@@ -15,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainup import UserError, cli, data, distributed, metrics, models
+from trainup import UserError, checkpoint, cli, data, distributed, metrics, models, preempt
 from trainup.parallel import pipeline
 
 
@@ -58,6 +60,25 @@ def step(half, rank, x, y, width, clock):
     return events, loss.item()
 
 
+def layout(args):
+    return {"--blocks": args.blocks, "--width": args.width}  # what each rank's file holds: its half
+
+
+def save(folder, half, optimizer, args, steps_done, position=None):
+    """Each rank its half and its optimizer's state; steps_done: 1 once all --steps are taken."""
+    state = {"model": half.state_dict(), "optimizer": optimizer.state_dict()}
+    checkpoint.save_ranks(folder, state, steps_done, args, layout(args), position)
+
+
+def load(folder, half, optimizer, args):
+    """--resume: (1, where a stop left the steps), or (2, None) when all were taken."""
+    mine, start, position = checkpoint.load_ranks(folder, layout(args), args)
+    if mine is not None:
+        half.load_state_dict(mine["model"])
+        optimizer.load_state_dict(mine["optimizer"])
+    return start, position
+
+
 def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="pipeline")
     p.set_defaults(lr=0.1)  # a stack of blocks wants a smaller step than the CNN's Adadelta 1.0
@@ -71,11 +92,8 @@ def parse_args(argv=None):
     args = cli.parse(p, argv)
     if args.blocks < 2:
         p.error(f"--blocks {args.blocks}: two halves need at least 2 blocks")
-    # a picture of --steps steps from scratch: it keeps no checkpoint and counts steps, not epochs
-    for flag, instead in (("--resume", "it keeps no checkpoint"), ("--checkpoint-dir", "it keeps no checkpoint"),
-                          ("--epochs", "it counts --steps"), ("--stop-signal", "it keeps no checkpoint")):
-        if any(a == flag or a.startswith(flag + "=") for a in map(str, given)):
-            p.error(f"{flag} does not apply to this picture of {args.steps} steps: {instead}")
+    if any(a == "--epochs" or a.startswith("--epochs=") for a in map(str, given)):
+        p.error(f"--epochs does not apply to this picture of {args.steps} steps: it counts --steps")
     if args.dataset == "synthetic":
         p.error("--dataset synthetic: the halves index a data set held in memory (digits, mnist, cifar10)")
     return args
@@ -87,11 +105,14 @@ def main(argv=None):
     if distributed.from_env().world_size != 2:
         raise UserError("the model is cut in two halves, one per process: start it with torchrun --nproc-per-node 2")
     ctx = distributed.setup(args)
+    stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # both halves stop at one step
     train_set, _ = data.load(args)
     torch.manual_seed(args.seed)  # both build the same whole model, then keep their half
     model = models.BlockStack(train_set.shape, train_set.num_classes, args.blocks, args.width)
     half = pipeline.cut(model, 2)[ctx.rank]
     optimizer = torch.optim.Adadelta(half.parameters(), lr=args.lr)
+    folder = checkpoint.ranks_folder(args)  # each rank saves its own half
+    start, saved = load(folder, half, optimizer, args) if args.resume else (1, None)
     log = metrics.RunLog(args, __file__, ctx.device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.write("pipeline", schedule="manual", stages=2, stages_per_rank=1, pipeline_ranks=2, data_parallel=1,
               microbatches=1, microbatch_size=args.batch_size, blocks=args.blocks, width=args.width,
@@ -99,27 +120,35 @@ def main(argv=None):
               placement=[dict(rank=r, pipeline=0, position=r, device="cpu", stages=[r]) for r in (0, 1)])
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(args.seed))
     batches = [order[i:i + args.batch_size] for i in range(0, len(order) - args.batch_size + 1, args.batch_size)]
-    records = []
-    for n in range(1, args.steps + 1):
-        x, y = train_set[batches[(n - 1) % len(batches)]]
+    stop.watch(folder, log, half, optimizer, None, saved=saved,
+               save=lambda done, position: save(folder, half, optimizer, args, done, position))
+    # the --steps steps as one epoch, for the stop: a resumed run skips the steps taken
+    steps = stop.batches([batches[(n - 1) % len(batches)] for n in range(1, args.steps + 1)], 1)
+    losses = []
+    for n, picked in enumerate(steps if start == 1 else [], preempt.first_step(steps)):
+        x, y = train_set[picked]
         dist.barrier()  # both start the step together: times are from here
         tick = time.perf_counter()
         optimizer.zero_grad()
         events, loss = step(half, ctx.rank, x, y, args.width, lambda: time.perf_counter() - tick)
         optimizer.step()
-        records.append(dict(epoch=1, step=n, microbatches=1, rank=ctx.rank, stages=[ctx.rank], start_s=tick,
-                            step_s=time.perf_counter() - tick, events=events, peak_activation_bytes=[half.meter.step_peak],
-                            loss=loss))
+        record = dict(epoch=1, step=n, microbatches=1, rank=ctx.rank, stages=[ctx.rank],
+                      start_s=tick, step_s=time.perf_counter() - tick, events=events,
+                      peak_activation_bytes=[half.meter.step_peak], loss=loss)
         half.meter.reset_peak()
-    everyone = [None] * 2
-    dist.all_gather_object(everyone, records)
-    for rank_records in everyone:
-        for r in rank_records:
+        everyone = [None] * 2
+        dist.all_gather_object(everyone, record)  # written at once: a stop after this step keeps it
+        for r in everyone:
             log.write("pipe_step", **r)
-    losses = [r["loss"] for r in everyone[1]]
-    if ctx.is_main:
-        print(f"{args.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    log.summary(first_loss=losses[0], last_loss=losses[-1])
+        losses.append(everyone[1]["loss"])
+    if start == 1:
+        save(folder, half, optimizer, args, 1)  # all steps taken: --resume has none left
+    if ctx.is_main and losses:
+        first = n - len(losses) + 1  # after a resume, the step after the stop's
+        taken = f"{args.steps} steps" if first == 1 else f"steps {first} to {n}"
+        print(f"{taken}: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    seen = dict(first_loss=losses[0], last_loss=losses[-1]) if losses else {}
+    log.summary(checkpoint=folder, **seen)
     distributed.cleanup(ctx)
 
 

@@ -107,6 +107,7 @@ def main(argv=None):
         whole = tpar.full_state(model)  # every rank takes part in gathering the slices
         if ctx.is_main:  # one writer
             tpar.save_model(checkpoint.path_for(args), whole, epoch, args)
+        stop.after_epoch(epoch)  # a stop asked for during evaluation
     log.summary(checkpoint=checkpoint.path_for(args))
     distributed.cleanup(ctx)
 

@@ -1,7 +1,9 @@
 """The block-stack scripts (lessons 06 and 09) stopped by a scheduler's signal inside an epoch: a
 real torchrun job (2 processes; the four dimensions' 8), signalled after a known optimizer step,
 exits 75 on every rank with a checkpoint of what each rank holds, and `--resume` ends with the
-parameters of a run never stopped, bit for bit; no process of the job outlives it.
+parameters of a run never stopped, bit for bit; no process of the job outlives it. A stop asked
+for during an epoch's evaluation stops right after that epoch's checkpoint, and lesson 06's halves
+by hand (send/recv) stop between two steps, each rank saving its own half.
 
 The signal is sent from inside the job, by conftest's sitecustomize.py put first on PYTHONPATH
 (stop_site), so that the stop lands at a known step on any machine: SIGTERM, or the course's
@@ -238,6 +240,79 @@ def _per_step_records_go_on(log_dir, straight_logs, stopped_after):
         (resumed,) = _records(log_dir, "s", "4d_comm")
         assert [r["step"] for r in counted] == [2] and resumed["step"] == stopped_after + 2
         assert resumed["ranks"] == counted[0]["ranks"]
+
+
+# A stop asked for once an epoch's steps are over must stop right after that epoch's checkpoint
+# (preempt.Stopper.after_epoch), not at the next epoch's first step. Every rank sends itself
+# SIGTERM as its first evaluation starts (TRAINUP_TEST_SIGTERM_IN_EVAL); the pipeline, whose
+# evaluation calls no eval(), has rank 1 take USR1 in epoch 1's last step: it posts "stop after
+# the next step", which that epoch no longer has, so the stop too waits through the evaluation.
+EPOCH_STEPS = 8  # STOP_TINY: 256 samples in batches of 32
+IN_EVAL = {script: {"TRAINUP_TEST_SIGTERM_IN_EVAL": "1"} for script in SCRIPT_FLAGS}
+IN_EVAL["_trainup_pipeline.py"] = stop_at(1, EPOCH_STEPS, "USR1", "self")
+
+
+@pytest.mark.parametrize("script", list(IN_EVAL), ids=[s[len("_trainup_") : -3] for s in IN_EVAL])
+def test_a_stop_asked_for_during_evaluation_stops_after_that_epochs_checkpoint(
+    tmp_path, script, never_stopped
+):
+    job = stopped_and_resumed(tmp_path, script, IN_EVAL[script], never_stopped)
+    s, nproc = job.stopped, NPROC.get(script, 2)
+    out = s.stdout + s.stderr
+    said = "a signal on another rank" if script == "_trainup_pipeline.py" else "SIGTERM"
+    assert f"{said}: stopped after epoch 1;" in s.stdout, out[-3000:]
+    assert torchrun_exit_codes(s) == dict.fromkeys(range(nproc), preempt.STOPPED_EXIT), out[-3000:]
+    assert s.ranks == {"launcher": "", **{str(r): "stopped" for r in range(nproc)}}, s.ranks
+    position = job.at_stop
+    assert (position["epoch"], position["step"], len(position["ranks"])) == (2, 0, nproc)
+    epochs = [r["epoch"] for r in _records(tmp_path / "logs", "s", "epoch")]
+    assert epochs == [1, 2], epochs  # epoch 1 logged once, by the stopped run
+    assert job.straight.returncode == 0, job.straight.stderr[-3000:]
+    assert job.resumed.returncode == 0, job.resumed.stderr[-3000:]
+    never = stopped_params(job.straight_ckpts / "straight.pt")
+    assert_same_params(stopped_params(job.ckpts / "s.pt"), never)
+
+
+# The manual halves (lesson 06, send/recv by hand): --steps steps, no epochs; rank 1 takes USR1
+# (the default --stop-signal) after step 3 and posts the stop after step 4 for both halves
+MANUAL = ["--quick", "--train-size", "256", "--batch-size", "32", "--blocks", "4", "--width"]
+MANUAL += ["32", "--steps", "6", "--no-progress", "--precision", "64"]
+
+
+def _manual(tmp, name, *extra, stop=None):
+    log_dir = tmp / "logs"
+    env = launch.environment(stop_site(tmp / "site", **(stop or {})))
+    command = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2)]
+    command += [SCRIPTS / "_trainup_pipeline_manual.py", *MANUAL, "--run-name", name]
+    command += ["--log-dir", log_dir, "--checkpoint-dir", log_dir / "checkpoints", *extra]
+    return start_job([str(a) for a in command], env)
+
+
+def test_the_manual_halves_stopped_between_steps_resume_to_the_halves_never_stopped(tmp_path):
+    straight = _manual(tmp_path, "straight")
+    stopped = finish_job(_manual(tmp_path, "s", stop=stop_at(1, STOP_AT, "USR1", "self")))
+    out = stopped.stdout + stopped.stderr
+    assert "a signal on another rank: stopped in epoch 1 after step 4;" in stopped.stdout, out
+    codes = torchrun_exit_codes(stopped)
+    assert codes == {0: preempt.STOPPED_EXIT, 1: preempt.STOPPED_EXIT}, out[-3000:]
+    ckpts = tmp_path / "logs" / "checkpoints"
+    position = torch.load(ckpts / "s.ranks" / "run.pt", weights_only=True)["position"]
+    assert (position["epoch"], position["step"]) == (1, STOP_AT + 1)
+    resumed = finish_job(_manual(tmp_path, "s", "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "steps 5 to 6: loss" in resumed.stdout, resumed.stdout
+    assert finish_job(straight).returncode == 0
+    for rank in (0, 1):  # each its own half, bit for bit
+        mine = torch.load(ckpts / "s.ranks" / f"rank{rank}.pt", weights_only=True)["model"]
+        never = torch.load(ckpts / "straight.ranks" / f"rank{rank}.pt", weights_only=True)
+        assert_same_params(mine, never["model"])
+    logs = tmp_path / "logs"
+    steps = sorted((r["rank"], r["step"]) for r in _records(logs, "s", "pipe_step"))
+    assert steps == [(rank, n) for rank in (0, 1) for n in range(1, 7)]  # each step once
+    losses = [r["loss"] for r in _records(logs, "s", "pipe_step") if r["rank"] == 1]
+    never_losses = [r["loss"] for r in _records(logs, "straight", "pipe_step") if r["rank"] == 1]
+    assert losses == never_losses
+    assert [r["status"] for r in _records(logs, "s", "summary")] == ["stopped", "finished"]
 
 
 # --- A checkpoint of another layout, or torn: one sentence (in this interpreter, a group of one)

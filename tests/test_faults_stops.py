@@ -163,3 +163,45 @@ def test_a_collective_that_waits_past_timeout_for_a_stalled_rank_is_one_sentence
     assert done.returncode != 0
     assert "a collective waited --timeout for another rank of this job" in out, out[-3000:]
     assert "[rank0]: Traceback" not in out and "[rank0]:RuntimeError" not in out, out[-3000:]
+
+
+def test_ddp_stopped_in_an_epochs_last_step_or_its_evaluation_stops_after_that_epoch(tmp_path):
+    """Rank 1 takes USR1 in epoch 1's last step (8 of 8): it posts "stop after step 9", which
+    that epoch does not have, so the ranks must agree on the stop after the epoch, where it was
+    lost and the run trained on to its end; and SIGTERM to every rank as its evaluation starts.
+    Both stop right after epoch 1's checkpoint, exit 75 on both ranks, and resume to the
+    parameters of a run never stopped."""
+    from conftest import torchrun_exit_codes
+    from lessons import launch
+
+    log_dir = tmp_path / "logs"
+    ckpts = log_dir / "checkpoints"
+
+    def torchrun(name, *extra, **env):
+        cmd = [*launch.TORCHRUN, *launch.torchrun_flags(nproc=2), SCRIPTS / "_trainup_ddp.py"]
+        cmd += [*STOP_TINY, "--device", "cpu", "--run-name", name, "--log-dir", log_dir]
+        cmd += ["--checkpoint-dir", ckpts, *extra]
+        return start_job([str(c) for c in cmd], launch.environment(stop_site(tmp_path, **env)))
+
+    straight = torchrun("straight")
+    stops = {
+        "last_step": stop_at(1, 8, "USR1", "self"),
+        "in_eval": {"TRAINUP_TEST_SIGTERM_IN_EVAL": "1"},
+    }
+    stopped = {name: finish_job(torchrun(name, **env)) for name, env in stops.items()}
+    for name, said in (("last_step", "a signal on another rank"), ("in_eval", "SIGTERM")):
+        s = stopped[name]
+        out = s.stdout + s.stderr
+        assert f"{said}: stopped after epoch 1;" in s.stdout, out[-3000:]
+        assert torchrun_exit_codes(s) == {0: preempt.STOPPED_EXIT, 1: preempt.STOPPED_EXIT}, out
+        position = torch.load(ckpts / f"{name}.pt", weights_only=True)["position"]
+        assert (position["epoch"], position["step"]) == (2, 0), position
+    resumed = {name: torchrun(name, "--resume") for name in stops}
+    assert finish_job(straight).returncode == 0
+    never = params(ckpts / "straight.pt")
+    for name, job in resumed.items():
+        done = finish_job(job)
+        assert done.returncode == 0, done.stderr[-3000:]
+        mine = params(ckpts / f"{name}.pt")
+        for k in never:
+            assert torch.equal(mine[k], never[k]), (name, k)

@@ -63,9 +63,6 @@ def ok(proc):
 def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
     """nproc ranks started as srun starts them (no launcher, each a fresh interpreter); nproc 0:
     plain python."""
-    keeps = (
-        [] if script == MANUAL else ["--checkpoint-dir", str(log_dir / "checkpoints")]
-    )  # it keeps none
     cmd = [
         sys.executable,
         script,
@@ -75,7 +72,8 @@ def job(log_dir, name, *args, nproc=2, script=SCRIPT, tiny=TINY):
         name,
         "--log-dir",
         str(log_dir),
-        *keeps,
+        "--checkpoint-dir",
+        str(log_dir / "checkpoints"),
     ]
     return Ranks(cmd, launch.environment(), ntasks=nproc) if nproc else start(cmd)
 
@@ -419,8 +417,6 @@ def test_a_lesson_leaves_the_v_schedules_out_on_a_torch_that_cannot_run_them(mon
 @pytest.mark.parametrize(
     "flags,words",
     [
-        (["--resume"], ["--resume does not apply", "keeps no checkpoint"]),
-        (["--checkpoint-dir", "x"], ["--checkpoint-dir does not apply"]),
         (["--epochs", "3"], ["--epochs does not apply", "counts --steps"]),
         (["--dataset", "synthetic"], ["--dataset synthetic", "held in memory"]),
     ],

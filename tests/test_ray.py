@@ -263,6 +263,103 @@ def test_ray_s_workers_take_gpus_as_every_job_does(monkeypatch, capsys, tmp_path
     assert ray_run.check(args("auto")) == 2 and ray_run.check(args("cpu")) == 0
 
 
+def test_bad_input_that_fails_in_the_workers_is_the_drivers_one_sentence(tmp_path):
+    """--dataset mnist from an empty --data-dir fails in every worker, past what the driver checks
+    before Ray starts; --max-failures 0: Ray gives up at once. The terminal shows the driver's
+    one sentence and Ray's own lines, no traceback: Ray's reports of the failure (each worker's
+    traceback, and the controller's) are kept in logs/<run>.ray_errors, which the sentence names."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, ROOT / "scripts" / "_trainup_ray.py", "--quick", "--epochs", "1"]
+    cmd += ["--dataset", "mnist", "--data-dir", tmp_path / "empty", "--max-failures", "0"]
+    cmd += ["--no-progress", "--run-name", "bad", "--log-dir", tmp_path / "logs"]
+    cmd += ["--checkpoint-dir", tmp_path / "checkpoints"]
+    for attempt in range(1, ray_drill.STARTS + 1):
+        done = subprocess.run(
+            [str(c) for c in cmd],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=launch.environment(),
+        )
+        out = done.stdout + done.stderr
+        if not ray_drill.late(out) or attempt == ray_drill.STARTS:
+            break
+        ray_drill.calm()
+    assert done.returncode == 1, out[-4000:]
+    assert "Traceback" not in out and 'File "' not in out, out[-4000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out[-4000:]
+    kept = tmp_path / "logs" / "bad.ray_errors"
+    for words in (
+        "Ray Train gave up on the run after 0 restart(s)",
+        "rank 0: mnist is not in",
+        "rank 1: mnist is not in",
+        f"(Ray's tracebacks: {kept})",
+    ):
+        assert words in errors[0], errors[0]
+    aside = kept.read_text()
+    assert "Error in training function:" in aside and "[FailurePolicy] RAISE" in aside, aside
+    assert aside.count("Traceback (most recent call last):") >= 2, aside  # every worker's
+
+
+def test_ray_s_reports_of_a_failure_go_aside_and_its_other_lines_show(tmp_path, capsys):
+    """What Ray's log monitor hands the driver of a run whose workers failed on bad input (its
+    lines, as Ray 2.60 prints them): the worker's traceback and the controller's failure policy
+    with the traceback again go to the run's .ray_errors file; Ray's other lines, and what the
+    workers print, show as Ray prints them."""
+    from ray._private import worker
+    from trainup.engines import ray_run
+
+    kept = tmp_path / "bad.ray_errors"
+    ray_run.aside(kept)
+    trace = [
+        "Traceback (most recent call last):",
+        '  File "scripts/_trainup_ray.py", line 88, in train_loop',
+        "    train_set, test_set = data.load(args)",
+        "                          ^^^^^^^^^^^^^^^",
+        "trainup.UserError: mnist is not in data; add --download to fetch it",
+        "",
+    ]
+    batches = [
+        (7, "RayTrainWorker", False, ["epoch 1: loss 2.2685"]),
+        (7, "RayTrainWorker", True, ["Setting up process group for: env:// [rank=0]"]),
+        (7, "RayTrainWorker", True, ["Error in training function:", *trace]),
+        (8, "TrainController", True, ["[FailurePolicy] RAISE", "  Source: worker group"]),
+        (8, "TrainController", True, ["  Error count: 1 (max allowed: 0)"]),
+        (
+            8,
+            "TrainController",
+            True,
+            [
+                "Error: Training failed due to worker errors:",
+                "[Rank 0,1 Error Snippet]:",
+                "ray.train.WorkerGroupError: Training failed due to worker errors:",
+                *trace,
+                "Started training worker group of size 2: ",
+            ],
+        ),
+    ]
+    try:
+        for pid, actor, err, lines in batches:
+            worker.global_worker_stdstream_dispatcher.emit(
+                dict(pid=pid, ip="127.0.0.1", is_err=err, job="01", actor_name=actor, lines=lines)
+            )
+    finally:
+        worker.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+    out, err = capsys.readouterr()
+    assert "epoch 1: loss 2.2685" in out
+    assert "Setting up process group" in err and "Started training worker group" in err, err
+    for words in ("Traceback", "File ", "UserError", "Error in training", "FailurePolicy", "Error"):
+        assert words not in err, err
+    aside = kept.read_text()
+    assert aside.count("Traceback (most recent call last):") == 2, aside
+    assert "(TrainController pid=8)   Error count: 1 (max allowed: 0)" in aside, aside
+    assert "Started training" not in aside and "Setting up" not in aside, aside
+
+
 def test_a_run_ray_gave_up_on_is_one_sentence_naming_each_rank():
     from ray.train import WorkerGroupError
     from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError

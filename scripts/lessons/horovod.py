@@ -74,9 +74,10 @@ def run(*args, name, np=2, quick=None, timeline=None, fusion_mb=None, cycle_ms=N
 
 def gradient_allreduces(t):
     """How many times Horovod all-reduced each gradient, from a timeline_events() table: {name: n}
-    (DistributedOptimizer names them allreduce.<parameter>; allreduce.meter is the metrics')."""
+    (DistributedOptimizer names them allreduce.<parameter>; allreduce.meter is the metrics',
+    allreduce.stop the stop's flag at each epoch's end: preempt.Stopper.after_epoch)."""
     done = t[(t.phase == "ALLREDUCE") & t.tensor.str.startswith("allreduce.")
-             & (t.tensor != "allreduce.meter")]
+             & ~t.tensor.isin(["allreduce.meter", "allreduce.stop"])]
     return {k.removeprefix("allreduce."): int(n) for k, n in done.tensor.value_counts().items()}
 
 

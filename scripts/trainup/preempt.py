@@ -239,7 +239,9 @@ class Stopper:
 
     def after_epoch(self, epoch):
         """Between epochs: a stop asked for during evaluation (or in Hogwild, whose workers train a whole epoch
-        at a time) exits here, saved as any stop is: with the random states, at step 0 of the next epoch."""
+        at a time; or, ranks agreeing through the store, in an epoch's last step, whose posted
+        "stop after the next step" that epoch does not have) exits here, saved as any stop is:
+        with the random states, at step 0 of the next epoch."""
         if self.check():
             self._exit(*self._save(epoch + 1, 0, Meter(), 0.0), f"stopped after epoch {epoch}")
 

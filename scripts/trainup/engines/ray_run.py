@@ -23,6 +23,7 @@ record of that checkpoint, at the very step.
 """
 import functools
 import os
+import re
 import shutil
 import signal
 import sys
@@ -116,6 +117,8 @@ def cluster(args, gpus=0):
     stops = {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")}
     asked = stop_file(args)
     asked.unlink(missing_ok=True)  # an earlier run's of this name
+    if not args.resume:
+        traceback_file(args).unlink(missing_ok=True)
     try:
         # A stop signal to the driver's whole process group (SLURM's time limit, scancel
         # --signal, kill -TERM -PGID) reaches the processes ray.init starts in it (Ray's GCS,
@@ -125,6 +128,7 @@ def cluster(args, gpus=0):
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         try:
             start(init_args(args, gpus, temp, address))
+            aside(traceback_file(args))
             for sig in stops:
                 signal.signal(sig, lambda signum, _: ask_to_stop(asked, signum))
         finally:
@@ -202,8 +206,10 @@ def fit(trainer, args):
     try:
         result = trainer.fit()
     except ray.train.TrainingFailedError as e:
+        kept = traceback_file(args)
+        where = f" (Ray's tracebacks: {kept})" if kept.exists() else ""
         raise UserError(f"Ray Train gave up on the run after {args.max_failures} restart(s) "
-                        f"(--max-failures): {why(e)}") from None
+                        f"(--max-failures): {why(e)}{where}") from None
     at = result.metrics or {}
     if STOPPED_IN not in at:
         return result
@@ -212,6 +218,55 @@ def fit(trainer, args):
           f"{at[STOPPED_IN]} after step {at[AFTER_STEP]}, and Ray keeps that checkpoint in "
           f"{result.checkpoint.path}; --resume --run-name {args.run_name} continues from it")
     raise SystemExit(preempt.STOPPED_EXIT)
+
+
+# A failed attempt's report in Ray's output, from its first line on: a traceback (each worker's,
+# then the controller's again for every worker), Ray Train's heading of a worker's error, and
+# its failure policy's (RETRY or RAISE) with the errors it names
+REPORT_START = re.compile(r"Traceback \(most recent call last\):|Error in training function:|"
+                          r"\[FailurePolicy\]")
+# the lines that go on with one: indented, empty, Ray's headings, an exception's own line
+REPORT_GOES_ON = re.compile(r"\s|$|Error:|\[Rank [\d,]+ Error Snippet\]|"
+                            r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+
+def traceback_file(args):
+    """Where the driver keeps what Ray's processes printed of each failure: tracebacks."""
+    return Path(args.log_dir) / f"{args.run_name}.ray_errors"
+
+
+def aside(path):
+    """Ray prints what its processes print in the driver's terminal: every failed attempt puts
+    each worker's traceback, and each again from Ray's controller, above fit's one sentence.
+    Those reports go to path; all else is printed as Ray prints it."""
+    from ray._private import worker
+    try:  # Ray's own printer, not a public API: where a Ray lacks it, Ray prints as it does
+        dispatcher = worker.global_worker_stdstream_dispatcher
+        bare = worker._should_ignore_worker_log_prefix(worker.global_worker)
+        show = functools.partial(worker.print_to_stdstream, ignore_prefix=bare)
+        remove, add = dispatcher.remove_handler, dispatcher.add_handler
+    except AttributeError:
+        return
+    inside = {}  # process id -> whether its last line was part of a report
+
+    def route(data):
+        if not data.get("is_err"):
+            return show(data)
+        shown, kept, pid = [], [], data.get("pid")
+        for line in data["lines"]:
+            inside[pid] = bool(REPORT_START.search(line) or inside.get(pid)
+                               and REPORT_GOES_ON.match(line))
+            (kept if inside[pid] else shown).append(line)
+        if kept:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write("".join(f"({data.get('actor_name') or 'ray'} pid={pid}) {line}\n"
+                                for line in kept))
+        if shown:
+            show(dict(data, lines=shown))
+
+    remove("ray_print_logs")
+    add("ray_print_logs", route)
 
 
 STOPPED_IN, AFTER_STEP = "stopped_in_epoch", "stopped_after_step"  # a stop's report to Ray
