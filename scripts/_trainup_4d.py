@@ -71,6 +71,7 @@ def main(argv=None):
                      args.batch_size, args.microbatches)  # before any process waits
     ctx = distributed.setup(args)
     stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,7 +84,7 @@ def main(argv=None):
     shard_over = four_d.parallelize(stage, mesh, dims) if mesh is not None else None
     pipe = (four_d.Pipe(stage, dims, mesh, device, args.microbatches) if dims.pp > 1 else None)
     optimizer, scheduler = optimizer_for(stage.parameters(), args)
-    folder = four_d.folder(args, dims)  # every rank its shards of its stage (DCP), the layout
+    args, folder = four_d.folder(args, dims)  # every rank its shards of its stage (DCP), the layout
     start_epoch, saved = (four_d.load(folder, stage, optimizer, scheduler, args) if args.resume
                           else (1, None))
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)

@@ -54,6 +54,7 @@ def main(argv=None):
     args = parse_args(argv)
     ctx = distributed.setup(args)
     stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -263,25 +263,26 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="sizes up to 4 MB only")
     p.add_argument("--no-progress", action="store_true", help="(accepted like every lesson script)")
     args = p.parse_args(argv)
-    args.show = args.show.split(",")
-    if not set(args.show) <= set(SHOWS):
-        p.error(f"--show takes {', '.join(SHOWS)}, got {','.join(args.show)!r}")
-    if len(args.show) > 1 and set(args.show) & {"mismatch", "hang"}:
+    show = tuple(args.show.split(","))
+    if not set(show) <= set(SHOWS):
+        p.error(f"--show takes {', '.join(SHOWS)}, got {','.join(show)!r}")
+    if len(show) > 1 and set(show) & {"mismatch", "hang"}:
         p.error("--show mismatch and --show hang fail on purpose: run each alone")
     try:
-        args.sizes = [size_bytes(s) for s in args.sizes.split(",")]
-        assert min(args.sizes) > 0
+        sizes = [size_bytes(s) for s in args.sizes.split(",")]
+        assert min(sizes) > 0
     except (ValueError, AssertionError, IndexError):
         p.error(f"--sizes takes sizes like 1K,64K,1M, got {args.sizes!r}")
-    args.ops = args.ops.split(",")
-    if not set(args.ops) <= set(OPS):
-        p.error(f"--ops takes {', '.join(OPS)}, got {','.join(args.ops)!r}")
+    ops = tuple(args.ops.split(","))
+    if not set(ops) <= set(OPS):
+        p.error(f"--ops takes {', '.join(OPS)}, got {','.join(ops)!r}")
     if args.quick:
-        args.sizes = [s for s in args.sizes if s <= 4 * 2**20] or args.sizes[:1]
-    args.lesson, args.resume = "ddp", False
-    # a plain name inside --log-dir (never ../ or an absolute path); by default with host and pid (rank 0 logs)
-    args.run_name = args.run_name or runlock.default_name("collectives")
-    return cli.named(p, args)
+        sizes = [s for s in sizes if s <= 4 * 2**20] or sizes[:1]
+    # a plain name inside --log-dir (never ../ or an absolute path); by default with host and pid
+    # (rank 0 logs); the run's name and --log-dir checked as every script's (trainup/config.py)
+    run_name = args.run_name or runlock.default_name("collectives")
+    values = dict(vars(args), show=show, sizes=tuple(sizes), ops=ops, run_name=run_name)
+    return cli.build(p, dict(values, lesson="ddp", resume=False), concerns=("output",))
 
 
 @cli.main_guard

@@ -65,7 +65,9 @@ def main(argv=None):
         torch.cuda.set_device(ctx.device)  # this process's GPU: number LOCAL_RANK on its node
     with distributed.explained(ctx):  # a taken port, a missing rank: a sentence, no traceback
         dist.init_process_group(ctx.backend, **distributed.meeting(ctx))  # waits for every rank
+    args = args.replace(resume=args.resume or ctx.restart_count > 0)  # a torchrun restart resumes
     stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = ctx.device
     if ctx.world_size > 1 and args.sweep and any(b % ctx.world_size for b in args.sweep):
         raise UserError(f"every --sweep batch size is global and must split evenly over "
@@ -73,13 +75,12 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.workers is None:
-        args.workers = 2 if device.type == "cuda" else 0
+        args = args.replace(workers=2 if device.type == "cuda" else 0)
     train_set, test_set = data.load(args)
     model = models.build(args, train_set).to(device)
     optimizer, scheduler = optimizer_for(model, args)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
     ckpt = checkpoint.path_for(args)
-    args.resume = args.resume or ctx.restart_count > 0  # torchrun restarted us: from the checkpoint
     start_epoch = (checkpoint.load(ckpt, model, optimizer, scheduler, device, scaler)
                    if args.resume else 1)
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,

@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p = cli.parser(__doc__, lesson="cpu")
     profiling.add_flag(p)
     args = cli.parse(p, argv)
-    args.threads = args.threads or os.cpu_count() or 1
+    args = args.replace(threads=args.threads or os.cpu_count() or 1)
     return args
 
 
@@ -45,6 +45,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     torch.set_num_threads(args.threads)
     profiler = profiling.start(args)  # --profile STEPS: a trace of a few steps
     train_set, test_set = data.load(args)

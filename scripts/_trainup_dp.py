@@ -54,15 +54,16 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device, ids, sentence = dataparallel.choose(args.gpus)
-    args.gpus = len(ids)
+    args = args.replace(gpus=len(ids))
     if args.phases and len(ids) < 2:
         raise UserError(f"--phases times how DataParallel splits a step across GPUs, so it needs 2 or more, "
                         f"and this run has {len(ids)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.workers is None:
-        args.workers = 2 * len(ids)
+        args = args.replace(workers=2 * len(ids))
     train_set, test_set = data.load(args)
     net = models.build(args, train_set).to(device)
     model = nn.DataParallel(dataparallel.Autocast(net, args.precision), device_ids=ids or None)  # no GPU: just calls it

@@ -59,6 +59,7 @@ def main(argv=None):
     train_set, test_set = data.load(args)
     ctx = distributed.setup(args)
     stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -63,11 +63,12 @@ def main(argv=None):
     fabric.launch()  # --devices 2 starts the other process; under torchrun or srun: joins
     # the ranks agree on a stop's step through the group Fabric joined
     stop = preempt.Stopper(args, preempt.TorchDistributed(fabric_run.context(fabric)))
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = fabric.device
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.workers is None:
-        args.workers = 2 if device.type == "cuda" else 0
+        args = args.replace(workers=2 if device.type == "cuda" else 0)
     train_set, test_set = data.load(args)
     model = models.build(args, train_set).to(device)
     optimizer, scheduler = optimizer_for(model, args)

@@ -53,11 +53,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = devices.pick(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.workers is None:
-        args.workers = 2 if device.type == "cuda" else 0
+        args = args.replace(workers=2 if device.type == "cuda" else 0)
     train_set, test_set = data.load(args)
     model = models.build(args, train_set).to(device)
     optimizer, scheduler = optimizer_for(model, args)

@@ -71,7 +71,7 @@ def parse_args(argv=None):
     if args.batch_size < args.num_processes:
         p.error(f"--batch-size {args.batch_size} cannot be split across {args.num_processes} "
                 "processes")
-    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.num_processes)
+    args = args.replace(threads=args.threads or max(1, (os.cpu_count() or 1) // args.num_processes))
     return args
 
 
@@ -79,6 +79,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     stop = preempt.Stopper(args)  # SIGTERM or --stop-signal: finish the step, save where we are, exit 75
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     torch.set_num_threads(args.threads)
     profiler = profiling.start(args)  # --profile STEPS: a trace of a few steps
     train_set, test_set = data.load(args)

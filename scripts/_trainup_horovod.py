@@ -76,13 +76,14 @@ def main(argv=None):
     ctx = hvd_group.setup(args)  # the DDP script's Context, from hvd.rank(), hvd.size() and kin
     ctx.device = devices.pick(hvd_group.gpu_ops(args.device), hvd.local_rank())  # this rank's GPU
     stop = preempt.Stopper(args, preempt.Horovod(hvd))  # rank 0's run name; all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = ctx.device
     if ctx.world_size > 1 and args.sweep and any(b % ctx.world_size for b in args.sweep):
         raise UserError(f"every --sweep batch size is global and must split evenly over {ctx.world_size} processes")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.workers is None:
-        args.workers = 2 if device.type == "cuda" else 0
+        args = args.replace(workers=2 if device.type == "cuda" else 0)
     train_set, test_set = data.load(args)
     model = models.build(args, train_set).to(device)
     optimizer, scheduler = optimizer_for(model, args)

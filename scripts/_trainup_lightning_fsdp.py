@@ -107,7 +107,7 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
-    lightning_flags.check(args)  # Lightning 1.x's flags and strategies: one sentence each
+    args = lightning_flags.check(args)  # Lightning 1.x's flags and strategies: one sentence each
     if args.threads:
         torch.set_num_threads(args.threads)
     # Lightning counts epochs from 0 and its DistributedSampler shuffles with seed + epoch; the course counts

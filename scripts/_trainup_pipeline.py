@@ -71,6 +71,7 @@ def main(argv=None):
         pipeline.check_shape(run, distributed.from_env().world_size)  # before anyone waits for anyone
     ctx = distributed.setup(args)
     stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     if args.threads:
         torch.set_num_threads(args.threads)
     train_set, test_set = data.load(args)

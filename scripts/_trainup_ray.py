@@ -62,7 +62,7 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
-    gpus = ray_run.check(args)  # Ray there, the batch splits over the workers: before Ray starts
+    args, gpus = ray_run.check(args)  # Ray there, the batch splits: before Ray starts
     with ray_run.cluster(args, gpus):  # this machine alone, offline
         trainer = ray.train.torch.TorchTrainer(
             ray_run.stoppable(train_loop), train_loop_config={"args": args},
@@ -82,16 +82,17 @@ def train_loop(config):
     args = config["args"]
     ctx = ray_run.context(args)  # rank, world size and device from Ray
     stop = ray_run.Stopper(args, ctx)  # the driver's stop signal; all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = ctx.device
     if args.workers is None:
-        args.workers = 2 if device.type == "cuda" else 0
+        args = args.replace(workers=2 if device.type == "cuda" else 0)
     train_set, test_set = data.load(args)
     model = models.build(args, train_set).to(device)
     optimizer, scheduler = optimizer_for(model, args)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16")
     ckpt = checkpoint.path_for(args)
     # 1, or after a worker died, the epoch after Ray's last checkpoint
-    start_epoch = ray_run.restore(args, ckpt, model, optimizer, scheduler, device, scaler)
+    args, start_epoch = ray_run.restore(args, ckpt, model, optimizer, scheduler, device, scaler)
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # all-reduces gradients
     log = metrics.RunLog(args, __file__, device, ctx.world_size, ctx.backend, enabled=ctx.is_main)
     log.flops(model.module, train_set)  # a sample's FLOPs, once: FLOP/s (and MFU) per epoch

@@ -57,11 +57,12 @@ def parse_args(argv=None):
 @cli.main_guard
 def main(argv=None):
     args = parse_args(argv)
-    tp, dp = tpar.check_shape(args, distributed.from_env().world_size)  # before any process waits
+    args, tp, dp = tpar.check_shape(args, distributed.from_env().world_size)  # before any waits
     train_set, test_set = data.load(args)  # first: the images' shape decides what can be cut
     tp_transformer.check_shape(args, tp, train_set.shape, train_set.num_classes)
     ctx = distributed.setup(args)
     stop = preempt.Stopper(args, preempt.TorchDistributed(ctx))  # all ranks stop at one step
+    args = stop.args  # the run's name as the job settled it (rank 0's)
     device = ctx.device
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -391,10 +391,11 @@ def test_a_four_d_checkpoint_of_another_layout_is_one_sentence(one_rank_group, t
     from trainup.parallel.parallel_dims import ParallelDims
 
     saved = _args(lesson="4d", checkpoint_dir=tmp_path)
-    folder = four_d.folder(saved, ParallelDims(dp=1, tp=1, pp=1, cp=1, world_size=1))
+    saved, folder = four_d.folder(saved, ParallelDims(dp=1, tp=1, pp=1, cp=1, world_size=1))
     four_d.save(folder, *_trained(), 1, saved)
     other = _args(lesson="4d", checkpoint_dir=tmp_path)
-    assert four_d.folder(other, ParallelDims(dp=2, tp=1, pp=2, cp=1, world_size=4)) == folder
+    other, theirs = four_d.folder(other, ParallelDims(dp=2, tp=1, pp=2, cp=1, world_size=4))
+    assert theirs == folder
     with pytest.raises(
         UserError,
         match=r"laid out as --pp 1 --dp 1 --cp 1 --tp 1, and this one is --pp 2 --dp 2 --cp 1 "

@@ -255,12 +255,12 @@ def test_ray_s_workers_take_gpus_as_every_job_does(monkeypatch, capsys, tmp_path
         )
 
     monkeypatch.setattr(devices, "gpu_count", lambda: 1)
-    assert ray_run.check(args("auto")) == 0
+    assert ray_run.check(args("auto"))[1] == 0
     assert "would need 2 GPUs, one each, and this machine has 1" in capsys.readouterr().err
     with pytest.raises(UserError, match="--ray-workers 2 asks for one GPU each"):
         ray_run.check(args("cuda"))
     monkeypatch.setattr(devices, "gpu_count", lambda: 2)
-    assert ray_run.check(args("auto")) == 2 and ray_run.check(args("cpu")) == 0
+    assert ray_run.check(args("auto"))[1] == 2 and ray_run.check(args("cpu"))[1] == 0
 
 
 def test_bad_input_that_fails_in_the_workers_is_the_drivers_one_sentence(tmp_path):

@@ -395,3 +395,62 @@ def test_the_test_command_keeps_freed_blocks_for_reuse():
 
     assert mapped({}) >= 1  # glibc's default: a block this large is mapped, and unmapped on free
     assert mapped(found) == 0
+
+
+def config_mutations(source):
+    """The lines of source that change a run's configuration in place: an assignment to an
+    attribute of `args` (or `run`, one of a job's runs), or setattr/vars() on it. A value chosen at
+    run time is a new configuration: args = args.replace(...) (trainup/config.py)."""
+    found = []
+
+    def is_config(node):
+        return isinstance(node, ast.Name) and node.id in ("args", "run")
+
+    for node in ast.walk(ast.parse(source)):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        while any(isinstance(t, (ast.Tuple, ast.List, ast.Starred)) for t in targets):
+            targets = [
+                e
+                for t in targets
+                for e in (
+                    t.elts if isinstance(t, (ast.Tuple, ast.List)) else [getattr(t, "value", t)]
+                )
+            ]
+        for t in targets:
+            if isinstance(t, ast.Attribute) and is_config(t.value):
+                found.append(node.lineno)
+            call = t.value if isinstance(t, ast.Subscript) else None
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "vars":
+                if call.args and is_config(call.args[0]):
+                    found.append(node.lineno)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("setattr", "delattr"):
+            if node.args and is_config(node.args[0]):
+                found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_no_script_or_trainup_module_changes_its_configuration_in_place():
+    """cli.parse's Config is frozen; a script that changed it in place would fail only when that
+    line runs (a GPU's worker count, a torchrun restart): this finds such a line in the source."""
+    paths = [*SCRIPTS.glob("_trainup_*.py"), *(SCRIPTS / "trainup").rglob("*.py")]
+    found = {
+        str(p.relative_to(SCRIPTS)): lines
+        for p in paths
+        if (lines := config_mutations(p.read_text()))
+    }
+    assert not found, f"in-place changes of args (use args = args.replace(...)): {found}"
+
+
+def test_the_in_place_check_finds_each_kind_of_change():
+    assert config_mutations("args.workers = 2\n") == [1]
+    assert config_mutations("x = 1\nargs.epochs += 1\n") == [2]
+    assert config_mutations("setattr(args, 'resume', True)\n") == [1]
+    assert config_mutations("vars(run)['shard'] = 'x'\n") == [1]
+    assert config_mutations("a, args.x = 1, 2\n") == [1]
+    assert config_mutations("a, *args.x = 1, 2\n") == [1]
+    assert config_mutations("kept[args.run_name] = args\n") == []
+    assert config_mutations("args = args.replace(workers=2)\nprint(args.workers)\n") == []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import UserError
+from . import UserError, config
 
 
 def path_for(args):
@@ -137,7 +137,8 @@ def read(path, map_location="cpu"):
 
 def plain(args):
     """The run's flags that a checkpoint keeps: the plain values (what same_run compares on resume)."""
-    return {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+    values = config.as_dict(args).items()
+    return {k: v for k, v in values if isinstance(v, (int, float, str, bool, type(None)))}
 
 
 def same_run(path, saved, args):

@@ -3,20 +3,17 @@ import argparse
 import errno
 import functools
 import math
-import os
 import re
-from pathlib import Path
 import signal
 import sys
-import tempfile
 
 import torch
 
-from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError, preempt, runlock
+from . import CHECKPOINT_DIR, DATA_DIR, LOG_DIR, UserError, config, preempt
 from .data import DATASETS
 from .models import MODELS
 
-QUICK = dict(train_size=512, test_size=256, epochs=2)  # --quick: seconds on a laptop
+QUICK, SEED_MAX, CNN_MIN_SIDE = config.QUICK, config.SEED_MAX, config.CNN_MIN_SIDE
 # --precision: what each choice means. 64 is for the proofs of equal models: float64 sums in another order
 # (other ranks, SIMD widths, kernels) differ by about 1e-16 relative, float32 ones by about 1e-7.
 PRECISION_HELP = {"32": "float32", "64": "float64 everywhere (the proofs: any summation order agrees)",
@@ -35,10 +32,6 @@ def positive(kind):
     return check
 
 
-# numpy and Lightning take 32-bit seeds, and some scripts add the epoch to the seed: room is left
-SEED_MAX = 2**31 - 1
-
-
 def seed(text):
     try:
         value = int(text)
@@ -47,10 +40,6 @@ def seed(text):
     if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_MAX}, got {text}")
     return value
-
-
-# The CNN's two 3x3 convolutions and its 2x2 pooling need images of this many pixels a side
-CNN_MIN_SIDE = 6
 
 
 class Parser(argparse.ArgumentParser):
@@ -64,6 +53,7 @@ def parser(doc, lesson, precisions=("32", "64"), models=MODELS):
     --precision choices (None: the script defines --precision itself); models: its --model choices."""
     p = Parser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.set_defaults(lesson=lesson)
+    p.concerns = list(config.ALWAYS)  # the sections of its Config: each add_* below adds its own
     g = p.add_argument_group("training")
     if precisions:
         g.add_argument("--precision", default="32", choices=precisions,
@@ -101,8 +91,9 @@ def parser(doc, lesson, precisions=("32", "64"), models=MODELS):
     return p
 
 
-# Flags by concern, each added by one function and checked in parse(): a script adds the concerns its
-# lesson has reached, so its --help and its diff against the previous script show only what is new.
+# Flags by concern, each added by one function and checked in its section of trainup/config.py: a
+# script adds the concerns its lesson has reached, so its --help and its diff against the previous
+# script show only what is new.
 
 def add_loading(p, device="auto", resident=True):
     """Lesson 02 on: the device (device=None: the script picks it) and how batches reach it
@@ -111,6 +102,7 @@ def add_loading(p, device="auto", resident=True):
         p.add_argument("--device", default=device, choices=("auto", "cuda", "cpu"))
     p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (2 per GPU to start)")
     p.add_argument("--no-pin-memory", action="store_true", help="copy batches from pageable memory (slower)")
+    p.concerns.append("loading")
     if resident:
         p.add_argument("--resident", action="store_true", help="keep the whole data set in GPU memory")
 
@@ -123,6 +115,7 @@ def add_blocks(p, lesson, blocks=8, width=256, what="identical blocks in the mod
     p.add_argument("--width", type=positive(int), default=width, help="features of each block")
     p.add_argument("--device", default="cpu", choices=("auto", "cuda", "cpu"))
     p.set_defaults(block_lesson=lesson)
+    p.concerns.append("blocks")
 
 
 def add_sweep(p, steps=20, what="batch sizes", example="32,64,128"):
@@ -130,10 +123,12 @@ def add_sweep(p, steps=20, what="batch sizes", example="32,64,128"):
     p.add_argument("--sweep", default=None, help=f"comma-separated {what}: measure throughput only")
     p.add_argument("--sweep-steps", type=positive(int), default=steps, help="timed steps per size")
     p.set_defaults(sweep_what=what, sweep_example=example)
+    p.concerns.append("sweep")
 
 
 def add_group(p, backend=True, set_epoch=True):
     """Lesson 04 on: joining a job of several processes (trainup/distributed.py)."""
+    p.concerns.append("group")
     if backend:
         from .distributed import BACKENDS
         p.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
@@ -144,77 +139,23 @@ def add_group(p, backend=True, set_epoch=True):
                        help="forget sampler.set_epoch(), to see every epoch repeat the same order")
 
 
-def _check_concerns(p, args):
-    if getattr(args, "workers", None) is not None and args.workers < 0:
-        p.error(f"--workers must be 0 or more, got {args.workers}")
-    if getattr(args, "resident", False) and args.dataset == "synthetic":
-        p.error("--resident needs a data set held in memory (digits, mnist, cifar10); synthetic images are made "
-                "on the fly")
-    lesson = getattr(args, "block_lesson", None)
-    if lesson and args.dataset == "synthetic":
-        p.error(f"--dataset synthetic: {lesson} takes a data set held in memory (digits, mnist, "
-                "cifar10)")
-    if getattr(args, "sweep", None):
-        try:
-            args.sweep = [int(b) for b in args.sweep.split(",")]
-            assert min(args.sweep) > 0
-        except (ValueError, AssertionError):
-            p.error(f"--sweep takes {args.sweep_what} like {args.sweep_example}, got {args.sweep!r}")
-    args.show_progress = not args.no_progress
-
-
 def parse(p, argv=None):
-    """Parse, apply --quick, and check what argparse alone cannot."""
-    args = p.parse_args(argv)
-    if args.quick:
-        args.train_size = args.train_size or QUICK["train_size"]
-        args.test_size = args.test_size or QUICK["test_size"]
-        if "--epochs" not in (argv if argv is not None else sys.argv):
-            args.epochs = QUICK["epochs"]
-    if not 0 <= args.dropout < 1:
-        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    try:
-        args.image_shape = tuple(int(n) for n in args.image_shape.lower().split("x"))
-        assert len(args.image_shape) == 3 and min(args.image_shape) > 0
-    except (ValueError, AssertionError):
-        p.error(f"--image-shape must look like 3x224x224, got {args.image_shape!r}")
-    if (args.dataset == "synthetic" and getattr(args, "model", None) in ("cnn", "cnn_bn")
-            and min(args.image_shape[1:]) < CNN_MIN_SIDE):
-        side = CNN_MIN_SIDE
-        p.error(f"--image-shape {'x'.join(map(str, args.image_shape))} is too small for --model "
-                f"{args.model}: its convolutions and pooling need at least {side}x{side} pixels")
+    """Parse into one frozen Config (trainup/config.py), checked once: a refusal is one sentence
+    and exit status 2."""
+    ns = p.parse_args(argv)
+    epochs_given = "--epochs" in (argv if argv is not None else sys.argv)  # else --quick's
+    args = build(p, vars(ns), getattr(p, "concerns", config.ALWAYS), epochs_given)
     if args.precision in ("64", "64-true", "double"):  # Lightning's spellings too
         torch.set_default_dtype(torch.float64)  # the model, the data (data.load) and every buffer
-    _check_concerns(p, args)
-    return named(p, args)
-
-
-def named(p, args):
-    """The run's name (rank 0's default wins later: preempt.Stopper) and its --log-dir, checked before any
-    work: a plain file name, and a folder that can be made and written (nothing is made yet)."""
-    args.run_name_default = args.run_name is None  # then rank 0's name wins in a job of many (preempt.Stopper)
-    if args.run_name is None:
-        args.run_name = runlock.default_name(args.lesson)
-    elif not args.run_name or "/" in args.run_name or args.run_name.startswith(".") or len(args.run_name) > 200:
-        p.error(f"--run-name must be a plain file name of at most 200 characters, got {args.run_name[:80]!r}")
-    probe = Path(args.log_dir).absolute()
-    while not probe.exists():
-        probe = probe.parent
-    why = "is not a folder" if not probe.is_dir() else writable(probe)
-    if why:
-        p.error(f"--log-dir {args.log_dir} cannot be created or written ({probe} {why}); point it at a folder "
-                f"you can write")
     return args
 
 
-def writable(folder):
-    """None where a folder can be made in folder (made and removed again); else why not. os.access
-    answers yes to root everywhere, also under /proc and on a read-only file system."""
+def build(p, values, concerns, epochs_given=True):
+    """config.build, its refusal p.error's one sentence and exit status 2."""
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".trainup-probe-", dir=folder))
-    except OSError as e:
-        return f"cannot be written: {e.strerror or e}"
-    return None
+        return config.build(values, concerns, epochs_given)
+    except config.ConfigError as e:
+        p.error(str(e))
 
 
 PEER_GONE = re.compile(r"Connection (closed|reset) by peer")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import UserError
+from . import UserError, config
 from .meter import Meter, steady_rate  # noqa: F401  scripts say metrics.Meter
 from .schema import (COMMON, OPTIONAL, SCHEMA, SCHEMA_VERSION, TYPES, TYPES_IN,  # noqa: F401
                      check_record)
@@ -141,7 +141,8 @@ class RunLog:
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._lr_hook = register_optimizer_step_post_hook(self._stepped)
         self.write("config", schema_version=SCHEMA_VERSION, script=Path(script).name, lesson=args.lesson,
-                   args={k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()})
+                   args={k: (list(v) if isinstance(v, tuple) else v)
+                         for k, v in config.as_dict(args).items()})
         self.write("env", **environment(device, world_size, backend))
 
     def write(self, type, **fields):

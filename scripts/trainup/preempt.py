@@ -26,7 +26,7 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from . import UserError, checkpoint
+from . import UserError, checkpoint, config
 from .meter import Meter
 
 STOPPED_EXIT = 75  # sysexits.h's EX_TEMPFAIL, "try again later": stopped, resumable (the SLURM template requeues)
@@ -165,6 +165,7 @@ class Stopper:
     where it is (rank 0 writes, atomically) and exits with STOPPED_EXIT.
 
         stop = preempt.Stopper(args)                 # first: the run's name is settled here
+        args = stop.args
         ...checkpoint.load, RunLog...
         stop.watch(ckpt, log, model, optimizer, scheduler, scaler)
         train_epoch(model, stop.batches(train_loader, epoch), ...)   # train_epoch: meter = preempt.meter(loader)
@@ -173,12 +174,13 @@ class Stopper:
     def __init__(self, args, comm=None, catch=True):
         """catch=False: the signals are another process's to catch, which passes the stop on (a Ray
         worker's loop runs in a thread, where Python sets no handler: Ray's driver catches them)."""
-        self.args, self.comm = args, comm or Alone()
+        self.comm = comm or Alone()
         self.signal, self.pid = None, os.getpid()
         # under torchrun (its agent is this process's parent): watched at each stop check
         self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         if getattr(args, "run_name_default", False):  # rank 0's default name, for every rank
-            args.run_name = self.comm.broadcast(args.run_name)
+            args = config.replaced(args, run_name=self.comm.broadcast(args.run_name))
+        self.args = args  # the script goes on with this one: args = stop.args
         for sig in {signal.SIGTERM, getattr(signal, f"SIG{args.stop_signal}")} if catch else ():
             signal.signal(sig, self._requested)
         self.position, self.watched, self.how, self.posted = None, None, "", None

@@ -108,10 +108,10 @@ def parse(argv=None):
         p.error(f"{args.command[0]!r}: no such command (not on PATH, or not executable)")
     if not args.every > 0:
         p.error(f"--every must be a number of seconds above 0, got {args.every}")
-    args.base = (args.metadata_url or BASES[args.cloud]).rstrip("/")
-    if not args.base.startswith(("http://", "https://")):
+    base = (args.metadata_url or BASES[args.cloud]).rstrip("/")
+    if not base.startswith(("http://", "https://")):
         p.error(f"--metadata-url must start with http:// or https://, got {args.metadata_url!r}")
-    return args
+    return argparse.Namespace(**vars(args), base=base)
 
 
 def say(sentence):

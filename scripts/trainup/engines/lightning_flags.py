@@ -4,7 +4,7 @@ devices and num_nodes come from when the flags are left out (torchrun's or SLURM
 import os
 import sys
 
-from .. import UserError, cli, distributed
+from .. import UserError, cli, config, distributed
 from . import lightning_callbacks, lightning_compat
 from .. import devices as trainup_devices
 
@@ -51,10 +51,10 @@ def add(p):
 
 def check(args):
     """--max-epochs is --epochs; a Lightning 1.x flag or strategy, or a strategy this Lightning
-    lacks, is one sentence (UserError) before any work."""
+    lacks, is one sentence (UserError) before any work. Returns the configuration to go on with."""
     from pytorch_lightning.strategies import StrategyRegistry
     if args.max_epochs is not None:
-        args.epochs = args.max_epochs
+        args = config.replaced(args, epochs=args.max_epochs)
     lightning_compat.check_removed(args)
     if args.batch_size % args.accumulate_grad_batches:
         raise UserError(f"--accumulate-grad-batches {args.accumulate_grad_batches} must divide "

@@ -1,13 +1,13 @@
 """Ray Train's job of many processes, in the shape of trainup/distributed.py's calls.
 
     ray_run.add_flags(p)               # --ray-workers, --max-failures, the group's flags
-    gpus = ray_run.check(args)         # Ray there, the batch splits: said before Ray starts
+    args, gpus = ray_run.check(args)   # Ray there, the batch splits: said before Ray starts
     with ray_run.cluster(args, gpus):  # a local Ray cluster on this machine, offline
         trainer = TorchTrainer(ray_run.stoppable(train_loop), ...)
         result = ray_run.fit(trainer, args)  # gave up on: one sentence; stopped: exit 75
     ctx = ray_run.context(args)        # in a worker: the Context (Ray joined the group)
     stop = ray_run.Stopper(args, ctx)  # in a worker: the driver's stop, at one step on all ranks
-    start = ray_run.restore(args, ckpt, model, optimizer, scheduler, device, scaler)
+    args, start = ray_run.restore(args, ckpt, model, optimizer, scheduler, device, scaler)
     ray_run.report(record, ckpt, ctx)  # every rank, each epoch; rank 0's with the checkpoint
     ray_run.show_placement()           # in the driver: each actor's process, node and state
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import ROOT, UserError, checkpoint, cli, devices, preempt
+from .. import ROOT, UserError, checkpoint, cli, config, devices, preempt
 from ..distributed import Context
 
 try:
@@ -61,7 +61,8 @@ def add_flags(p):
 
 def check(args):
     """What must hold before Ray starts: Ray itself, a batch that splits, a GPU per worker.
-    Returns the GPUs the workers take (0 on CPUs)."""
+    Returns the configuration the workers get (its paths absolute) and the GPUs they take (0 on
+    CPUs)."""
     if ray is None:
         raise UserError(f"Ray is not installed in this Python ({RAY_MISSING}); install it with "
                         f"pip install '{PIN}'")
@@ -81,12 +82,12 @@ def check(args):
     if gpus and args.ray_workers > gpus:
         raise UserError(f"--ray-workers {args.ray_workers} asks for one GPU each and this machine "
                         f"has {gpus}; use --ray-workers {gpus} or fewer, or --device cpu")
-    for name in ("log_dir", "checkpoint_dir"):  # the workers do not start in this folder
-        setattr(args, name, str(Path(getattr(args, name)).absolute()))
+    args = config.replaced(args, **{  # the workers do not start in this folder
+        name: str(Path(getattr(args, name)).absolute()) for name in ("log_dir", "checkpoint_dir")})
     kept = checkpoint.path_for(args) if getattr(args, "resume", False) else None
     if kept is not None and kept.exists():  # here: a worker's refusal, Ray would retry, and retry
         checkpoint.same_run(kept, checkpoint.read(kept).get("args") or {}, args)
-    return gpus
+    return args, gpus
 
 
 def storage(args):
@@ -313,8 +314,15 @@ class Stopper(preempt.Stopper):
 
     def __init__(self, args, ctx):
         super().__init__(args, preempt.TorchDistributed(ctx), catch=False)
-        self.ctx, self.asked, self.at = ctx, stop_file(args), None
+        self.ctx, self.asked, self.at = ctx, stop_file(self.args), None
         threading.Thread(target=self._read, name="trainup-ray-stop", daemon=True).start()
+
+    def watch(self, *a, **kw):
+        """preempt.Stopper.watch; a run Ray started again from its checkpoint resumes (restore),
+        where a stop may have left it inside an epoch."""
+        if ray.train.get_checkpoint() is not None:
+            self.args = config.replaced(self.args, resume=True)
+        return super().watch(*a, **kw)
 
     def _read(self, every_s=0.2):
         while self.signal is None:
@@ -385,21 +393,21 @@ def context(args):
 
 
 def restore(args, path, model, optimizer, scheduler, device, scaler=None):
-    """The epoch to start from. After a failure Ray starts every worker again and hands it the last
-    checkpoint it kept: the run goes on from there, its log appended. Else --resume reads the
-    course's own."""
+    """The configuration to go on with and the epoch to start from. After a failure Ray starts
+    every worker again and hands it the last checkpoint it kept: the run goes on from there, its
+    log appended (resume). Else --resume reads the course's own."""
     kept = ray.train.get_checkpoint()
     if kept is None:
         if not args.resume:
-            return 1
-        return checkpoint.load(path, model, optimizer, scheduler, device, scaler)
-    args.resume = True  # the log goes on
+            return args, 1
+        return args, checkpoint.load(path, model, optimizer, scheduler, device, scaler)
+    args = config.replaced(args, resume=True)  # the log goes on
     with kept.as_directory() as folder:
         saved = Path(folder) / path.name
         epoch = checkpoint.load(saved, model, optimizer, scheduler, device, scaler)
     # where a stop left the run inside an epoch: the Stopper looks for it under the run's own path
     checkpoint._POSITIONS[str(path)] = checkpoint.position(saved)
-    return epoch
+    return args, epoch
 
 
 def report(record, path, ctx):

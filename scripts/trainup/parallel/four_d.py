@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from .. import checkpoint
+from .. import checkpoint, config
 from . import context_parallel as cp
 from ..meter import Meter
 from .parallel_dims import NAMES
@@ -307,9 +307,9 @@ def folder(args, dims):
     """Where every rank saves its shards of its stage (save: a DCP checkpoint), the layout kept
     beside it with the flags: load refuses, in one sentence, a checkpoint of another layout (a
     stop's position holds each rank's random states and share of the data, so a run resumes on
-    the mesh it saved from)."""
-    args.tp_layout = dims.layout()
-    return checkpoint.path_for(args).with_suffix(".dcp")
+    the mesh it saved from). Returns args with the layout, and the folder."""
+    args = config.replaced(args, tp_layout=dims.layout())
+    return args, checkpoint.path_for(args).with_suffix(".dcp")
 
 
 def save(folder, stage, optimizer, scheduler, epoch, args, position=None):

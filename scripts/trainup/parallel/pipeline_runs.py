@@ -6,7 +6,7 @@ import itertools
 
 import torch.distributed as dist
 
-from .. import UserError, cli, data
+from .. import UserError, cli, config, data
 from . import pipeline
 
 
@@ -29,6 +29,7 @@ def add_flags(p):
                         "1f1b: one forward, one backward; the others hold 2 stages a process "
                         "(interleaved, zero bubble); several, comma-separated, run in turn in one "
                         f"job (of: {', '.join(pipeline.SCHEDULES)})")
+    p.set_defaults(schedule=None)  # check_flags': the first of them
     p.add_argument("--stages", type=cli.positive(int), default=2,
                    help="processes in one pipeline (1: no pipeline)")
     p.add_argument("--microbatches", type=cli.positive(int), default=4,
@@ -48,7 +49,7 @@ def add_flags(p):
 
 def check_flags(p, args):
     """After parsing: the first schedule is args.schedule; several need a pipeline."""
-    args.schedule = args.schedules[0]
+    args = config.replaced(args, schedule=args.schedules[0])
     if args.recompute and (args.split == "traced" or args.stages == 1):
         p.error("--recompute checkpoints the blocks of the stages cut by hand: use it with "
                 "--split manual and --stages 2 or more")
@@ -68,11 +69,10 @@ def runs(args):
     """One set of arguments per schedule: several schedules run in turn, each its own run
     (run_name)."""
     for name in args.schedules:
-        yield argparse.Namespace(**{
-            **vars(args), "schedule": name,
-            "run_name": run_name(args.run_name, name, args.schedules),
+        yield config.replaced(
+            args, schedule=name, run_name=run_name(args.run_name, name, args.schedules),
             # naive: the whole batch is one micro-batch
-            "microbatches": 1 if name == "naive" else args.microbatches})
+            microbatches=1 if name == "naive" else args.microbatches)
 
 
 def log_layout(log, args, ctx, layout):

@@ -8,7 +8,6 @@ rank holds, the collectives a step runs, and sharded checkpoints that reshard on
     --shard gradients_fsdp  ZeRO-2 as PyTorch ships it: fully_shard(reshard_after_forward=False),
                         parameters gathered from forward to the end of backward, else sharded
 """
-import argparse
 import collections
 import contextlib
 import json
@@ -23,7 +22,7 @@ import torch.nn as nn
 import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401  before joining: see distributed.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import UserError, checkpoint, cli, distributed
+from .. import UserError, checkpoint, cli, config, distributed
 
 # torch 2.13 names them *_single; older releases (a GPU machine's or Colab's torch) have only the old names
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
@@ -92,7 +91,7 @@ def add_flags(p):
 def check_flags(p, args):
     """args with --shard split into its modes; p.error on modes, resumes and precisions that do not
     go together. Returns args."""
-    args.shard = args.shard.split(",")
+    args = config.replaced(args, shard=tuple(args.shard.split(",")))
     unknown = [m for m in args.shard if m not in MODES]
     if unknown or len(set(args.shard)) != len(args.shard):
         p.error(f"--shard takes {', '.join(MODES)} (each once, comma-separated), "
@@ -118,7 +117,7 @@ def check_flags(p, args):
     if args.meta_init and not set(args.shard) <= set(FULLY_SHARDED):
         p.error(f"--meta-init hands each rank its shards of fully_shard's parameters: use it with "
                 f"--shard {' or '.join(FULLY_SHARDED)} only, got --shard {','.join(args.shard)}")
-    if args.precision == "bf16" and args.shard != ["parameters"]:
+    if args.precision == "bf16" and args.shard != ("parameters",):
         p.error("--precision bf16 is FSDP's MixedPrecisionPolicy here: use it with --shard "
                 "parameters alone")
     return args
@@ -158,7 +157,7 @@ def runs(args):
     args for that mode alone (--run-name suffixed with the mode when there are several)."""
     for mode in args.shard:
         name = args.run_name if len(args.shard) == 1 else f"{args.run_name}_{mode}"
-        run = argparse.Namespace(**{**vars(args), "run_name": name, "shard": mode})
+        run = config.replaced(args, run_name=name, shard=mode)
         source = dcp_folder(run)
         if args.resume_from:
             source = source.with_name(f"{name.replace(args.run_name, args.resume_from, 1)}.dcp")

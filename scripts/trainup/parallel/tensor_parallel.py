@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .. import UserError, checkpoint, cli
+from .. import UserError, checkpoint, cli, config
 from . import sharding
 from ..devices import synchronize
 
@@ -40,10 +40,12 @@ def add_flags(p):
                    what="MLP blocks in the model")
     p.add_argument("--hidden", type=cli.positive(int), default=256,
                    help="hidden features of each block (cut over tp)")
+    p.set_defaults(tp_layout=None)  # check_shape's, or four_d.folder's: the mesh a checkpoint is of
 
 
 def check_shape(args, world_size):
-    """(tp, dp) for this job, or one sentence on what does not fit; before anyone waits for anyone."""
+    """(args with the layout, tp, dp) for this job, or one sentence on what does not fit; before
+    anyone waits for anyone."""
     tp = args.tp or max(world_size // (args.dp or 1), 1)
     if world_size % tp:
         raise UserError(f"--tp {tp} does not divide the {world_size} process(es) of this job: tensor parallelism "
@@ -57,8 +59,8 @@ def check_shape(args, world_size):
                         f"hidden/tp features of every block; use a multiple of {tp}")
     if args.batch_size % dp:
         raise UserError(f"--batch-size {args.batch_size} cannot be split evenly over --dp {dp} data-parallel groups")
-    args.tp_layout = f"--dp {dp} --tp {tp}"  # which slices each rank holds: kept with a checkpoint
-    return tp, dp
+    # which slices each rank holds: kept with a checkpoint
+    return config.replaced(args, tp_layout=f"--dp {dp} --tp {tp}"), tp, dp
 
 
 def coordinates(rank, tp):
