@@ -448,7 +448,7 @@ def log_dir(tmp_path):
 def local_slurm(tmp_path_factory):
     """A real SLURM for the module that asks (apt-get installs it the first time); every daemon stopped by
     pid. Where it cannot start: skipped, or failed under TRAINUP_REQUIRE_SLURM=1 (CI sets it)."""
-    from lessons import slurm
+    from lessons.bylesson import slurm
 
     state = tmp_path_factory.mktemp("slurm")
     with pytest.MonkeyPatch.context() as mp:
@@ -508,7 +508,7 @@ if len(_spec) >= 2 and _spec[0] == _rank and _first:
 
 def require_horovod():
     """Skip where Horovod is not built; fail where TRAINUP_REQUIRE_HOROVOD=1 says it must be."""
-    from lessons import horovod
+    from lessons.bylesson import horovod
 
     ok, sentence = horovod.available()
     if not ok:

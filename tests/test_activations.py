@@ -5,7 +5,8 @@ were."""
 import pytest
 import torch
 
-from lessons import activations, checks
+from lessons import checks
+from lessons.bylesson import activations
 from trainup import transformer
 
 

@@ -134,7 +134,7 @@ BREAKAGES = {
         "test_four_d.py::test_the_job_ends_with_the_parameters_of_one_process[fourd_dp2cp2]",
     ),
     "the planner counts fp32 training as the ZeRO paper's fp16 recipe": (
-        "lessons/planner.py",
+        "lessons/bylesson/planner.py",
         'PER_PARAM = {"32": FP32_ADAM, "bf16": FSDP2_BF16, "16": MIXED_ADAM}',
         'PER_PARAM = {"32": MIXED_ADAM, "bf16": FSDP2_BF16, "16": MIXED_ADAM}',
         "test_simulated_world.py::"

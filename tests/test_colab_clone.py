@@ -261,7 +261,14 @@ def test_the_spot_drill_of_lesson_04c_runs_from_a_clone_as_on_colab(clone, tmp_p
     cloud's metadata service) from the copy: it ends as the notebook's stored output says."""
     notebook = "04c_elastic"
     spot = cell(notebook, 'spot = elastic.spot_drill("spot", cloud="aws")')
-    pieces = [cell(notebook, "from lessons import checks, elastic, launch, ray_drill"), spot]
+    pieces = [
+        cell(
+            notebook,
+            "from lessons import checks, launch, report\n"
+            "from lessons.bylesson import elastic, ray_drill",
+        ),
+        spot,
+    ]
     results, stderr = run_lessons(clone, tmp_path, {notebook: pieces})
     assert_only_the_copy(clone, results[notebook], stderr)
     _, found, said, _ = results[notebook]
@@ -313,7 +320,10 @@ LESSONS = {
     ),
     "02_single_gpu": (
         [
-            whole("from lessons import checks, claims, gpu, launch, report"),
+            whole(
+                "from lessons import checks, claims, launch, report\n"
+                "from lessons.bylesson import gpu"
+            ),
             call('cpu_run = report.run("_trainup_gpu.py", "--device", "cpu", name="gpu_cpu")'),
         ],
         True,
@@ -321,7 +331,10 @@ LESSONS = {
     # its first job remakes lesson 02's CPU run where it is missing, as in a fresh clone
     "02b_feeding_the_gpu": (
         [
-            whole("from lessons import checks, claims, gpu, launch, report"),
+            whole(
+                "from lessons import checks, claims, launch, report\n"
+                "from lessons.bylesson import gpu"
+            ),
             glue('cpu_run = "gpu_cpu"'),
             call('report.run("_trainup_gpu.py", "--device", "cpu", name=cpu_run)'),
         ],
@@ -339,7 +352,10 @@ LESSONS = {
     ),
     "04_ddp": (
         [
-            whole("from lessons import checks, claims, ddp, launch, report"),
+            whole(
+                "from lessons import checks, claims, launch, report\n"
+                "from lessons.bylesson import ddp"
+            ),
             glue("n = 2"),
             call(
                 'launch.run("_trainup_ddp.py", "--device", "cpu", "--batch-size", 64, '
@@ -350,7 +366,10 @@ LESSONS = {
     ),
     "04a1_inside_ddp": (
         [
-            whole("from lessons import checks, collectives, launch, report"),
+            whole(
+                "from lessons import checks, launch, report\n"
+                "from lessons.bylesson import collectives"
+            ),
             call('collectives.run("collectives", name="inside_collectives")'),
         ],
         True,
@@ -358,14 +377,19 @@ LESSONS = {
     # its first jobs remake lesson 04a1's runs where they are missing, as in a fresh clone
     "04a2_tuning_ddp": (
         [
-            whole("from lessons import checks, claims, collectives, ddp, launch, report"),
+            whole(
+                "from lessons import checks, claims, launch, report\n"
+                "from lessons.bylesson import collectives, ddp"
+            ),
             call('collectives.run("ddp", name="inside_ddp")'),
         ],
         True,
     ),
     "04a3_nodes_and_faults": (
         [
-            whole("from lessons import checks, collectives, ddp, launch"),
+            whole(
+                "from lessons import checks, launch\nfrom lessons.bylesson import collectives, ddp"
+            ),
             call(
                 'launch.two_nodes("_trainup_ddp.py", "--device", "cpu", '
                 'name="ddp_2nodes_static", rendezvous="static")'
@@ -375,7 +399,10 @@ LESSONS = {
     ),
     # no SLURM in the copy, as on Colab: the cell asks tools/local_slurm.sh and says so
     "04b_slurm": (
-        [whole("from lessons import checks, report, slurm"), whole("slurm.for_notebook()")],
+        [
+            whole("from lessons import checks, report\nfrom lessons.bylesson import slurm"),
+            whole("slurm.for_notebook()"),
+        ],
         False,
     ),
     # Horovod's probe, a fresh interpreter importing horovod.torch: what Colab, without it, runs
@@ -383,7 +410,9 @@ LESSONS = {
     "05b_inside_horovod": ([whole("HOROVOD, about = horovod.available()")], False),
     "06_pipeline_parallel": (
         [
-            whole("from lessons import checks, launch, report, schedules"),
+            whole(
+                "from lessons import checks, launch, report\nfrom lessons.bylesson import schedules"
+            ),
             call(
                 'schedules.run("_trainup_pipeline_manual.py", "--steps", 20, '
                 '*SIZE, name="pp_manual")'
@@ -395,7 +424,7 @@ LESSONS = {
     # its schedules here (a job of one schedule names its run without the schedule)
     "06b_pipeline_schedules": (
         [
-            whole("from lessons import checks, report, schedules"),
+            whole("from lessons import checks, report\nfrom lessons.bylesson import schedules"),
             glue('SCHEDULES = ["gpipe", "1f1b"]'),
             call(
                 'schedules.run("_trainup_pipeline.py", "--microbatches", 4, *SIZE, *checks.PROOF, '
@@ -407,7 +436,7 @@ LESSONS = {
     # its first job remakes lesson 06's one-process run where it is missing, as in a fresh clone
     "06c_bubble_and_memory": (
         [
-            whole("from lessons import checks, report, schedules"),
+            whole("from lessons import checks, report\nfrom lessons.bylesson import schedules"),
             call(
                 'report.run("_trainup_pipeline.py", "--stages", 1, *SIZE, *checks.PROOF, '
                 'name="pp_one")'
@@ -417,7 +446,10 @@ LESSONS = {
     ),
     "07_lightning": (
         [
-            whole("from lessons import checks, claims, launch, lightning, report"),
+            whole(
+                "from lessons import checks, claims, launch, report\n"
+                "from lessons.bylesson import lightning"
+            ),
             call(
                 'launch.run("_trainup_fabric.py", "--accelerator", "cpu", *COMMON, '
                 'name="l_fabric", nproc=2)'
@@ -428,7 +460,10 @@ LESSONS = {
     # its first cell of jobs remakes lesson 07's runs where they are missing, as in a fresh clone
     "07b_lightning_launch_and_log": (
         [
-            whole("from lessons import checks, launch, lightning, report, slurm"),
+            whole(
+                "from lessons import checks, launch, report\n"
+                "from lessons.bylesson import lightning, slurm"
+            ),
             call(
                 'report.run("_trainup_gpu.py", "--device", "cpu", "--threads", 1, *COMMON,\n'
                 '                           "--no-progress", name="l_one")'
@@ -438,7 +473,9 @@ LESSONS = {
     ),
     "07c_lightning_options": (
         [
-            whole("from lessons import checks, launch, lightning, report"),
+            whole(
+                "from lessons import checks, launch, report\nfrom lessons.bylesson import lightning"
+            ),
             call(
                 'report.run("_trainup_gpu.py", "--device", "cpu", "--threads", 1, *COMMON, '
                 '"--no-progress",\n               name="l_one")'
@@ -448,14 +485,17 @@ LESSONS = {
     ),
     "08_monitoring_and_profiling": (
         [
-            whole("from lessons import checks, claims, launch, report, traces"),
+            whole(
+                "from lessons import checks, claims, launch, report\n"
+                "from lessons.bylesson import traces"
+            ),
             call('report.run("_trainup_cpu.py", "--profile", STEPS, name="prof_cpu")'),
         ],
         True,
     ),
     "08a_profiling_ddp": (
         [
-            whole("from lessons import checks, launch, traces"),
+            whole("from lessons import checks, launch\nfrom lessons.bylesson import traces"),
             call('launch.run("_trainup_ddp.py", "--profile", STEPS, name="prof_ddp", nproc=2)'),
         ],
         True,
@@ -465,14 +505,19 @@ LESSONS = {
     # its own first job
     "08b_tensorboard": (
         [
-            whole("from lessons import checks, launch, report, traces"),
+            whole(
+                "from lessons import checks, launch, report\nfrom lessons.bylesson import traces"
+            ),
             call('report.run("_trainup_lightning.py", "--monitor", name="pl_monitor")'),
         ],
         True,
     ),
     "09_sharding": (
         [
-            whole("from lessons import checks, claims, launch, zero_stages as lesson"),
+            whole(
+                "from lessons import checks, claims, launch\n"
+                "from lessons.bylesson import zero_stages as lesson"
+            ),
             glue("n = 1"),
             call('lesson.run(n, f"fsdp_n{n}")'),
         ],
@@ -481,7 +526,7 @@ LESSONS = {
     # its first job remakes lesson 09's runs where they are missing, as in a fresh clone
     "09a1_sharding_costs": (
         [
-            whole("from lessons import checks, zero_stages as lesson"),
+            whole("from lessons import checks\nfrom lessons.bylesson import zero_stages as lesson"),
             glue("n = 2"),
             call('lesson.made_here(n, f"fsdp_n{n}")'),
         ],
@@ -490,7 +535,7 @@ LESSONS = {
     # its own first job: lesson 09's runs it reads may be in the copy already (09's test made them)
     "09a2_fsdp_at_scale": (
         [
-            whole("from lessons import checks, zero_stages as lesson"),
+            whole("from lessons import checks\nfrom lessons.bylesson import zero_stages as lesson"),
             call('lesson.run(2, "fsdp_save2", modes=("parameters",), epochs=1)'),
         ],
         True,
@@ -498,14 +543,17 @@ LESSONS = {
     # no job: the layer is measured in the notebook's own process
     "09b_activations": (
         [
-            whole("from lessons import activations, checks, claims"),
+            whole("from lessons import checks, claims\nfrom lessons.bylesson import activations"),
             whole("diffs = activations.largest_gradient_difference()"),
         ],
         False,
     ),
     "09c_tensor_parallel": (
         [
-            whole("from lessons import checks, claims, launch, report, tp_runs"),
+            whole(
+                "from lessons import checks, claims, launch, report\n"
+                "from lessons.bylesson import tp_runs"
+            ),
             call('report.run("_trainup_tp.py", "--threads", 1, *TP_SIZE, name="tp_one")'),
         ],
         True,
@@ -526,7 +574,7 @@ LESSONS = {
     # the first of the five jobs sr.ensure_pair() starts (sr.PAIR[0]): lesson 02's helper and script
     "10_scaling_report": (
         [
-            whole("from lessons import scaling_report as sr"),
+            whole("from lessons.bylesson import scaling_report as sr"),
             glue('report.run("_trainup_gpu.py", *sr.PAIR_FLAGS, name="report_one")'),
         ],
         True,
@@ -534,14 +582,14 @@ LESSONS = {
     # the same: it makes lesson 10's pair where the copy lacks it, as in a fresh clone
     "10a_same_model": (
         [
-            whole("from lessons import scaling_report as sr"),
+            whole("from lessons.bylesson import scaling_report as sr"),
             glue('report.run("_trainup_gpu.py", *sr.PAIR_FLAGS, name="report_one")'),
         ],
         True,
     ),
     "11_predict_the_cluster": (
         [
-            whole("from lessons import checks, collectives, hardware"),
+            whole("from lessons import checks, hardware\nfrom lessons.bylesson import collectives"),
             call('collectives.run("bandwidth", name="predict_bandwidth")'),
         ],
         True,
@@ -549,7 +597,10 @@ LESSONS = {
     # arithmetic over published runs: the published times read from the copy, no job
     "11a1_published_runs": (
         [
-            whole("from lessons import checks, hardware, predict, predict_plots, slurm"),
+            whole(
+                "from lessons import checks, hardware\n"
+                "from lessons.bylesson import predict, predict_plots, slurm"
+            ),
             whole("runs = slurm.published_times()"),
         ],
         False,
@@ -557,7 +608,9 @@ LESSONS = {
     # the planner's arithmetic, and a checkpoint written where the copy's lessons put them
     "11a2_planner": (
         [
-            whole("from lessons import checks, hardware, predict, report"),
+            whole(
+                "from lessons import checks, hardware, report\nfrom lessons.bylesson import predict"
+            ),
             whole(
                 'c = predict.checkpoint_seconds(facts["resnet50"]["params"], report.CHECKPOINT_DIR)'
             ),
@@ -574,7 +627,10 @@ LESSONS = {
     # the simulation runs in the notebook's process: a small one starts no job
     "11b_simulated_world": (
         [
-            whole("from lessons import checks, planner, simulated_world as sw"),
+            whole(
+                "from lessons import checks\n"
+                "from lessons.bylesson import planner, simulated_world as sw"
+            ),
             glue("sw.simulate(planner.Transformer(2, 64, 4, 16), 8)"),
         ],
         False,
@@ -606,7 +662,7 @@ LESSONS = {
     # a short run in the notebook's process: the course's model and data, imported from the copy
     "09h_float8": (
         [
-            whole("from lessons import checks, float8"),
+            whole("from lessons.bylesson import float8"),
             whole("f8_weight, f8_input, f8_grads = float8.short_run(steps=12)"),
         ],
         False,
@@ -686,7 +742,7 @@ def test_a_first_job_started_once_stands_for_lessons_that_start_it_the_same_way(
     assert proven_by("06c_bubble_and_memory") == "06c_bubble_and_memory"  # python, not torchrun
     assert proven_by("04a3_nodes_and_faults") == "04a3_nodes_and_faults"  # two launchers
     # lesson 10's glue names the run and script that ensure_pair() starts first
-    from lessons import scaling_report as sr
+    from lessons.bylesson import scaling_report as sr
 
     assert sr.PAIR[0][:2] == ("report_one", "_trainup_gpu.py") and not sr.PAIR[0][3]
     assert proven_by("10a_same_model") == proven_by("10_scaling_report") == "02_single_gpu"

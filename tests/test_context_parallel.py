@@ -21,7 +21,8 @@ from conftest import (
     start_job,
     start_run,
 )
-from lessons import checks, equivalence, launch, report
+from lessons import checks, launch, report
+from lessons.bylesson import equivalence
 from trainup.parallel import context_parallel as cp
 from trainup import transformer
 

@@ -488,7 +488,7 @@ def test_the_scaling_table_joins_this_machine_s_runs_and_the_references():
     machine's speedup is over its own one-process run (with the H100's reference the
     repeated index broke the table)."""
     import pandas as pd
-    from lessons import ddp
+    from lessons.bylesson import ddp
 
     def row(where, n, speed):
         return dict(

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import SCRIPTS, Ranks, assert_clean_error, in_process, start_wanted
-from lessons import checks, collectives, launch, report
+from lessons import checks, launch, report
+from lessons.bylesson import collectives
 from test_ddp import finish, ok, start
 
 COLLECTIVES = str(SCRIPTS / "_trainup_collectives.py")

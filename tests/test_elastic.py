@@ -4,7 +4,8 @@ with the parameters of one process (float64, the same global batch at every size
 import pytest
 
 from conftest import ROOT, drill_beside_its_baseline, notebook_or_own
-from lessons import checks, elastic
+from lessons import checks
+from lessons.bylesson import elastic
 from lessons.log_reader import read_run
 
 # Notebook 04c makes this very drill and its one-process run (elastic.FLAGS): in a session that

@@ -142,7 +142,7 @@ def test_04_several_devices(tmp_path):
 
 
 def test_04b_template_and_amdahl(tmp_path):
-    from lessons import slurm
+    from lessons.bylesson import slurm
 
     s = solution("04b_slurm")
     assert slurm.check_counts(s.two_by_two(tmp_path))[1] == []
@@ -366,7 +366,8 @@ def test_11a1_my_cluster():
 
 
 def test_11a2_checkpoint_budget_and_fewest_gpus():
-    from lessons import hardware, perfmodel as pm, planner, predict
+    from lessons import hardware, perfmodel as pm
+    from lessons.bylesson import planner, predict
 
     s = solution("11a2_planner")
     c = s.checkpoint_budget(16_384, 120.0, 0.10)
@@ -380,7 +381,7 @@ def test_11a2_checkpoint_budget_and_fewest_gpus():
 
 
 def test_04c_spot_break_even_and_the_padded_return():
-    from lessons import elastic
+    from lessons.bylesson import elastic
 
     s = solution("04c_elastic")
     rate = s.break_even(4.0, 1.2, 0.25)
@@ -400,7 +401,7 @@ def test_12_expert_parameters_and_capacity():
 
 
 def test_11b_padding_at_8192_ranks_and_bf16_against_fp32():
-    from lessons import simulated_world as sw
+    from lessons.bylesson import simulated_world as sw
 
     answers = solution("11b_simulated_world")
     held, even = answers.weights_at()

@@ -19,7 +19,8 @@ from conftest import (
     start_baseline,
     start_job,
 )
-from lessons import checks, gpu, launch, lightning, report
+from lessons import checks, launch, report
+from lessons.bylesson import gpu, lightning
 
 SCRIPT = str(SCRIPTS / "_trainup_fabric.py")
 # as the baseline (conftest.BASELINE): dropout off, float64, the global batch of 64

@@ -5,7 +5,7 @@ as it is; the formats' table is torch.finfo's, and its smallest values are what 
 import pytest
 import torch
 
-from lessons import float8
+from lessons.bylesson import float8
 
 pytestmark = pytest.mark.fast
 

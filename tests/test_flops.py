@@ -62,7 +62,7 @@ def test_every_epoch_logs_its_flops_per_second(tmp_path):
 
 
 def test_the_report_shows_the_flops_a_run_logged(tmp_path):
-    from lessons import scaling_report as sr
+    from lessons.bylesson import scaling_report as sr
 
     log_dir = tmp_path / "logs"
     run_script("_trainup_cpu.py", "--quick", "--epochs", "1", "--run-name", "one", log_dir=log_dir)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import ROOT, assert_clean_error, finish_ok, in_process, start_run
-from lessons import checks, planner, report
+from lessons import checks, report
+from lessons.bylesson import planner
 from trainup.parallel import sharding
 
 SCRIPT = "_trainup_4d.py"  # under scripts/ (conftest.SCRIPTS)
@@ -32,7 +33,7 @@ SIZE = [
     "--width",
     16,
     "--hidden",
-    64,  # the MLP 4 x width: the planner's transformer (lessons/planner.py)
+    64,  # the MLP 4 x width: the planner's transformer (lessons/bylesson/planner.py)
     "--heads",
     4,
     "--microbatches",
@@ -118,9 +119,9 @@ def test_every_rank_moves_the_bytes_the_formulas_give_per_dimension(runs, name):
 
 
 def planned(flags):
-    """lessons/planner's bytes per GPU (param, grad, optim) for a job's layout and the model of
-    SIZE: FSDP2 is ZeRO-3 over dp x cp; every state in float64 (sharding.expected's rule for a
-    --precision 64 run: FP32_ADAM's bytes doubled; Adadelta, like Adam, keeps two values a
+    """lessons/bylesson/planner's bytes per GPU (param, grad, optim) for a job's layout and the
+    model of SIZE: FSDP2 is ZeRO-3 over dp x cp; every state in float64 (sharding.expected's rule
+    for a --precision 64 run: FP32_ADAM's bytes doubled; Adadelta, like Adam, keeps two values a
     parameter)."""
 
     def option(flag):

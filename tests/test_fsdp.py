@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process
-from lessons import checks, launch, planner, zero_stages as lesson
+from lessons import checks, launch
+from lessons.bylesson import planner, zero_stages as lesson
 from trainup import models
 from trainup.parallel.sharding import MODES, RESUMABLE, STAGES
 
@@ -236,8 +237,9 @@ def test_each_rank_holds_what_the_formulas_say_within_10_percent(with_resumes):
 
 
 def test_the_planners_model_states_are_what_the_ranks_held(with_resumes):
-    """lessons/planner's first term, against these real runs (float64: 8+8+16 bytes a parameter):
-    within 10 % on every rank (ZeRO-1's optimizer state: the mean, whole tensors per rank)."""
+    """lessons/bylesson/planner's first term, against these real runs (float64: 8+8+16 bytes a
+    parameter): within 10 % on every rank (ZeRO-1's optimizer state: the mean, whole tensors per
+    rank)."""
     table = lesson.memory_table(
         [*(f"two_{m}" for m in MODES), *(f"r4_{m}" for m in RESUMABLE)], log_dir=with_resumes
     )
@@ -389,7 +391,7 @@ def test_the_prefetch_sentence_weighs_the_step_against_what_prefetching_hid():
     """A step difference larger than the gathers prefetching hid is the machine's, not said as
     prefetching's gain; one within it is still not told from noise by 3 steps."""
     import pandas as pd
-    from lessons import fsdp_prefetch as pf
+    from lessons.bylesson import fsdp_prefetch as pf
 
     def table(step_with):
         rows = []

@@ -22,7 +22,8 @@ from conftest import (
     start_baseline,
     start_script,
 )
-from lessons import checks, gpu, report
+from lessons import checks, report
+from lessons.bylesson import gpu
 from trainup import UserError, devices
 from trainup.parallel import dataparallel
 

@@ -11,7 +11,8 @@ from argparse import Namespace
 
 import pytest
 
-from lessons import gpu, report
+from lessons import report
+from lessons.bylesson import gpu
 from trainup import gpumon, metrics
 
 

@@ -26,7 +26,8 @@ from conftest import (
     start_script,
     start_wanted,
 )
-from lessons import checks, horovod, report, slurm
+from lessons import checks, report
+from lessons.bylesson import horovod, slurm
 from trainup import models
 
 SCRIPT = str(SCRIPTS / "_trainup_horovod.py")  # the copy under test (tests/test_breakages.py)

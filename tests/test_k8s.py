@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from lessons import elastic
+from lessons.bylesson import elastic
 
 MANIFEST = ROOT / "k8s" / "pytorchjob_elastic.yaml"
 

@@ -25,7 +25,8 @@ from conftest import (
     stop_site,
     stopped_params,
 )
-from lessons import checks, launch, lightning, report, slurm
+from lessons import checks, launch, report
+from lessons.bylesson import lightning, slurm
 from trainup import preempt
 
 SCRIPT = str(SCRIPTS / "_trainup_lightning.py")
@@ -653,7 +654,7 @@ def test_early_stopping_top_k_checkpoints_the_learning_rate_and_device_statistic
     second epoch whatever the processor sums, so 2 of the 4 epochs run; --keep-best 2 keeps those
     two, named by their test loss; LearningRateMonitor writes Adadelta's rate, decayed each
     epoch; --monitor's DeviceStatsMonitor writes CPU statistics into the same TensorBoard run."""
-    from lessons import lightning
+    from lessons.bylesson import lightning
 
     logs = tmp_path / "logs"
     run_script(

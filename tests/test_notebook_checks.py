@@ -486,7 +486,7 @@ def test_every_run_records_the_load_and_the_note_reads_it(tmp_path):
 
 
 def test_published_figures_name_their_source():
-    from lessons import slurm
+    from lessons.bylesson import slurm
 
     assert "Strube" in slurm.published_source() and "2023" in slurm.published_source()
     table = slurm.published_scaling()
@@ -510,7 +510,8 @@ def test_a_printed_diff_is_checked_for_the_lessons_lines():
 
 def test_the_cores_note_says_what_the_cores_allow():
     import pandas as pd
-    from lessons import claims, ddp, launch
+    from lessons import claims, launch
+    from lessons.bylesson import ddp
 
     note = ddp.cores_note(pd.DataFrame({"world_size": [1, 2, 2 * launch.cores()]}))
     assert (

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from lessons import hardware, perfmodel as pm, predict, slurm
+from lessons import hardware, perfmodel as pm
+from lessons.bylesson import predict, slurm
 
 A, B = 1e-5, 1e9  # 10 us, 1 GB/s: hand-friendly
 

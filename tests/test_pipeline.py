@@ -17,7 +17,8 @@ from conftest import (
     start_job,
     start_wanted,
 )
-from lessons import checks, launch, recompute, report, schedules as lesson, zero_bubble
+from lessons import checks, launch, report
+from lessons.bylesson import recompute, schedules as lesson, zero_bubble
 from trainup.parallel import pipeline
 
 SCRIPT = str(SCRIPTS / "_trainup_pipeline.py")
@@ -204,8 +205,8 @@ def test_1f1b_keeps_fewer_micro_batches_of_activations_alive_than_gpipe(runs):
 
 def test_recomputing_keeps_each_blocks_input_only_as_counted_by_hand(runs):
     """Each stage's peak is a whole number of micro-batches as counted by hand from the model's code
-    (lessons/recompute.py), without --recompute (s_1f1b) and with it (the 2 x 2 job, half the
-    micro-batch): the meter sees what checkpoint keeps, and 1F1B keeps 2 and 1 in flight."""
+    (lessons/bylesson/recompute.py), without --recompute (s_1f1b) and with it (the 2 x 2 job, half
+    the micro-batch): the meter sees what checkpoint keeps, and 1F1B keeps 2 and 1 in flight."""
     t = recompute.table(name("1f1b"), "pp2xdp2", log_dir=runs)
     assert lesson.layout("pp2xdp2", log_dir=runs)["recompute"] is True
     assert t["plain"]["in_flight"].tolist() == t["recompute"]["in_flight"].tolist() == [2, 1]

@@ -7,7 +7,8 @@ import re
 import pytest
 
 from conftest import ROOT
-from lessons import gpu, horovod, launch, placement, report, schedules, zero_stages
+from lessons import launch, placement, report
+from lessons.bylesson import gpu, horovod, schedules, zero_stages
 
 
 @pytest.mark.parametrize("gpus", [0, 1, 2, 3, 4, 8])
@@ -171,7 +172,7 @@ def test_only_the_launchers_build_job_commands():
         "reference.py",
     }, builders
     assert "_trainup_collectives.py" not in placement.CHOOSES_DEVICE
-    from lessons import elastic
+    from lessons.bylesson import elastic
 
     assert " ".join(elastic.FLAGS).count("--device cpu") == 1
 
@@ -210,7 +211,7 @@ def test_the_gpu_reference_runs_cover_every_gpu_path_the_notebooks_read():
 
 
 def test_nccl_debug_lines_are_filtered_to_how_the_gpus_talk():
-    from lessons import collectives
+    from lessons.bylesson import collectives
 
     kept = [
         "host:1:1 [0] NCCL INFO Channel 00/02 :    0   1",

@@ -1,11 +1,12 @@
-"""lessons/planner.py: its parameter count against the course's transformer, its activation term
-against MemTracker's measurement, its time terms against hand computations, and its choices
+"""lessons/bylesson/planner.py: its parameter count against the course's transformer, its activation
+term against MemTracker's measurement, its time terms against hand computations, and its choices
 (what fits, the fastest first). Its model-state term is checked against a real two-process run in
 tests/test_fsdp.py."""
 
 import pytest
 
-from lessons import activations, hardware, perfmodel as pm, planner
+from lessons import hardware, perfmodel as pm
+from lessons.bylesson import activations, planner
 from trainup import transformer
 
 SMALL = planner.Transformer(layers=2, hidden=64, heads=4, seq=32)

@@ -1,6 +1,6 @@
-"""Lesson 11's prediction of this machine's runs (lessons/predict_here.py) on a small synthetic set
-of logs, against a hand computation; and the committed reference set (lessons/reference.py): named
-by machine and date, every run finished and in the schema, logs only.
+"""Lesson 11's prediction of this machine's runs (lessons/bylesson/predict_here.py) on a small
+synthetic set of logs, against a hand computation; and the committed reference set
+(lessons/reference.py): named by machine and date, every run finished and in the schema, logs only.
 
 The 15 % goal is asserted in notebook 11 on the committed set, never here on a live run: a timing
 test on a shared machine measures the machine."""
@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from lessons import checks, predict_here as ph, reference
+from lessons import checks, reference
+from lessons.bylesson import predict_here as ph
 from lessons.log_reader import read_run
 from lessons import perfmodel as pm
 from trainup import LOG_DIR

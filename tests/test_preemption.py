@@ -563,7 +563,7 @@ REQUEUE = ROOT / "slurm" / "requeue" / "cpu.sbatch"
 
 
 def test_the_requeue_template_is_well_formed():
-    from lessons import slurm
+    from lessons.bylesson import slurm
 
     assert subprocess.run(["bash", "-n", str(REQUEUE)]).returncode == 0
     sentence, problems = slurm.check_counts(REQUEUE)
@@ -577,7 +577,7 @@ def test_the_requeue_template_is_well_formed():
 @pytest.fixture(scope="module")
 def requeued(local_slurm, tmp_path_factory):
     """The same job twice, side by side: one never stopped; one given its notice once it trains (requeued)."""
-    from lessons import slurm
+    from lessons.bylesson import slurm
 
     tmp = tmp_path_factory.mktemp("requeue")
     flags = [

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from conftest import ROOT, SCRIPTS, Ranks, assert_clean_error, finish_job, in_process, start_job
-from lessons import launch, report, traces
+from lessons import launch, report
+from lessons.bylesson import traces
 from trainup import profiling
 
 # 320 samples: 5 steps an epoch (batch 64, or 32 a rank); the first 2 are not recorded, the next 2 are

@@ -25,7 +25,8 @@ from conftest import (
     notebook_or_own,
     start_run,
 )
-from lessons import checks, launch, ray_drill
+from lessons import checks, launch
+from lessons.bylesson import ray_drill
 from lessons.log_reader import read_run
 
 if importlib.util.find_spec("ray") is None:

@@ -1,7 +1,7 @@
-"""The scaling report (lessons/scaling_report.py, lesson 10) and its proof (lessons/equivalence.py,
-lesson 10a): empty logs/, references only, a synthetic full set, logs of older schema states, every
-equivalence row failing on a run that differs, float32 runs skipped, the noise floor, and one real
-float64 pair end to end.
+"""The scaling report (lessons/bylesson/scaling_report.py, lesson 10) and its proof
+(lessons/bylesson/equivalence.py, lesson 10a): empty logs/, references only, a synthetic full set,
+logs of older schema states, every equivalence row failing on a run that differs, float32 runs
+skipped, the noise floor, and one real float64 pair end to end.
 
 Only the command's test trains (a one-process run and a 2-rank DDP job, side by side), or
 reads copies of notebook 10's pair where the session ran it; the others write small logs and
@@ -21,8 +21,8 @@ import torch
 
 from conftest import DAY, ROOT, SCRIPTS, finish_job, notebook_passed, start_job
 from lessons import checks, launch
-from lessons import equivalence as eq
-from lessons import scaling_report as sr
+from lessons.bylesson import equivalence as eq
+from lessons.bylesson import scaling_report as sr
 
 ARGS = dict(
     dataset="digits",
@@ -143,7 +143,8 @@ def shifted(by, state=STATE):
 
 
 def report_main(capsys, *argv, command=sr):
-    """The command (python -m lessons.scaling_report; command=eq: lessons.equivalence) in this
+    """The command (python -m lessons.bylesson.scaling_report; command=eq:
+    lessons.bylesson.equivalence) in this
     process: its exit status, stdout and stderr."""
     code = command.main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -188,7 +189,7 @@ def test_empty_logs(tmp_path, capsys):
     assert (
         "no finished training run" in first
         and "bash run_course.sh" in first
-        and "lessons.scaling_report" in first
+        and "lessons.bylesson.scaling_report" in first
     )
     runs, left = sr.load(tmp_path)
     equal = eq.equivalence(runs, tmp_path)
@@ -203,7 +204,7 @@ def test_empty_logs(tmp_path, capsys):
     )
     assert code == 0 and not err
     first = out.splitlines()[0]
-    assert "no finished training run" in first and "lessons.equivalence" in first
+    assert "no finished training run" in first and "lessons.bylesson.equivalence" in first
     header = next(line for line in out.splitlines() if line.split()[:1] == ["strategy"])
     assert header.split() == eq.EQUIVALENCE_COLUMNS
 
@@ -939,7 +940,7 @@ def test_the_command_on_a_real_pair(real_pair, capsys):
         [
             sys.executable,
             "-m",
-            "lessons.equivalence",
+            "lessons.bylesson.equivalence",
             "--log-dir",
             str(real_pair),
             "--checkpoint-dir",

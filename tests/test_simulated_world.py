@@ -1,4 +1,4 @@
-"""lessons/simulated_world.py: the planner's bytes per GPU (lesson 11) against torch's own
+"""lessons/bylesson/simulated_world.py: the planner's bytes per GPU (lesson 11) against torch's own
 FSDPMemTracker, one rank of a FSDP2 job of 8, 64 and 1,024 ranks simulated in this process (the
 fake process group, FakeTensorMode: nothing is allocated, nothing is sent).
 
@@ -12,7 +12,7 @@ divide shows why the 10 % is no law: rank 0's padded shards are a fifth larger t
 import pytest
 import torch.distributed as dist
 
-from lessons import planner, simulated_world as sw
+from lessons.bylesson import planner, simulated_world as sw
 
 # Lesson 11a2's Llama-shaped 7B layer (planner.llama_shaped(4096)): 4096 wide, 32 heads, 4096
 # tokens; two layers of it, since every term grows with the layers alike and each costs seconds

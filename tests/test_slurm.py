@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from lessons import checks, report, slurm
+from lessons import checks, report
+from lessons.bylesson import slurm
 
 TEMPLATES = sorted((ROOT / "slurm").glob("*.sbatch"))
 GPU_TEMPLATES = [t for t in TEMPLATES if not t.name.startswith("cpu")]
@@ -341,7 +342,7 @@ def test_a_second_local_slurm_runs_beside_this_one(local_slurm, tmp_path_factory
 NOTEBOOK_KERNEL = """
 import sys, time
 from pathlib import Path
-from lessons import slurm
+from lessons.bylesson import slurm
 have, here = slurm.for_notebook()
 print("RESULT", have, here, slurm.state_dir(), flush=True)
 Path(sys.argv[1]).touch()

@@ -1,12 +1,12 @@
 """Spot machines: trainup.spot turns a cloud's preemption notice into the course's stop signal.
 
-The clouds' metadata services answer on their own machines only. lessons.elastic.Metadata stands
-in for AWS's (IMDSv2: a token first; 404 until the notice, then the instance-action JSON) and for
-Google's (Metadata-Flavor: Google; FALSE, then TRUE) on 127.0.0.1, and the watcher is pointed at
-it with --metadata-url: that is the only thing simulated. The watcher, its signal to the run's
-whole process group, the stop at a step and --resume are the real ones. The run is held still
-(SIGSTOP) from the notice until the watcher has signalled (elastic._notice), so that the notice
-lands mid-run however fast the machine.
+The clouds' metadata services answer on their own machines only. lessons.bylesson.elastic.Metadata
+stands in for AWS's (IMDSv2: a token first; 404 until the notice, then the instance-action JSON) and
+for Google's (Metadata-Flavor: Google; FALSE, then TRUE) on 127.0.0.1, and the watcher is pointed at
+it with --metadata-url: that is the only thing simulated. The watcher, its signal to the run's whole
+process group, the stop at a step and --resume are the real ones. The run is held still (SIGSTOP)
+from the notice until the watcher has signalled (elastic._notice), so that the notice lands mid-run
+however fast the machine.
 
 A simulated spot notice loses no step: lesson 01's script, stopped by AWS's notice and resumed on
 "the next machine", ends with the parameters, bit for bit, of the same run never stopped (dropout
@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from conftest import ROOT, assert_clean_error, notebook_or_own
-from lessons import elastic
+from lessons.bylesson import elastic
 from trainup import distributed, preempt
 
 QUIET = dict(show=lambda *_: None)

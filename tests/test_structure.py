@@ -151,26 +151,15 @@ def test_the_floor_check_finds_a_crossing():
     ]
 
 
-# The notebooks' toolkit: modules any lesson may use (running jobs, reading logs, checks, the
-# hardware tables and the cost formulas); every other lessons/ module is one lesson's helper.
-TOOLKIT = {
-    "checks",
-    "claims",
-    "hardware",
-    "jobs",
-    "launch",
-    "log_reader",
-    "machine",
-    "manifest",
-    "perfmodel",
-    "placement",
-    "report",
-}
+# The notebooks' toolkit is lessons/ itself: modules any lesson may use (running jobs, reading logs,
+# checks, the manifest, the hardware tables and the cost formulas); lessons/bylesson/ holds one
+# lesson's helpers each.
+OWN = "bylesson"
 
 
 def first_lesson_of_each_module():
-    """{lessons module outside the toolkit: the first notebook (in course order) that imports
-    it}: the lesson it belongs to."""
+    """{lessons/bylesson/ module: the first notebook (in course order) that imports it}: the lesson
+    it belongs to."""
     import json
 
     owner = {}
@@ -180,11 +169,11 @@ def first_lesson_of_each_module():
             for c in json.loads(path.read_text())["cells"]
             if c["cell_type"] == "code"
         )
-        for line in re.findall(r"^\s*from lessons(?:\.\w+)? import ([^\n(]+)", text, re.M):
-            for name in re.findall(r"(\w+)(?:\s+as\s+\w+)?", line):
+        for line in re.findall(rf"^\s*from lessons\.{OWN} import ([^\n(]+)", text, re.M):
+            for name in re.findall(r"(\w+)(?:\s+as\s+\w+)?", line.split("#")[0]):
                 owner.setdefault(name, path.stem)
-    modules = {p.stem for p in (SCRIPTS / "lessons").glob("*.py")}
-    return {m: o for m, o in owner.items() if m in modules - TOOLKIT}
+    modules = {p.stem for p in (SCRIPTS / "lessons" / OWN).glob("*.py")} - {"__init__"}
+    return {m: o for m, o in owner.items() if m in modules}
 
 
 def later_lesson_imports(edges, owner):
@@ -197,18 +186,61 @@ def later_lesson_imports(edges, owner):
     ]
 
 
-def test_no_lessons_module_imports_a_later_lessons_module_or_a_script():
-    """A learner reads the lessons in order: lesson 10's helpers may use lesson 04's, never 11's;
-    and the notebooks' helpers never load a script (the notebook runs or imports it, in view)."""
-    edges = {
+def toolkit_imports_of_helpers(edges):
+    """Imports of a lesson's own helper by a toolkit module: [(importer, imported)]."""
+    return sorted(
+        (m, d)
+        for m, deps in edges.items()
+        if not m.startswith(f"{OWN}.")
+        for d in deps
+        if d.startswith(f"{OWN}.")
+    )
+
+
+def lessons_edges():
+    return {
         m: {d for p, d in deps if p == "lessons"}
         for (p, m), deps in graph().items()
         if p == "lessons"
     }
-    assert not later_lesson_imports(edges, first_lesson_of_each_module())
+
+
+def test_every_lessons_own_helper_belongs_to_a_lesson_that_imports_it():
+    """A module in lessons/bylesson/ is some notebook's; one no notebook imports is the toolkit's
+    or no one's."""
+    helpers = {p.stem for p in (SCRIPTS / "lessons" / OWN).glob("*.py")} - {"__init__"}
+    assert "scaling_report" in helpers and "checks" not in helpers
+    assert sorted(helpers - set(first_lesson_of_each_module())) == []
+
+
+def test_the_toolkit_imports_no_lessons_own_helper():
+    """The toolkit (lessons/) stands under every lesson: it imports none of their helpers, so a
+    helper's lesson can change without moving the toolkit under another lesson."""
+    edges = lessons_edges()
+    assert ("perfmodel" in edges) and ("bylesson.schedules" in edges)
+    assert not toolkit_imports_of_helpers(edges), toolkit_imports_of_helpers(edges)
+
+
+def test_the_toolkit_check_finds_a_helper_imported():
+    edges = {"perfmodel": {"bylesson.schedules", "report"}, "bylesson.ddp": {"bylesson.gpu"}}
+    assert toolkit_imports_of_helpers(edges) == [("perfmodel", "bylesson.schedules")]
+
+
+def test_no_lessons_module_imports_a_later_lessons_module_or_a_script():
+    """A learner reads the lessons in order: lesson 10's helpers may use lesson 04's, never 11's;
+    and the notebooks' helpers (the toolkit's and each lesson's) never load a script (the notebook
+    runs or imports it, in view)."""
+    edges = {
+        m.removeprefix(f"{OWN}."): {d.removeprefix(f"{OWN}.") for d in deps if d.startswith(OWN)}
+        for m, deps in lessons_edges().items()
+        if m.startswith(f"{OWN}.")
+    }
+    owner = first_lesson_of_each_module()
+    assert owner["scaling_report"] == "10_scaling_report" and "bylesson" not in owner
+    assert not later_lesson_imports(edges, owner), later_lesson_imports(edges, owner)
     loading = [
-        p.name
-        for p in sorted((SCRIPTS / "lessons").glob("*.py"))
+        str(p.relative_to(SCRIPTS))
+        for p in sorted((SCRIPTS / "lessons").rglob("*.py"))
         if re.search(r"import _trainup|spec_from_file_location\(\s*[\"']_trainup", p.read_text())
     ]
     assert not loading, f"lessons/ modules that load a script: {loading}"

@@ -19,7 +19,8 @@ from conftest import (
     in_process,
     notebook_or_own,
 )
-from lessons import checks, launch, report, tp_runs as lesson
+from lessons import checks, launch, report
+from lessons.bylesson import tp_runs as lesson
 from trainup import models
 
 SCRIPT = str(SCRIPTS / "_trainup_tp.py")

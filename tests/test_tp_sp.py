@@ -18,7 +18,8 @@ from conftest import (
     notebook_or_own,
     start_run,
 )
-from lessons import checks, report, tp_attention as tpa, tp_runs
+from lessons import checks, report
+from lessons.bylesson import tp_attention as tpa, tp_runs
 from trainup import transformer
 
 SCRIPT = "_trainup_tp_sp.py"  # under scripts/ (conftest.SCRIPTS)

@@ -1,5 +1,6 @@
 """Solutions to lesson 04a1's exercises. Run: python notebooks/solutions/04a1_inside_ddp.py"""
-from lessons import collectives, report
+from lessons import report
+from lessons.bylesson import collectives
 
 CNN_GRADIENT_BYTES = 4687.8 * 1024  # the course's CNN: its gradients, the buckets' sum in 04a1
 

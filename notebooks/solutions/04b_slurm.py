@@ -3,7 +3,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from lessons import slurm
+from lessons.bylesson import slurm
 
 
 def two_by_two(folder, tasks_per_node=2):

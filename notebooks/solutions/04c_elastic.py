@@ -14,7 +14,7 @@ why)."""
 
 import torch
 
-from lessons import elastic
+from lessons.bylesson import elastic
 from trainup import UserError, preempt
 
 

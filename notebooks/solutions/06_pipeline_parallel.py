@@ -1,5 +1,6 @@
 """Solutions to lesson 06's exercises. Run: python notebooks/solutions/06_pipeline_parallel.py"""
-from lessons import report, schedules
+from lessons import report
+from lessons.bylesson import schedules
 from trainup.parallel import pipeline
 
 

@@ -1,5 +1,6 @@
 """Solutions to lesson 06b's exercises. Run: python notebooks/solutions/06b_pipeline_schedules.py"""
-from lessons import report, schedules, zero_bubble
+from lessons import report
+from lessons.bylesson import schedules, zero_bubble
 
 
 def one_f_one_b(p, m, rank):

@@ -2,7 +2,7 @@
 
 import torch
 
-from lessons import float8
+from lessons.bylesson import float8
 
 
 def finite_positive_values(dtype):

@@ -3,8 +3,8 @@
 
 def with_ddp8(log_dir=None, checkpoint_dir=None):
     """Exercise 1: the equivalence table with a DDP row for 8 ranks added in one line; returns its row."""
-    from lessons import equivalence as eq
-    from lessons import scaling_report as sr
+    from lessons.bylesson import equivalence as eq
+    from lessons.bylesson import scaling_report as sr
     from trainup import CHECKPOINT_DIR, LOG_DIR
     ddp8 = sr.Strategy("DDP, 8 ranks", "DDP", dict(script="_trainup_ddp.py", world_size=8, accumulate=(None, 1)),
                        sr.ONE_DEVICE, dropout_off="always",

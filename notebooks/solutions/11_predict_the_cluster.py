@@ -1,7 +1,8 @@
 """Solutions to lesson 11's exercises. Run: python notebooks/solutions/11_predict_the_cluster.py"""
 import math
 
-from lessons import collectives, hardware, predict, report
+from lessons import hardware, report
+from lessons.bylesson import collectives, predict
 
 
 def crossover(p, link):

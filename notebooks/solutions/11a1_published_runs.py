@@ -1,5 +1,6 @@
 """Solutions to lesson 11a1's exercises. Run: python notebooks/solutions/11a1_published_runs.py"""
-from lessons import hardware, predict, slurm
+from lessons import hardware
+from lessons.bylesson import predict, slurm
 
 MY_NODE = hardware.Node("my cluster: 8 A100 on NVLink, 8 InfiniBand NDR", "A100", 8, "nvlink3",
                         "ib_ndr", 8, "my cluster's documentation")

@@ -1,5 +1,6 @@
 """Solutions to lesson 11a2's exercises. Run: python notebooks/solutions/11a2_planner.py"""
-from lessons import hardware, planner, predict
+from lessons import hardware
+from lessons.bylesson import planner, predict
 from lessons import perfmodel as pm
 
 

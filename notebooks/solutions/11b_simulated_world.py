@@ -1,6 +1,6 @@
 """Solutions to lesson 11b's exercises. Run: python notebooks/solutions/11b_simulated_world.py"""
 
-from lessons import planner, simulated_world as sw
+from lessons.bylesson import planner, simulated_world as sw
 
 MODEL = planner.Transformer(layers=2, hidden=4096, heads=32, seq=4096)  # the lesson's
 

@@ -2,7 +2,11 @@
 plots.
 
 The lesson scripts never import this package; they import `trainup` (data, models, cli, metrics,
-checkpoint, devices, distributed...). Here:
+checkpoint, devices, distributed...).
+
+The notebooks' toolkit, here at the top, is what any lesson may use; one lesson's own helpers are in
+lessons/bylesson/ (`from lessons.bylesson import ddp`), and the toolkit imports none of them
+(tests/test_structure.py):
 
 - report:  run a lesson script, read run logs back into tables, draw and save plots
 - launch:  start torchrun jobs from a notebook (one node, or two nodes simulated on this machine)
@@ -11,34 +15,8 @@ checkpoint, devices, distributed...). Here:
 - claims:  sentences about measured results, their direction computed (rises/flattens, N× faster, a
   loaded machine)
 - machine: lesson 00, what this machine has (CPUs, GPUs, backends) and leftover training processes
-- gpu:     lessons 02-03, GPU runs here and reference logs: tables, sweeps, utilisation plots
-- ddp:     lessons 04 to 04a3, what each rank did, and scaling (throughput, speedup, efficiency)
-- collectives: lessons 04a1 to 04a3, inside DDP: collectives, all_reduce bandwidth, buckets,
-  no_sync, BatchNorm, errors
-- slurm:   lesson 04b, the sbatch templates and a real SLURM on this machine
-- elastic: lesson 04c, elastic torchrun: two agents as two nodes, one lost and back; spot machines'
-  cost
-- horovod: lessons 05 and 05b, Horovod against DDP, tensor fusion, its timeline
-- schedules: lessons 06 to 06c, pipeline schedules: Gantt charts, the bubble against theory,
-  activation memory
-- zero_bubble: lesson 06b, the zero-bubble schedules and looped BFS, read from their order
-- recompute: lesson 06c, recomputing activations, measured and counted by hand
-- lightning: lessons 07 to 07c, Lightning beside the course's DDP script: what the Trainer
-  chose, sync_dist, old 1.x flags
-- traces:  lessons 08 to 08b, profiler traces read back (top operators; 08a: computation and
-  communication overlap), TensorBoard (08b)
-- zero_stages: lessons 09 to 09a2, ZeRO stages and FSDP: bytes each rank holds against the
-  formulas, collectives (09a1), the largest model; later lessons read lesson 09's runs
-- tp_runs: lesson 09c, tensor parallelism and the 2-D mesh: bytes per rank, collectives per
-  step; tp_attention: lesson 09ca, the transformer cut by heads, sequence parallelism
-- scaling_report: lesson 10, every run in one table, the registry of strategies, the figures
-- equivalence: lesson 10a, the proof: float64 runs against one process, one tolerance, the
-  noise floor; the equivalence table and the computed recommendation
-- activations: lesson 09b, a transformer layer's activation bytes measured, and recomputation
-- float8: lesson 09h, a tensor through torch's float8 dtypes: formats, scales, what is lost
-- perfmodel, hardware, predict, predict_plots: lessons 11 to 11a2, a step's time as arithmetic,
-  published links and machines, the fits and predictions against published runs
-- planner: lesson 11a2 (with 09's and 09b's formulas), the layouts that fit a GPU's memory, the
-  fastest first
+- manifest: the course's scripts, one entry each, and what every registry reads of them
+- reference: the reference runs a later lesson reads when this machine has made none
+- perfmodel, hardware: a step's time as arithmetic (the cost formulas), published links and machines
 - jobs, log_reader, placement: plumbing (one job runner, one log reader, the one device decision)
 """

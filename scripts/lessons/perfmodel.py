@@ -10,8 +10,23 @@ names its source; the published link and GPU figures are in lessons/hardware.py.
 
 import math
 
-from .schedules import theory as bubble_share  # (p-1)/(v*m+p-1): lesson 06's formula
-from .zero_stages import RING  # bytes a rank sends per byte of a collective's buffer, in a ring
+# bytes a rank sends per byte of a collective's buffer, in a ring (lesson 09's counts)
+RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+        "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: (n - 1) / n}
+
+
+def bubble_share(p, m, v=1):
+    """The bubble's share of the time for p ranks, m micro-batches and v stages per rank, with equal
+    stages and free sends: (p-1)/(v*m+p-1) for m >= p (GPipe's paper for v = 1; Megatron-LM's
+    interleaved 1F1B, arXiv 2104.04473 section 2.2, for v > 1, derived for m a multiple of p).
+
+    With m < p the micro-batches cannot fill the loop of v*p virtual stages: each passes them one
+    after another, forward then backward, so the step lasts (v*p+m-1) pieces of 1/v of a rank's work
+    per micro-batch, and a rank is busy v*m of them: the bubble is 1 - v*m/(v*p+m-1), which is
+    (p-1)/p at m = 1 whatever v is, and the formula above at m = p (for v = 1 the two agree)."""
+    if m >= p:
+        return (p - 1) / (v * m + p - 1)
+    return 1 - v * m / (v * p + m - 1)
 
 
 def p2p(n_bytes, alpha, beta):
@@ -119,7 +134,7 @@ def efficiency(one_device_step_s, step_s):
 
 def pipeline_step(compute_s, stages, microbatches, chunks=1):
     """A pipeline's step from one device's compute: each of p stages does 1/p of it, and waits
-    the bubble's share (lessons/schedules.theory)."""
+    the bubble's share (bubble_share, lesson 06's schedules.theory)."""
     return compute_s / stages / (1 - bubble_share(stages, microbatches, chunks))
 
 

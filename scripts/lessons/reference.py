@@ -9,8 +9,8 @@ block stack 256 wide, and 1024 wide), the same jobs at 8 samples a rank on 2 pro
 the model's alpha and beta come from the same machine and day. Each job's runs follow one another
 (job_runs): the runs a prediction compares are minutes apart, not a quarter of an hour.
 The 1-process runs are made at the global batch (the scaling report's strong-scaling baseline)
-and at the per-rank batch (the compute a rank of 2 does: lessons/predict_here.py). Those at the
-per-rank batch are made twice at once, on purpose (BESIDE): a rank of 2 computes while the
+and at the per-rank batch (the compute a rank of 2 does: lessons/bylesson/predict_here.py). Those
+at the per-rank batch are made twice at once, on purpose (BESIDE): a rank of 2 computes while the
 other computes on the other core, and the two share the memory and the caches; alone, a process
 has them to itself (they are made alone too, to show what that costs). Only logs are kept (the
 checkpoints go to a temporary folder); machine.json says where, when and under what load.
@@ -49,8 +49,8 @@ WIDE = ["--blocks", 4, "--width", 1024, "--shard", ",".join(STAGES)]
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M"  # lesson 04's sweep, past the largest gradient here
 ROUNDS = 10  # the sweep 10 times over (about 15 s): each call's latency averaged over moments
 OPS = "all_reduce,broadcast,all_gather,reduce_scatter"  # every op the ZeRO stages run, timed apart
-# A step's communication, measured in steps (lessons/predict_here.py): the sweep times one call
-# at a time between idle ranks; a step makes its calls between computations, through DDP's or
+# A step's communication, measured in steps (lessons/bylesson/predict_here.py): the sweep times one
+# call at a time between idle ranks; a step makes its calls between computations, through DDP's or
 # FSDP's own code, and a call costs more the more a rank computed before it. COMM_BATCH samples
 # a rank a step (a quarter of the predicted runs' 32), COMM_SAMPLES a rank an epoch (64 steps).
 COMM_BATCH, COMM_SAMPLES = 8, 512

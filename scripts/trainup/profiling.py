@@ -103,7 +103,7 @@ GPU_TABLES = (("by self GPU time", "self_device_time_total", False),)
 
 def write_tables(prof, path, gpu=False):
     """The profiler's own summaries of the recorded steps, one per TABLES entry, each under a line
-    '## <title>' (lessons/traces.py reads them back by title); on a GPU, by self GPU time too."""
+    '## <title>' (lessons/bylesson/traces.py reads them back by title); on a GPU, by self GPU time too."""
     out = []
     for title, key, shapes in TABLES + (GPU_TABLES if gpu else ()):
         averages = prof.key_averages(group_by_input_shape=shapes)

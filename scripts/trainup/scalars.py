@@ -6,7 +6,7 @@ record.
     live.close()
 
 The JSONL log stays the course's record; these are for watching a run while it goes (`tensorboard
---logdir logs/tensorboard`, or `%tensorboard` in a notebook). lessons.traces.to_tensorboard writes
+--logdir logs/tensorboard`, or `%tensorboard` in a notebook). lessons.bylesson.traces.to_tensorboard writes
 a finished run's log with the same tags (tags_of), so a live run and a converted one look alike.
 """
 

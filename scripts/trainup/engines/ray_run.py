@@ -166,7 +166,7 @@ def start(init, tries=2):
     the test suite and more jobs on 2 cores: "The current node timed out during startup", "Failed
     to start the dashboard"). Then the processes that start began are ended, and the cluster
     started again, up to `tries` times (the lessons' drill waits for the load to fall, and runs
-    again: lessons/ray_drill.py)."""
+    again: lessons/bylesson/ray_drill.py)."""
     import psutil
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     for attempt in range(tries):

@@ -228,7 +228,7 @@ def expected(stage, dims, where, batch, rows, width, classes, element_size):
     return out
 
 
-TERMS = ("param", "grad", "optim")  # lessons/planner.states' terms, in its order
+TERMS = ("param", "grad", "optim")  # lessons/bylesson/planner.states' terms, in its order
 
 
 def local_bytes(tensor):
@@ -241,7 +241,7 @@ def local_bytes(tensor):
 def held(stage, optimizer):
     """{term: [bytes in the layers, bytes in the embedding, norm and head]} this rank holds of its
     stage's parameters, their gradients and the optimizer's state (Adadelta: two values a
-    parameter, and a step count per parameter tensor): the layers are what lessons/planner's
+    parameter, and a step count per parameter tensor): the layers are what lessons/bylesson/planner's
     model counts, the rest it leaves out."""
     out = {term: [0, 0] for term in TERMS}
     for name, p in stage.named_parameters():

@@ -1,6 +1,6 @@
 """Lessons 05 and 05b (Horovod): horovodrun jobs, Horovod against DDP, fusion, the timeline.
 
-    from lessons import horovod
+    from lessons.bylesson import horovod
     ok, sentence = horovod.available()                  # built and importable? one sentence either way
     horovod.run("--device", "cpu", name="hvd_n2", np=2)  # horovodrun -np 2 -H localhost:2 --gloo ...
     horovod.timeline_table("images/hvd_timeline.json")  # what each tensor went through, and when
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from . import jobs
-from .placement import placed
-from .report import QUICK, check, failed, load_runs, read_run, save
+from .. import jobs
+from ..placement import placed
+from ..report import QUICK, check, failed, load_runs, read_run, save
 
 SCRIPT = "scripts/_trainup_horovod.py"
 HOROVODRUN = [sys.executable, "-c", "from horovod.runner.launch import run_commandline; run_commandline()"]
@@ -171,7 +171,7 @@ def versus(table, a="horovod", b="ddp"):
     """One sentence comparing two engines' throughput at each batch size, from a sweeps() table:
     each run one value, so a direction only where the runs decide it (claims.compare: 3 runs an
     engine or more, their ranges apart); with fewer, the ratio and that the runs cannot tell."""
-    from . import claims
+    from .. import claims
     parts = []
     for batch, g in table.groupby("batch_size"):
         ra, rb = (list(g.loc[g.engine == e, "samples_per_s"]) for e in (a, b))
@@ -216,7 +216,7 @@ def fusion_sentence(table):
     runs a setting or more, their ranges apart)."""
     import statistics
 
-    from .claims import step
+    from ..claims import step
     runs = table.groupby(["fusion_mb", "cycle_ms"])["step_ms"].apply(list)
     said = {1: "longer in every run", -1: "shorter in every run", 0: "within the runs' spread",
             None: "too few runs: the runs cannot tell"}

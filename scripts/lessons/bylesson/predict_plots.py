@@ -1,7 +1,7 @@
 """The figures of lessons 11 and 11a1: this machine's alpha-beta fit, predictions beside what was
 published, and the what-if curves. Each is saved to images/<name>.png and returned closed: end
 the cell with it."""
-from .report import save
+from ..report import save
 
 
 def _closed(fig, name):

@@ -3,7 +3,8 @@ some GPUs, every layout (data x tensor x pipeline parallel, a ZeRO stage, activa
 checkpointing) with its bytes per GPU term by term, whether it fits, and its predicted step time;
 the fastest that fits first.
 
-    from lessons import planner, hardware
+    from lessons import hardware
+    from lessons.bylesson import planner
     model = planner.Transformer(layers=32, hidden=4096, heads=32, seq=4096)
     planner.plan(model, global_batch=256, gpus=64, node=hardware.NODES["dgx_h100"])
 
@@ -30,8 +31,8 @@ precision
   cp (context parallelism: a GPU's seq / cp tokens), for the
   L/pp layers of a stage; 1F1B keeps pp micro-batches in flight on the first stage, so a stage
   holds L/pp x min(pp, m) = about L layers' worth; recomputation keeps less
-  (lessons/activations.formula: selective drops the softmax, which fused attention never keeps;
-  full keeps a layer's input);
+  (lessons/bylesson/activations.formula: selective drops the softmax, which fused attention never
+  keeps; full keeps a layer's input);
 - fits: the total under the GPU's memory less MARGIN.
 
 Time per step (lessons/perfmodel): compute = FLOPs / (GPUs x peak x MFU); data parallelism's
@@ -49,7 +50,7 @@ from trainup.flops import PEAK_TFLOPS
 from trainup.parallel.sharding import (FP32_ADAM, FSDP2_BF16, MIXED_ADAM, STAGES, ZERO_STAGE,
                                        expected)
 
-from . import perfmodel as pm
+from .. import perfmodel as pm
 from .activations import formula as activation_formula
 
 # Llama 3's 16K-GPU pre-training ran at 38-43 % BF16 MFU (Dubey et al. 2024, arXiv 2407.21783,
@@ -106,7 +107,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     stage: str = "none"  # a trainup.parallel.sharding mode: none, optimizer, gradients, parameters
-    recompute: str = "none"  # lessons/activations: none, selective, full
+    recompute: str = "none"  # lessons/bylesson/activations: none, selective, full
     micro: int = 1  # samples a micro-batch (per data-parallel replica)
     attention: str = "fused"  # ATTENTION: fused keeps no s^2 scores; unfused keeps them
     # context parallel (lesson 09g): each GPU holds seq / cp of the tokens; its ranks hold the

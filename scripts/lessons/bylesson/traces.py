@@ -2,7 +2,7 @@
 DDP: how much of a step is computation, communication and both at once), TensorBoard scalars written and
 read back, and the GPU samples of the course's logs beside the training statistics (08b).
 
-    from lessons import traces
+    from lessons.bylesson import traces
     traces.top_operators("prof_cpu")       # the operators that took the most time, per step
     traces.key_averages("prof_cpu")        # the profiler's own tables, as the run wrote them
     traces.phase_table(trace)              # each step's phases: data, forward, backward, optimizer
@@ -21,7 +21,7 @@ from pathlib import Path
 from trainup import LOG_DIR, ROOT
 from trainup.profiling import PHASES, trace_dir
 
-from .report import read_run, save
+from ..report import read_run, save
 
 TB_DIR = LOG_DIR / "tensorboard"
 REFERENCE_DIR = ROOT / "logs" / "reference"

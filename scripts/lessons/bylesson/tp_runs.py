@@ -2,7 +2,7 @@
 against Megatron-LM's count, and throughput, read from the 'tp' and 'tp_comm' records of _trainup_tp.py
 (logs/README.md).
 
-    from lessons import tp_runs as tpl
+    from lessons.bylesson import tp_runs as tpl
     tpl.memory_table(["tp_one", "tp_2", "tp_2x2"])  # bytes per rank, measured beside replicated + sharded/tp
     tpl.comm_table("tp_2")                           # one step's collectives, beside the theory
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from .log_reader import records
-from .report import read_run, save
+from ..log_reader import records
+from ..report import read_run, save
 
 FLOAT_BYTES = 4  # fp32 on the CPU; a --precision 64 run (a proof) sends 8 a value
 
@@ -158,8 +158,8 @@ def comm_plot(names, name, log_dir=LOG_DIR):
 def throughput(names, log_dir=LOG_DIR):
     """Samples per second of each run in steady state, over its epochs after the first (the first
     also warms up and counts the collectives): report.steady_rate."""
-    from .log_reader import read_run
-    from .report import steady_rate
+    from ..log_reader import read_run
+    from ..report import steady_rate
     return {n: float(steady_rate(read_run(Path(log_dir) / f"{n}.jsonl")["epochs"])) for n in names}
 
 
@@ -185,7 +185,7 @@ def when_tp_pays(one, name, log_dir=LOG_DIR, alpha_beta=None):
     collective = math.nan
     split = ""
     if alpha_beta:
-        from .perfmodel import ring_all_reduce
+        from ..perfmodel import ring_all_reduce
         collective = calls * ring_all_reduce(size / calls, cfg["tp"], *alpha_beta)
         split = (f" By lesson 11's alpha-beta model the all-reduces themselves take "
                  f"{collective * 1e3:.2f} ms of it ({collective / calls * 1e3:.3f} ms each); the "

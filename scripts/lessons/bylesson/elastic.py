@@ -8,7 +8,7 @@ Then the node comes back; the surviving agent sees a node waiting, stops its wor
 run saves where it is, at the step) and the next rendezvous closes with 2. Every start writes a
 'ddp' record (world size, restart count): the log is the job's membership history.
 
-    from lessons import elastic
+    from lessons.bylesson import elastic
     drill = elastic.drill("elastic")   # the job, the kill and the return: an elastic.Drill
     elastic.membership(drill.log)      # each start's time, world size and restart count
     elastic.load("elastic")            # that drill again, read from its files
@@ -31,9 +31,9 @@ import pandas as pd
 
 from trainup import ROOT
 from trainup.distributed import free_port
-from . import checks
-from .launch import HOST, TORCHRUN, environment, torchrun_flags
-from .report import QUICK, failed, save
+from .. import checks
+from ..launch import HOST, TORCHRUN, environment, torchrun_flags
+from ..report import QUICK, failed, save
 
 # The job: lesson 04's DDP script, float64 with no dropout so that its end can be compared with one
 # process at float64's tolerance whatever the world size did (dropout masks follow the ranks, and

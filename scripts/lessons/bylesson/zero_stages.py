@@ -2,7 +2,7 @@
 and read its 'sharding', 'shard_memory' and 'shard_comm' records (logs/README.md) into tables beside
 the ZeRO formulas. Lessons 09a1 and 09a2 read lesson 09's runs where it left them (made_here).
 
-    from lessons import zero_stages
+    from lessons.bylesson import zero_stages
     names = sharding.run(2, "fsdp_n2")                  # one torchrun job, every mode: fsdp_n2_none, ...
     table = sharding.memory_table(["fsdp_n2"])          # bytes each rank holds, beside 4Ψ/4Ψ/8Ψ (÷N where sharded)
     sharding.check_memory(table)                        # every state within 10 % of its formula
@@ -13,9 +13,10 @@ from trainup import LOG_DIR
 from trainup.parallel.sharding import (FP32_ADAM, MIXED_ADAM, MODES, SHARDED, STAGES, ZERO_STAGE,
                                        expected)
 
-from . import checks, jobs, launch
-from .log_reader import records as _records
-from .report import QUICK, check, failed, left_here, read_run, save
+from .. import checks, jobs, launch
+from ..log_reader import records as _records
+from ..perfmodel import RING  # bytes a rank sends per byte of a collective's buffer
+from ..report import QUICK, check, failed, left_here, read_run, save
 
 TOLERANCE = 0.10  # measured within 10 % of the formula
 STATES = ("param", "grad", "optim")
@@ -175,8 +176,6 @@ def largest_model(memory_gb=80, ns=(1, 8, 64), per_param=None):
 
 # Bytes a rank sends per byte of a collective's whole buffer, in a ring of N: an all-reduce is a reduce-scatter
 # plus an all-gather, each (N-1)/N; a broadcast relayed around the ring about (N-1)/N on average.
-RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-        "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: (n - 1) / n}
 
 
 def op_value_bytes(name, op, log_dir=LOG_DIR):

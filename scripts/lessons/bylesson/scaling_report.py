@@ -1,15 +1,17 @@
 """Lesson 10: the scaling report over every run the course made, in one table and its figures.
 
-    cd scripts && python -m lessons.scaling_report        # the table, figures in images/
+    cd scripts && python -m lessons.bylesson.scaling_report        # the table, figures in images/
 
-    from lessons import scaling_report as sr
+    from lessons.bylesson import scaling_report as sr
     runs = sr.load(LOG_DIR)                  # every log in logs/ and logs/reference/*/, one row per run
     table = sr.performance(runs)             # throughput, speedup, efficiency, memory, loss, accuracy
 
 STRATEGIES is the registry: one declaration per strategy (which runs are its runs, which single-process run
-it must equal, what it needs). A lesson adds its strategy in one line. The proof that each strategy
+it must equal, what it needs), read from the course's manifest (lessons/manifest.py), where a lesson adds
+its strategy, in its script's entry. The proof that each strategy
 trains the same model as one process (float64 runs, one tolerance, the noise floor measured here),
-and the recommendation, are lesson 10a's: lessons/equivalence.py, `python -m lessons.equivalence`.
+and the recommendation, are lesson 10a's: lessons/bylesson/equivalence.py, `python -m
+lessons.bylesson.equivalence`.
 
 Logs of every committed version of the schema are read (git log -p scripts/trainup/metrics.py). It has
 been version 1 all along, but what a version-1 log holds grew; what this reader adapts to:
@@ -25,15 +27,17 @@ been version 1 all along, but what a version-1 log holds grew; what this reader 
 """
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, IMAGE_DIR, LOG_DIR
 from trainup.schema import SCHEMA_VERSION
 
-from . import checks
-from .log_reader import read_run
-from .report import measured_on, save, steady_rate
+from .. import checks
+# the registry's names that notebooks, solutions and tests say sr.X for
+from ..manifest import (ABOVE_1, ONE_DEVICE, PIPELINES, TRANSFORMERS, Strategy,  # noqa: F401
+                        strategies)
+from ..log_reader import read_run
+from ..report import measured_on, save, steady_rate
 
 CORE = ("config", "env", "epoch", "summary")
 # A script without the flag trains this way (the same data order every epoch with --no-set-epoch; Horovod's
@@ -64,129 +68,9 @@ FLOAT64 = ("64", "64-true", "double")  # --precision's spellings of float64 (Lig
 
 # ---------------------------------------------------------------------------------------------- registry
 
-@dataclass(frozen=True)
-class Strategy:
-    name: str              # its row in both tables
-    family: str            # one curve in the scaling plot (DDP with 1, 2, 4 ranks is one family)
-    where: dict            # a run is this strategy's when each fact equals the value (a tuple: one of them;
-                           # a function: true for it)
-    baseline: dict = None  # the one-process run it must equal (within equivalence.TOLERANCE,
-                           # one for all); None: a baseline itself, or no claim
-    needs: tuple = ()      # ("script", file), ("module", name), ("gpus", n): without it, skipped
-    made_by: str = ""      # where the course makes such a run (said when none is in logs/)
-    # Dropout's masks come from the random stream, which each rank draws from alone (and the DDP script in
-    # another order than the one-device script even on 1 rank): "always" or "several devices" compares only
-    # runs without dropout then. BatchNorm without --sync-bn normalises each device's shard: never compared.
-    dropout_off: str = ""
-
-
-ONE_DEVICE = dict(script="_trainup_gpu.py", devices=1)
-ONE_STAGE = dict(script="_trainup_pipeline.py", stages=1)
-# one device, or the DDP script alone (its own row proves it equal to one device): lesson 04c's
-ONE_PROCESS = dict(script=("_trainup_gpu.py", "_trainup_ddp.py"), devices=1, elastic=False)
-ABOVE_1 = lambda n: (n or 1) > 1  # noqa: E731
-PIPELINES = ("naive", "gpipe", "1f1b", "interleaved1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
-
-
-def _ddp(n):
-    return Strategy(f"DDP, {n} rank{'s' * (n > 1)}", "DDP", dict(script=DDP_SCRIPTS, world_size=n,
-                    accumulate=(None, 1)), ONE_DEVICE,
-                    made_by="notebooks/04_ddp.ipynb (or this notebook)", dropout_off="always")
-
-
-# the DDP scripts of lessons 04 and 04a2: the tuned one without --accumulate trains as plain DDP does
-DDP_SCRIPTS = ("_trainup_ddp.py", "_trainup_ddp_tuned.py")
-ONE_SHARDING = dict(script="_trainup_fsdp.py", shard="none", devices=1)
-ONE_TP = dict(script="_trainup_tp.py", devices=1)
-ONE_TP_SP = dict(script="_trainup_tp_sp.py", devices=1)
-ONE_CP = dict(script="_trainup_cp.py", devices=1)
-ONE_MOE = dict(script="_trainup_experts.py", devices=1)
-ONE_4D = dict(script="_trainup_4d.py", devices=1)
-# lesson 09f's jobs, compiled or not, against one eager process: the one-device script or its own
-ONE_EAGER = dict(script=("_trainup_gpu.py", "_trainup_compile.py"), devices=1,
-                 compile=(None, False))
-
-
-def _zero(stage, shard):
-    return Strategy(f"ZeRO-{stage}{' / FSDP' * (stage == 3)} (shard {shard})", f"ZeRO-{stage}",
-                    dict(script="_trainup_fsdp.py", shard=shard, devices=ABOVE_1), ONE_SHARDING,
-                    (("script", "_trainup_fsdp.py"),), "the sharding lesson (notebook 09)")
-
-
-STRATEGIES = [
-    Strategy("one process (CPU script)", "CPU", dict(script="_trainup_cpu.py", devices=1)),
-    Strategy("Hogwild (CPU processes, one shared model)", "Hogwild", dict(script="_trainup_hogwild.py")),
-    Strategy("one device", "one device", ONE_DEVICE),
-    Strategy("DataParallel", "DataParallel", dict(script="_trainup_dp.py"), ONE_DEVICE,
-             made_by="notebooks/03_data_parallel.ipynb", dropout_off="several devices"),
-    # lesson 04c: before the DDP rows, whose script and final world size it shares
-    Strategy("elastic DDP (its world size changed)", "DDP elastic",
-             dict(script="_trainup_ddp.py", elastic=True), ONE_PROCESS,
-             made_by="notebooks/04c_elastic.ipynb", dropout_off="always"),
-    _ddp(1), _ddp(2), _ddp(4),
-    Strategy("DDP, no_sync accumulation", "DDP no_sync", dict(script="_trainup_ddp_tuned.py",
-                                                              accumulate=ABOVE_1),
-             ONE_DEVICE, made_by="notebooks/04a2_tuning_ddp.ipynb", dropout_off="always"),
-    Strategy("Horovod", "Horovod", dict(script="_trainup_horovod.py"), ONE_DEVICE,
-             (("module", "horovod"),), "notebooks/05_horovod.ipynb", dropout_off="always"),
-    Strategy("Ray Train (a worker killed, restarted)", "Ray", dict(script="_trainup_ray.py"),
-             ONE_PROCESS, (("module", "ray"),), "notebooks/04c_elastic.ipynb",
-             dropout_off="always"),
-    Strategy("pipeline, one process", "pipeline", ONE_STAGE),
-    *[Strategy(f"pipeline {s}", "pipeline", dict(script="_trainup_pipeline.py", schedule=s, stages=ABOVE_1,
-                                                  data_parallel=1), ONE_STAGE,
-               made_by="notebooks/06_pipeline_parallel.ipynb") for s in PIPELINES],
-    Strategy("pipeline 1f1b x 2 data-parallel", "pipeline x DP", dict(script="_trainup_pipeline.py", data_parallel=2),
-             ONE_STAGE, made_by="notebooks/06_pipeline_parallel.ipynb"),
-    # Lessons 07-09: their rows are skipped until their script is in scripts/.
-    Strategy("Lightning DDP", "Lightning", dict(script="_trainup_lightning.py"), ONE_DEVICE,
-             (("script", "_trainup_lightning.py"),), "the Lightning lesson (notebook 07)", dropout_off="always"),
-    Strategy("sharding script, one process", "sharding", ONE_SHARDING),
-    Strategy("DDP (sharding script, shard none)", "sharding", dict(script="_trainup_fsdp.py", shard="none",
-             devices=ABOVE_1), ONE_SHARDING, (("script", "_trainup_fsdp.py"),),
-             "the sharding lesson (notebook 09)"),
-    _zero(1, "optimizer"), _zero(2, "gradients"), _zero(3, "parameters"),
-    _zero(2, "gradients_fsdp"),
-    # the sharding script's one-process runs of each stage: the baseline of that stage's speedup only
-    *[Strategy(f"sharding script, one process (shard {shard})", "sharding",
-               dict(script="_trainup_fsdp.py", shard=shard, devices=1))
-      for shard in ("optimizer", "gradients", "parameters", "gradients_fsdp")],
-    Strategy("tensor parallel, one process", "tensor parallel", ONE_TP),
-    Strategy("tensor parallel", "tensor parallel", dict(script="_trainup_tp.py", devices=ABOVE_1, dp=(None, 1)), ONE_TP,
-             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09c)"),
-    Strategy("data x tensor parallel (2-D)", "tensor parallel x DP", dict(script="_trainup_tp.py", dp=ABOVE_1), ONE_TP,
-             (("script", "_trainup_tp.py"),), "the tensor-parallel lesson (notebook 09c)"),
-    Strategy("transformer, one process", "transformer TP", ONE_TP_SP),
-    *[Strategy(f"transformer tensor parallel{' + sequence parallel' * sp}", "transformer TP",
-               dict(script="_trainup_tp_sp.py", devices=ABOVE_1, sequence_parallel=sp),
-               ONE_TP_SP, (("script", "_trainup_tp_sp.py"),), "notebooks/09ca_tp_attention.ipynb")
-      for sp in (False, True)],
-    # Lessons 09d-09g: a causal mask or another --top-k is another model (architecture)
-    Strategy("context parallel, one process", "context parallel", ONE_CP),
-    *[Strategy(f"context parallel ({a} attention)", "context parallel",
-               dict(script="_trainup_cp.py", devices=ABOVE_1, cp_attention=a), ONE_CP,
-               (("script", "_trainup_cp.py"),), "notebooks/09d_context_parallel.ipynb")
-      for a in ("ring", "ulysses")],
-    Strategy("experts, one process", "expert parallel", ONE_MOE),
-    Strategy("expert parallel", "expert parallel", dict(script="_trainup_experts.py",
-                                                        devices=ABOVE_1), ONE_MOE,
-             (("script", "_trainup_experts.py"),), "notebooks/09e_experts.ipynb"),
-    # Inductor draws its own dropout masks, not eager's: compared without dropout
-    Strategy("compile script, one process (eager)", "compile script, eager",
-             dict(script="_trainup_compile.py", devices=1, compile=False)),
-    Strategy("torch.compile, one process", "torch.compile",
-             dict(script="_trainup_compile.py", devices=1, compile=True), ONE_EAGER,
-             (("script", "_trainup_compile.py"),), "notebooks/09f_compile.ipynb", "always"),
-    *[Strategy(name, family, dict(script="_trainup_compile.py", devices=ABOVE_1, compile=c),
-               ONE_EAGER, (("script", "_trainup_compile.py"),), "notebooks/09f_compile.ipynb",
-               "always")
-      for name, family, c in (("DDP (compile script, eager)", "compile script, eager", False),
-                              ("DDP + torch.compile", "torch.compile", True))],
-    Strategy("4-D, one process", "4-D", ONE_4D),
-    Strategy("4-D (pipeline x data x context x tensor parallel)", "4-D",
-             dict(script="_trainup_4d.py", devices=ABOVE_1), ONE_4D,
-             (("script", "_trainup_4d.py"),), "notebooks/09g_four_dimensions.ipynb"),
-]
+# The registry is the manifest's (lessons/manifest.py): each script's entry declares its strategies,
+# which runs are theirs and which one-process run each must equal; this is them in course order.
+STRATEGIES = strategies()
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -251,7 +135,6 @@ def _devices(script, args, env):
     return max(n, args.get("num_processes") or 1)
 
 
-TRANSFORMERS = ("_trainup_tp_sp.py", "_trainup_cp.py", "_trainup_experts.py", "_trainup_4d.py")
 
 
 def architecture(script, args):
@@ -319,7 +202,7 @@ def load(log_dir=LOG_DIR):
     return runs, left_out
 
 
-def what_is_missing(runs, left_out=(), command="lessons.scaling_report"):
+def what_is_missing(runs, left_out=(), command="lessons.bylesson.scaling_report"):
     """None when there are local training runs; else one sentence saying what is missing and how to
     make it, then to run the command (python -m command) again."""
     here = [r for r in runs if r["facts"]["measured_on"] == "here"]
@@ -775,7 +658,7 @@ def recommend(table, equal=None, cores=None, mem=None):
 def _ranked(g, column, named):
     """Per strategy and device count in g: the values of column over its runs, best first (by
     median), with its name; and the phrase claims.compare gives for the best against the next."""
-    from . import claims
+    from .. import claims
     groups = [(named(rows.iloc[0]), n, list(rows[column]))
               for (_, n), rows in g.dropna(subset=[column]).groupby(["strategy", "world_size"])]
     groups.sort(key=lambda x: -sorted(x[2])[len(x[2]) // 2])
@@ -788,7 +671,7 @@ def _ranked(g, column, named):
 def fastest(g, named):
     """Which strategy gave the most samples/s, only among runs of the same work (work_of) and with
     repeats enough to decide it (lessons/claims.py); none where no two strategies did the same work."""
-    from . import claims
+    from .. import claims
     out = []
     for work, runs in g.groupby("work", sort=False):
         groups, phrase = _ranked(runs, "samples_per_s", named)
@@ -808,7 +691,7 @@ def best_scaling(g, named):
     """The highest efficiency among the jobs on several devices of the same work and the same kind
     of scaling, as numbers; a direction (faster or slower than one device, which scales best) only
     where repeated runs decide it (lessons/claims.py)."""
-    from . import claims
+    from .. import claims
     out = []
     multi = g[(g["world_size"] > 1) & g["efficiency"].notna()]
     for (work, scaling), runs in multi.groupby(["work", "scaling"], sort=False):
@@ -876,7 +759,7 @@ def ensure_pair(log_dir=LOG_DIR, checkpoint_dir=CHECKPOINT_DIR):
     same either way)."""
     import contextlib
     import io
-    from . import launch, report
+    from .. import launch, report
     for name, script, nproc, flags in (*PAIR, *NOISE_PAIR, *WEAK):
         if not _made(name, flags, log_dir, checkpoint_dir, script):
             with contextlib.redirect_stdout(io.StringIO()):
@@ -902,7 +785,7 @@ ACHIEVED = ["gflops_per_s", "mfu"]
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m lessons.scaling_report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lessons.bylesson.scaling_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--log-dir", default=str(LOG_DIR))
     p.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
     p.add_argument("--no-figures", action="store_true", help="tables and sentences only")
@@ -929,7 +812,7 @@ def main(argv=None):
         resident_plot(table, model_sizes(runs, a.checkpoint_dir))
         print(f"figures: {IMAGE_DIR.name}/scaling_report_*.png")
     print("Whether each strategy trains the same model as one process, and the recommendation: "
-          "`python -m lessons.equivalence` (lesson 10a).")
+          "`python -m lessons.bylesson.equivalence` (lesson 10a).")
     return 0
 
 

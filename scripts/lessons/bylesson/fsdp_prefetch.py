@@ -2,14 +2,14 @@
 profiler traces of _trainup_fsdp.py --shard parameters --profile STEPS, with and without
 --prefetch.
 
-    from lessons import fsdp_prefetch as pf
+    from lessons.bylesson import fsdp_prefetch as pf
     t = pf.overlap_table(["fsdp_prefetch0", "fsdp_prefetch1"])  # per run, rank and pass
     pf.about(t, "fsdp_prefetch0", "fsdp_prefetch1")            # sentences, directions computed
 """
 from trainup import LOG_DIR
 
 from . import traces as T
-from .launch import cores
+from ..launch import cores
 
 GATHER = "gloo:all_gather"  # the bytes moving, on one of gloo's threads (NCCL: its kernel)
 PASSES = ("forward", "backward")
@@ -91,7 +91,7 @@ def plot(t, name):
     mean)."""
     import matplotlib.pyplot as plt
 
-    from .report import save
+    from ..report import save
     mean = (t.groupby(["run", "phase"], sort=False)[["gather_ms", "hidden_ms"]].mean()
             .reset_index())
     fig, ax = plt.subplots(figsize=(7, 3))

@@ -2,7 +2,7 @@
 from the scripts and the runs' logs; the 1.x flags answered by the script itself; sync_dist on and
 off; TensorBoard read back.
 
-    from lessons import lightning
+    from lessons.bylesson import lightning
     lightning.who_does_what()              # each distributed chore: where _trainup_ddp.py does it, if Lightning's script does
     lightning.setup("l_ddp")               # what the Trainer chose: strategy, launcher, processes, sampler
     lightning.in_this_kernel(main, "--strategy", "ddp_notebook", ..., name="l_notebook")  # a cell's Trainer
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
-from . import report
-from .log_reader import records
-from .report import read_run
+from .. import report
+from ..log_reader import records
+from ..report import read_run
 
 SCRIPT = "_trainup_lightning.py"
 PLAIN = "_trainup_ddp.py"
@@ -183,7 +183,7 @@ def sync_plot(names=("l_ddp", "l_torchrun"), name="lightning_sync_dist", log_dir
     """The epoch loss each run logged, read back from its TensorBoard run, against the whole job's loss
     (every rank's sums, from the course's log): with sync_dist the two lines meet; without, rank 0's own."""
     import matplotlib.pyplot as plt
-    from .report import load_epochs, save
+    from ..report import load_epochs, save
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for run in names:
         points = tensorboard_scalars(run, log_dir)["train_loss_epoch"]

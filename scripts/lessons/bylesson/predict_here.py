@@ -23,10 +23,10 @@ against them.
 import math
 from pathlib import Path
 
-from . import perfmodel as pm
-from . import reference
+from .. import perfmodel as pm
+from .. import reference
 from .collectives import op_table, swept_ops
-from .log_reader import read_run
+from ..log_reader import read_run
 from .predict import fit_alpha_beta
 from .zero_stages import LABELS
 

@@ -19,8 +19,8 @@ import torch
 
 from trainup import transformer
 
-from . import checks
-from .report import save
+from .. import checks
+from ..report import save
 
 SHAPE = dict(layers=2, hidden=64, heads=4)  # small enough for seconds on a laptop's CPU
 
@@ -150,7 +150,7 @@ def extra_flops(mode, hidden, seq):
 def about_recompute(df):
     """Computed sentence: what each mode saved, what its FLOPs add, and what the timed passes
     decide about its cost here (lessons/claims.py: five passes each, their ranges)."""
-    from . import claims
+    from .. import claims
     none = df.set_index("recompute").loc["none"]
     parts = []
     for _, r in df.iloc[1:].iterrows():

@@ -1,7 +1,7 @@
 """Lesson 09ca's transformer runs (_trainup_tp_sp.py): one step's collectives over tp against
 Megatron-LM's counts, with and without sequence parallelism, and the bytes a ring moves for them.
 
-    from lessons import tp_attention as tpa
+    from lessons.bylesson import tp_attention as tpa
     tpa.expected("tpa_sp2")                  # {(phase, op): (calls, bytes)}, each from its source
     t = tpa.comm_check(["tpa_2", "tpa_sp2"])  # measured beside expected, one row per collective
     tpa.about_comm(t)                        # a sentence per run, computed
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from .log_reader import read_run
-from .report import save
+from ..log_reader import read_run
+from ..report import save
 from .tp_runs import comm_table, label, layout, records
 
 PHASES = ("forward", "backward", "step")

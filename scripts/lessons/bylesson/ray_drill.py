@@ -5,7 +5,7 @@ kept the first epoch's checkpoint, the drill kills rank 1's process (SIGKILL: a 
 Ray notices, stops the other worker, starts two new ones, and train_loop goes on from Ray's last
 checkpoint. The driver prints what Ray's state API says ran where, the dead workers too.
 
-    from lessons import ray_drill
+    from lessons.bylesson import ray_drill
     drill = ray_drill.drill("ray")   # the run and the kill: a ray_drill.Drill
     ray_drill.placement(drill)       # each worker's process and state, from Ray's state API
     ray_drill.load("ray")            # that drill again, read from its files
@@ -27,8 +27,8 @@ import psutil
 
 from trainup import ROOT
 from . import elastic
-from .launch import environment
-from .report import QUICK, failed
+from ..launch import environment
+from ..report import QUICK, failed
 
 # elastic.FLAGS (float64, no dropout: equal to one process at float64's tolerance), shorter: the
 # kill after the first epoch still lands mid-run, and most of the drill is Ray starting.

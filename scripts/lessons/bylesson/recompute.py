@@ -1,7 +1,7 @@
 """Lesson 06c: recomputing activations in a pipeline (_trainup_pipeline.py --recompute), measured by
 the stages' activation meter and counted by hand from the model's code.
 
-    from lessons import recompute
+    from lessons.bylesson import recompute
     recompute.table("pp_1f1b", "pp_recompute")  # per stage: kept bytes, each run against the count
 """
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from .log_reader import read_run
+from ..log_reader import read_run
 from .schedules import layout, peak_activations
 
 

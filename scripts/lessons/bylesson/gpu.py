@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from . import report
+from .. import report
 
 ARGS = ("device", "gpus", "batch_size", "workers", "no_pin_memory", "resident", "precision", "model", "dataset")
 NO_GPU = ("No NVIDIA GPU here, so this notebook runs its scripts on the CPU; the GPU runs, the batch sweep "

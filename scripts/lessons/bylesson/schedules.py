@@ -2,7 +2,7 @@
 throughput and activation memory against the number of micro-batches, read from the 'pipeline' and
 'pipe_step' records of _trainup_pipeline.py and _trainup_pipeline_manual.py (logs/README.md).
 
-    from lessons import schedules
+    from lessons.bylesson import schedules
     schedules.gantt("pp_gpipe_m4", "gantt_gpipe")     # the schedule as it ran, stages x time
     table = schedules.bubble_table(["pp_sweep_gpipe"]) # measured bubble beside (p-1)/(m+p-1)
 """
@@ -10,8 +10,9 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from .log_reader import records as _records
-from .report import failed, read_run, save
+from ..log_reader import records as _records
+from ..perfmodel import bubble_share as theory  # the formula lesson 11's cost model shares
+from ..report import failed, read_run, save
 
 COMPUTE = ("F", "B", "I", "W")  # forward, backward (whole, or to the input / weights in zero-bubble schedules)
 COLOURS = {"F": "tab:blue", "B": "tab:orange", "I": "tab:orange", "W": "tab:red", "S": "0.75", "R": "0.9"}
@@ -93,18 +94,6 @@ def _one_step(t):
     return out
 
 
-def theory(p, m, v=1):
-    """The bubble's share of the time for p ranks, m micro-batches and v stages per rank, with equal
-    stages and free sends: (p-1)/(v*m+p-1) for m >= p (GPipe's paper for v = 1; Megatron-LM's
-    interleaved 1F1B, arXiv 2104.04473 section 2.2, for v > 1, derived for m a multiple of p).
-
-    With m < p the micro-batches cannot fill the loop of v*p virtual stages: each passes them one
-    after another, forward then backward, so the step lasts (v*p+m-1) pieces of 1/v of a rank's work
-    per micro-batch, and a rank is busy v*m of them: the bubble is 1 - v*m/(v*p+m-1), which is
-    (p-1)/p at m = 1 whatever v is, and the formula above at m = p (for v = 1 the two agree)."""
-    if m >= p:
-        return (p - 1) / (v * m + p - 1)
-    return 1 - v * m / (v * p + m - 1)
 
 
 def bubble_table(names, log_dir=LOG_DIR):
@@ -146,7 +135,7 @@ def bubble_table(names, log_dir=LOG_DIR):
 def against_theory(r):
     """'above', 'below' or 'spans': where a row's measured steps lie against the formula. A side
     only when at least claims.REPEATS steps were measured and every one of them lies on it."""
-    from .claims import REPEATS
+    from ..claims import REPEATS
     if r["steps"] >= REPEATS and r["lowest"] > r["theory"]:
         return "above"
     if r["steps"] >= REPEATS and r["highest"] < r["theory"]:
@@ -180,7 +169,7 @@ def about_sweep(t):
     """Sentences for each schedule of a sweep: at which micro-batch counts the formula lies within
     the measured steps and where all of them lie above or below it; the lowest bubble, and whether
     it was higher again at the largest m (decided by the steps' spread, claims.step)."""
-    from .claims import step
+    from ..claims import step
     out = []
     for schedule, g in t.groupby("schedule", sort=False):
         g = g.sort_values("microbatches")
@@ -205,7 +194,7 @@ def about_sweep(t):
 def compare_schedules(t, a, b):
     """Sentences: schedule a's bubble against b's at each micro-batch count both ran; a side only
     where every measured step of one lies beyond every step of the other (claims.step)."""
-    from .claims import step
+    from ..claims import step
     x = t[t["schedule"] == a].set_index("microbatches")
     y = t[t["schedule"] == b].set_index("microbatches")
     words = {1: "above", -1: "below", 0: "within the steps' spread of",
@@ -467,8 +456,8 @@ def run(script, *args, name, nproc=2, quick=None, timeout=900, schedules=None):
     With schedules=[...], ONE job runs each in turn (--schedule a,b,...: one start-up, not one per schedule),
     each its own run <name>_<schedule> (one schedule: <name>); a sentence for each, and their names
     are returned."""
-    from . import jobs
-    from .launch import command, environment
+    from .. import jobs
+    from ..launch import command, environment
     if schedules:
         args = ("--schedule", ",".join(schedules), *args)
     argv, printed = command(script, args, name, nproc, quick)
@@ -524,8 +513,8 @@ def sweep_on_gpus(batch, size, gpus=None, quick=None):
     sweep's, is not used). Bubble tables of this run, else of the reference runs committed
     (after one sentence saying what the run needs); {} where there are neither."""
     from . import gpu
-    from .placement import gpu_count
-    from .report import QUICK
+    from ..placement import gpu_count
+    from ..report import QUICK
     gpus = gpu_count() if gpus is None else gpus
     if gpus >= 2:
         p = 8 if gpus >= 8 else 4 if gpus >= 4 else 2  # 8 blocks: a whole number a stage

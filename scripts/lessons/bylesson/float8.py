@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .report import save
+from ..report import save
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FORMATS = {

@@ -3,7 +3,7 @@
 Runs scripts/_trainup_collectives.py under torchrun and reads its records (logs/README.md) back into
 tables, plots and sentences worked out from them, each checked: a wrong result raises AssertionError.
 
-    from lessons import collectives
+    from lessons.bylesson import collectives
     collectives.run("collectives", name="coll")           # torchrun, 2 processes
     collectives.check_collectives("coll")                  # every rank's result is what the op defines
     collectives.key_line(collectives.fail("hang", "--timeout", 3))   # the error line of a failed job
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, LOG_DIR
 
-from . import jobs, launch
-from .report import QUICK, failed, forget, read_run, save
+from .. import jobs, launch
+from ..report import QUICK, failed, forget, read_run, save
 
 SCRIPT = "_trainup_collectives.py"
 # What each failure says; the first line of a job's output that matches is shown.
@@ -273,7 +273,7 @@ def accumulate_table(names, log_dir=LOG_DIR):
 
 
 def lr_table(names, log_dir=LOG_DIR):
-    from .report import load_epochs, load_runs
+    from ..report import load_epochs, load_runs
     runs = load_runs(names, log_dir)
     epochs = load_epochs(names, log_dir)
     lr = {name: read_run(Path(log_dir) / f"{name}.jsonl")["config"]["args"] for name in names}

@@ -1,6 +1,6 @@
 """SLURM for the lesson and its tests: the templates in slurm/, and a real SLURM on this machine.
 
-    from lessons import slurm
+    from lessons.bylesson import slurm
     slurm.template_table()                      # the #SBATCH lines of every template, one row each
     slurm.check_counts("slurm/1node_4gpu.sbatch")  # tasks = GPUs per node, CPUs fit the node: sentences
     state, message = slurm.start()              # tools/local_slurm.sh start: controller + nodes n1, n2
@@ -202,7 +202,7 @@ def forget(run):
     """Delete a run's log, output, checkpoint and job output file (logs/slurm-<run>.out): a job that always
     passes --resume (slurm/requeue/) would otherwise carry on from an earlier run of the same name, one that
     finished long ago."""
-    from .report import forget as forget_run
+    from ..report import forget as forget_run
     forget_run(run)
     (ROOT / "logs" / f"slurm-{run}.out").unlink(missing_ok=True)  # the job's output, as the notebook names it
 
@@ -409,7 +409,7 @@ def plot_scaling(published, local=None, name="slurm_scaling"):
     """Left: the published times against GPUs, with ideal scaling. Right: this machine's runs (samples/s by
     nodes), when there are some. Saved to images/<name>.png; returns the (closed) figure: end the cell with it."""
     import matplotlib.pyplot as plt
-    from . import report
+    from .. import report
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     base = published.loc[published["gpus"] == 1, "minutes"].iloc[0]
     gpus = published["gpus"]

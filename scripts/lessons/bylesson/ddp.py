@@ -10,10 +10,10 @@ from pathlib import Path
 
 from trainup import LOG_DIR
 
-from . import claims
-from .launch import cores
-from .log_reader import records as _records
-from .report import read_run, save
+from .. import claims
+from ..launch import cores
+from ..log_reader import records as _records
+from ..report import read_run, save
 
 
 def shards(n, world, epochs=(1, 2), seed=0, set_epoch=True):

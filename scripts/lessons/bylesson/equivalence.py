@@ -1,15 +1,15 @@
 """Lesson 10a: does each strategy train the same model as one process? The equivalence table over
 the runs lesson 10's report reads, and the recommendation worked out from both.
 
-    cd scripts && python -m lessons.equivalence   # the table, its sentence, the recommendation
+    cd scripts && python -m lessons.bylesson.equivalence  # the table, its sentence, the advice
 
-    from lessons import equivalence as eq
+    from lessons.bylesson import equivalence as eq
     equal = eq.equivalence(runs)         # one row per strategy of sr.STRATEGIES with a baseline
     floor, why = eq.noise_floor(runs)    # float64 summation noise measured here, from a noise pair
     eq.about_equivalence(equal)          # one sentence counted from the table
 
 The runs, the registry (which runs are a strategy's, which one-process run it must equal) and the
-performance table are lesson 10's (lessons/scaling_report.py).
+performance table are lesson 10's (lessons/bylesson/scaling_report.py).
 
 A row compares float64 runs only (--precision 64), against one tolerance for all (TOLERANCE). Its
 noise floor is the largest difference between two one-process runs made here that differ only in
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from trainup import CHECKPOINT_DIR, LOG_DIR, ROOT
 
-from . import checks
+from .. import checks
 from . import scaling_report as sr
 # lesson 10's helpers, the proof's too: float64's spellings, a registry condition, a checkpoint
 from .scaling_report import FLOAT64, checkpoint_of, fits, same
@@ -258,7 +258,7 @@ def about_equivalence(table):
 # ---------------------------------------------------------------------------------- command
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m lessons.equivalence",
+    p = argparse.ArgumentParser(prog="python -m lessons.bylesson.equivalence",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--log-dir", default=str(LOG_DIR))
     p.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
@@ -266,7 +266,7 @@ def main(argv=None):
     import pandas as pd
     pd.set_option("display.width", 200)
     runs, left_out = sr.load(a.log_dir)
-    for sentence in (sr.what_is_missing(runs, left_out, "lessons.equivalence"),
+    for sentence in (sr.what_is_missing(runs, left_out, "lessons.bylesson.equivalence"),
                      sr.about_schema(runs)):
         if sentence:
             print(sentence)

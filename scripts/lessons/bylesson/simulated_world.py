@@ -8,7 +8,7 @@ a training step, in this one process, with nothing allocated.
     simulated_world.table(runs)      # a row per world and term: planner, explained, tracker
     simulated_world.peak_table(runs)   # the step's peak by category, beside the planner's total
     simulated_world.plot(runs)
-    cd scripts && python -m lessons.simulated_world --worlds 8,64,1024   # the table, in a terminal
+    cd scripts && python -m lessons.bylesson.simulated_world --worlds 8,64,1024  # the table
 
 How one process plays rank 0 of 1,024:
 - the process group is torch's fake one (torch.testing._internal.distributed.fake_pg: a FakeStore
@@ -240,7 +240,7 @@ def plot(runs, name="simulated_world"):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .report import save
+    from ..report import save
 
     worlds = list(runs)
     fig, axes = plt.subplots(1, len(TERMS) + 1, figsize=(15, 3.8))

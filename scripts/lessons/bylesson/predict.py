@@ -9,8 +9,8 @@ import math
 
 import pandas as pd
 
-from . import perfmodel as pm
-from .hardware import NODES
+from .. import perfmodel as pm
+from ..hardware import NODES
 
 IMAGENET_TRAIN = 1_281_167  # ILSVRC-2012's training images
 JSC_EPOCHS = 10  # the supercomputer course's scripts: pl.Trainer(max_epochs=10)
