@@ -87,6 +87,8 @@ class TorchDistributed(Alone):
         self.store = dist.distributed_c10d._get_default_store() if self.world_size > 1 else None
 
     def any(self, flag):
+        if self.world_size == 1:  # a job of one (Fabric's one device) joins no process group
+            return flag
         import torch.distributed as dist
         device = self.ctx.device if self.ctx.backend == "nccl" else "cpu"
         t = torch.tensor([int(flag)], device=device)
@@ -94,12 +96,16 @@ class TorchDistributed(Alone):
         return bool(t.item())
 
     def gather(self, obj):
+        if self.world_size == 1:
+            return [obj]
         import torch.distributed as dist
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 
     def broadcast(self, obj):
+        if self.world_size == 1:
+            return obj
         import torch.distributed as dist
         box = [obj]
         dist.broadcast_object_list(box, src=0)

@@ -141,9 +141,9 @@ def uneven_join(batches=(3, 5)):
 def join_run(np=2, timeout=300):
     """uneven_join() under horovodrun on this machine: the ranks' JSON records, by rank."""
     cmd = [*HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-c",
-           "from lessons import horovod; horovod.uneven_join()"]
-    print("$ horovodrun -np 2 -H localhost:2 --gloo python -c 'from lessons import horovod; "
-          "horovod.uneven_join()'")
+           "from lessons.bylesson import horovod; horovod.uneven_join()"]
+    print("$ horovodrun -np 2 -H localhost:2 --gloo python -c "
+          "'from lessons.bylesson import horovod; horovod.uneven_join()'")
     proc = jobs.run(cmd, timeout=timeout, env=environment())
     if proc.returncode != 0:
         raise failed("horovodrun (join)", proc.stdout + proc.stderr, proc.returncode)

@@ -57,7 +57,7 @@ def check_shape(args, world_size):
         raise UserError(f"--batch-size {args.batch_size} cannot be split evenly over --data-parallel "
                         f"{args.data_parallel} pipelines")
     per_pipeline = args.batch_size // args.data_parallel
-    for m in [args.microbatches] + (args.sweep or []):
+    for m in (args.microbatches, *(args.sweep or ())):
         if per_pipeline % m:
             raise UserError(f"--microbatches {m} does not divide the {per_pipeline} samples each pipeline takes "
                             f"a step (--batch-size {args.batch_size} / --data-parallel {args.data_parallel}); "
